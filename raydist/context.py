@@ -1,0 +1,95 @@
+"""Where a worker runs: under Ray Train (the product) or plain torchrun (the benchmark baseline), behind one interface."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from typing import Any, Iterator, Protocol
+
+import torch
+import torch.distributed as dist
+
+
+class WorkerContext(Protocol):
+    rank: int
+    world_size: int
+    device: torch.device
+
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None, step: int) -> None:
+        """Hand metrics (and a directory to persist as a checkpoint) to the runtime; every rank calls it together."""
+
+    def latest_checkpoint(self) -> contextlib.AbstractContextManager[str | None]:
+        """The newest persisted checkpoint of this run as a local directory, or None on a fresh start."""
+
+
+class RayTrainContext:
+    """Ray Train V2: metrics and checkpoints go through ray.train.report; restore through get_checkpoint."""
+
+    def __init__(self, async_upload: bool = False):
+        import ray.train
+        import ray.train.torch
+
+        ctx = ray.train.get_context()
+        self.rank = ctx.get_world_rank()
+        self.world_size = ctx.get_world_size()
+        self.device = ray.train.torch.get_device()
+        self._async = async_upload
+
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None, step: int) -> None:
+        import ray.train
+        from ray.train import Checkpoint, CheckpointUploadMode
+
+        if checkpoint_dir is None:
+            ray.train.report(metrics)
+            return
+        ray.train.report(
+            metrics,
+            checkpoint=Checkpoint.from_directory(checkpoint_dir),
+            checkpoint_dir_name=f"checkpoint_step{step:08d}",
+            checkpoint_upload_mode=CheckpointUploadMode.ASYNC if self._async else CheckpointUploadMode.SYNC,
+        )
+        if not self._async:  # async mode deletes the local copy itself once uploaded
+            shutil.rmtree(checkpoint_dir, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def latest_checkpoint(self) -> Iterator[str | None]:
+        import ray.train
+
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is None:
+            yield None
+            return
+        with checkpoint.as_directory() as d:
+            yield d
+
+
+class TorchrunContext:
+    """Plain torch.distributed under torchrun: the same loop without Ray, for side-by-side benchmarks."""
+
+    def __init__(self, run_dir: str):
+        dist.init_process_group("gloo")
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.device = torch.device("cpu")
+        self.run_dir = run_dir
+        self.last_metrics: dict[str, Any] = {}
+        self.last_checkpoint: str | None = None
+
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None, step: int) -> None:
+        self.last_metrics = metrics
+        if checkpoint_dir is not None:
+            target = os.path.join(self.run_dir, f"checkpoint_step{step:08d}")
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.move(checkpoint_dir, target)
+            self.last_checkpoint = target
+        dist.barrier()
+
+    @contextlib.contextmanager
+    def latest_checkpoint(self) -> Iterator[str | None]:
+        yield None
+
+
+def new_checkpoint_dir() -> str:
+    return tempfile.mkdtemp(prefix="raydist-ckpt-")

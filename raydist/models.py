@@ -1,0 +1,61 @@
+"""The networks: the seeds' SimpleModel, an MLP and a small CNN for 8x8 images."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from raydist.config import ModelConfig
+from raydist.data import Splits
+
+
+class SimpleModel(nn.Module):
+    """The seeds' model: in -> 50 -> out with a ReLU (10 -> 50 -> 2 on the default synthetic data)."""
+
+    def __init__(self, in_features: int = 10, out_features: int = 2):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(in_features, 50), nn.ReLU(), nn.Linear(50, out_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class MLP(nn.Module):
+    def __init__(self, in_features: int, out_features: int, hidden: int, depth: int, dropout: float):
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = in_features
+        for _ in range(depth):
+            layers += [nn.Linear(width, hidden), nn.ReLU(), nn.Dropout(dropout)]
+            width = hidden
+        layers.append(nn.Linear(width, out_features))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class SmallCNN(nn.Module):
+    """Two 3x3 conv layers and a linear head; sized for 8x8 digits."""
+
+    def __init__(self, image_shape: tuple[int, int, int], out_features: int, dropout: float):
+        super().__init__()
+        c, h, w = image_shape
+        self.image_shape = image_shape
+        self.features = nn.Sequential(
+            nn.Conv2d(c, 16, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        self.head = nn.Sequential(nn.Flatten(), nn.Dropout(dropout), nn.Linear(32 * (h // 2) * (w // 2), out_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x.view(-1, *self.image_shape)))
+
+
+def build_model(cfg: ModelConfig, data: Splits) -> nn.Module:
+    if cfg.name == "simple":
+        return SimpleModel(data.num_features, data.num_classes)
+    if cfg.name == "mlp":
+        return MLP(data.num_features, data.num_classes, cfg.hidden, cfg.depth, cfg.dropout)
+    assert data.image_shape is not None, "Config.validate rejects cnn without image data"
+    return SmallCNN(data.image_shape, data.num_classes, cfg.dropout)

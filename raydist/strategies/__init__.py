@@ -1,0 +1,1 @@
+"""Training strategies: what each worker runs (sync DDP here; async PS and local SGD beside it)."""

@@ -1,0 +1,201 @@
+"""Synchronous data-parallel training with DDP: the loop every worker runs, resumable at any step."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+
+from raydist.checkpoint import Progress, load_state, rng_state, save_state, set_rng_state
+from raydist.config import Config
+from raydist.context import RayTrainContext, WorkerContext, new_checkpoint_dir
+from raydist.data import Splits, load_splits
+from raydist.metrics import MetricsLog, Throughput
+from raydist.models import build_model
+from raydist.optim import build_optimizer, build_scheduler
+from raydist.sampler import ResumableDistributedSampler
+
+STRATEGY = "sync"
+SHOWN = ("step", "epoch", "loss", "grad_norm", "lr", "samples_per_s", "test_loss", "test_accuracy")
+
+
+def _fmt(key: str, value: Any) -> str:
+    return f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
+
+
+def autocast(cfg: Config, device: torch.device) -> contextlib.AbstractContextManager:
+    mode = cfg.train.mixed_precision
+    if mode == "off" or (mode == "auto" and device.type != "cuda"):
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, data: Splits, cfg: Config, ctx: WorkerContext) -> dict[str, float]:
+    """Test loss and accuracy over the whole test split: each rank scores a disjoint slice, sums are all-reduced."""
+    model.eval()
+    indices = list(range(ctx.rank, len(data.test), ctx.world_size))  # no padding, so every sample counts once
+    loader = DataLoader(torch.utils.data.Subset(data.test, indices), batch_size=512)
+    totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
+    for x, y in loader:
+        x, y = x.to(ctx.device), y.to(ctx.device)
+        with autocast(cfg, ctx.device):
+            logits = model(x)
+        totals[0] += F.cross_entropy(logits.float(), y, reduction="sum").item()
+        totals[1] += (logits.argmax(dim=1) == y).sum().item()
+        totals[2] += len(y)
+    if dist.is_initialized():
+        dist.all_reduce(totals)
+    model.train()
+    return {"test_loss": totals[0].item() / totals[2].item(), "test_accuracy": totals[1].item() / totals[2].item()}
+
+
+def run(cfg: Config, ctx: WorkerContext) -> dict[str, Any]:
+    """Train until the configured step count (or stop_at_step); returns the last metrics reported."""
+    torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
+    data = load_splits(cfg.data)
+    model = build_model(cfg.model, data).to(ctx.device)
+    ddp = DistributedDataParallel(model, device_ids=[ctx.device] if ctx.device.type == "cuda" else None)
+    optimizer = build_optimizer(model.parameters(), cfg.optim)
+
+    bs, accum = cfg.train.batch_size, cfg.train.grad_accum
+    sampler = ResumableDistributedSampler(
+        data.train, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=cfg.train.seed, drop_last=True
+    )
+    loader = DataLoader(data.train, batch_size=bs, sampler=sampler, drop_last=True)
+    steps_per_epoch = (sampler.num_samples // bs) // accum
+    if steps_per_epoch == 0:
+        raise ValueError(
+            f"train.batch_size={bs} x train.grad_accum={accum} exceeds the {sampler.num_samples} training samples per worker"
+        )
+    total_steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
+    scheduler = build_scheduler(optimizer, total_steps, cfg.schedule)
+
+    progress = Progress()
+    resumed_from = None
+    with ctx.latest_checkpoint() as ckpt_dir:
+        if ckpt_dir is not None:
+            state = load_state(ckpt_dir)
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+            progress = state["progress"]
+            rngs = state["rng_per_rank"]
+            if len(rngs) == ctx.world_size:
+                set_rng_state(rngs[ctx.rank])
+            else:  # a different worker count: the sample order changes anyway, so only reseed
+                torch.manual_seed(cfg.train.seed + progress.step * 1000 + ctx.rank)
+            resumed_from = progress.step
+
+    log = MetricsLog(cfg.run.run_dir, enabled=ctx.rank == 0)
+    speed = Throughput()
+    last: dict[str, Any] = {}
+    last_ckpt_step = progress.step if resumed_from is not None else -1
+    global_batch = bs * accum * ctx.world_size
+    clip = cfg.train.grad_clip if cfg.train.grad_clip > 0 else math.inf
+    if ctx.rank == 0:
+        where = f"resuming at step {progress.step}" if resumed_from is not None else "starting"
+        print(f"[raydist] sync: {where}; {total_steps} steps, {steps_per_epoch}/epoch, {ctx.world_size} workers, "
+              f"global batch {global_batch}, backend {dist.get_backend() if dist.is_initialized() else 'none'}",
+              flush=True)
+
+    def checkpoint(metrics: dict[str, Any]) -> None:
+        nonlocal last_ckpt_step
+        rngs: list[Any] = [None] * ctx.world_size
+        dist.all_gather_object(rngs, rng_state())
+        directory = None
+        if ctx.rank == 0:
+            directory = new_checkpoint_dir()
+            save_state(directory, model=model, optimizer=optimizer, scheduler=scheduler, progress=progress,
+                       rng_per_rank=rngs, extra={"config": cfg.to_dict(), "world_size": ctx.world_size})
+        ctx.report(metrics, directory, progress.step)
+        last_ckpt_step = progress.step
+
+    stop_at = cfg.train.stop_at_step
+    last_report = time.perf_counter()
+    micro_per_epoch = steps_per_epoch * accum
+
+    def finished() -> bool:
+        return progress.step >= total_steps or bool(stop_at and progress.step >= stop_at)
+
+    while not finished():
+        sampler.set_epoch(progress.epoch, start=progress.micro_in_epoch * bs)
+        batches = iter(loader)
+        while not finished() and progress.micro_in_epoch < micro_per_epoch:
+            t0 = time.perf_counter()
+            loss_sum = torch.zeros((), device=ctx.device)
+            for micro in range(accum):
+                x, y = next(batches)
+                x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
+                # Only the last micro-step all-reduces: the others accumulate gradients locally.
+                sync = contextlib.nullcontext() if micro == accum - 1 else ddp.no_sync()
+                with sync:
+                    with autocast(cfg, ctx.device):
+                        loss = F.cross_entropy(ddp(x).float(), y) / accum
+                    loss.backward()
+                loss_sum += loss.detach()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            # One all-reduce carries the global loss and rank 0's "time to report" vote, so all ranks agree
+            # on when to call ray.train.report (a barrier) without a clock of their own.
+            due = ctx.rank == 0 and time.perf_counter() - last_report >= cfg.train.report_every_s
+            shared = torch.stack([loss_sum.float(), torch.tensor(float(due), device=ctx.device)])
+            dist.all_reduce(shared)
+            progress.step += 1
+            progress.micro_in_epoch += accum
+            speed.add(global_batch)
+            record = {
+                "step": progress.step,
+                "epoch": progress.epoch,
+                "loss": shared[0].item() / ctx.world_size,
+                "grad_norm": grad_norm.item(),
+                "lr": lr,
+                "step_time_s": time.perf_counter() - t0,
+            }
+            log.write(record)
+
+            at_end = finished()
+            epoch_end = progress.micro_in_epoch >= micro_per_epoch
+            ckpt_due = bool(cfg.checkpoint.every_steps) and progress.step % cfg.checkpoint.every_steps == 0
+            if not (shared[1].item() > 0 or ckpt_due or at_end or epoch_end):
+                continue
+            last_report = time.perf_counter()
+            metrics = {**record, "samples_per_s": speed.window_rate(), "strategy": STRATEGY}
+            if epoch_end or at_end:
+                metrics.update(evaluate(ddp, data, cfg, ctx))
+            if resumed_from is not None:
+                metrics["resumed_from_step"] = resumed_from
+            metrics.update(speed.session())
+            if ctx.rank == 0:
+                print("[raydist] " + " ".join(_fmt(k, metrics[k]) for k in SHOWN if k in metrics), flush=True)
+            if ckpt_due or at_end or (epoch_end and not cfg.checkpoint.every_steps):
+                checkpoint(metrics)
+            else:
+                ctx.report(metrics, None, progress.step)
+            last = metrics
+        if progress.micro_in_epoch >= micro_per_epoch:
+            progress.epoch += 1
+            progress.micro_in_epoch = 0
+
+    if last_ckpt_step != progress.step:  # e.g. resumed at the very end: still leave a final checkpoint
+        last = {"step": progress.step, "epoch": progress.epoch, "strategy": STRATEGY, **evaluate(ddp, data, cfg, ctx),
+                **speed.session()}
+        checkpoint(last)
+    log.close()
+    return last
+
+
+def train_worker(config: dict[str, Any]) -> None:
+    """Ray Train's train_loop_per_worker."""
+    cfg = Config.from_dict(config)
+    run(cfg, RayTrainContext(async_upload=cfg.checkpoint.async_upload))
