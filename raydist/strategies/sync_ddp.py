@@ -41,11 +41,13 @@ def autocast(cfg: Config, device: torch.device) -> contextlib.AbstractContextMan
 def evaluate(model: torch.nn.Module, data: Splits, cfg: Config, ctx: WorkerContext) -> dict[str, float]:
     """Test loss and accuracy over the whole test split: each rank scores a disjoint slice, sums are all-reduced."""
     model.eval()
-    indices = list(range(ctx.rank, len(data.test), ctx.world_size))  # no padding, so every sample counts once
-    loader = DataLoader(torch.utils.data.Subset(data.test, indices), batch_size=512)
-    totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
-    for x, y in loader:
-        x, y = x.to(ctx.device), y.to(ctx.device)
+    # Plain slicing rather than a DataLoader: iter(DataLoader) draws from the global RNG, and evaluation
+    # must not shift the random stream that a resumed run restores.
+    xs, ys = data.test.tensors
+    xs, ys = xs[ctx.rank :: ctx.world_size], ys[ctx.rank :: ctx.world_size]  # disjoint, no padding
+    totals = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, correct, count
+    for i in range(0, len(ys), 512):
+        x, y = xs[i : i + 512].to(ctx.device), ys[i : i + 512].to(ctx.device)
         with autocast(cfg, ctx.device):
             logits = model(x)
         totals[0] += F.cross_entropy(logits.float(), y, reduction="sum").item()
@@ -69,7 +71,10 @@ def run(cfg: Config, ctx: WorkerContext) -> dict[str, Any]:
     sampler = ResumableDistributedSampler(
         data.train, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=cfg.train.seed, drop_last=True
     )
-    loader = DataLoader(data.train, batch_size=bs, sampler=sampler, drop_last=True)
+    # A generator of its own: otherwise each iter(loader) draws a seed from the global RNG, and a run
+    # resumed mid-epoch (one more iter) would see different dropout masks from an uninterrupted one.
+    loader = DataLoader(data.train, batch_size=bs, sampler=sampler, drop_last=True,
+                        generator=torch.Generator().manual_seed(cfg.train.seed))
     steps_per_epoch = (sampler.num_samples // bs) // accum
     if steps_per_epoch == 0:
         raise ValueError(

@@ -1,0 +1,32 @@
+# Two commands for a fresh clone: `make run` (train on a local Ray instance) and `make test`.
+# Each creates the virtual environment when it is missing.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build these machines carry. On a GPU machine install your CUDA torch into $(VENV) first
+# (or set TORCH=...): an importable torch is kept as it is.
+TORCH ?= torch==2.13.0
+STAMP := $(VENV)/.raydist-installed
+PIP := $(VENV)/bin/pip install --quiet --disable-pip-version-check
+
+.PHONY: setup run test clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -c "import torch" 2>/dev/null || $(PIP) "$(TORCH)" 2>&1 | grep -v "^WARNING: Location" || true
+	@$(PY) -c "import torch" || { echo "raydist: error: could not install $(TORCH) into $(VENV)" >&2; exit 2; }
+	$(PIP) -e '.[test]' 2>&1 | grep -v "^WARNING: Location" || true
+	@$(PY) -c "import raydist, ray, torch, yaml, sklearn" || { echo "raydist: error: set-up of $(VENV) failed" >&2; exit 2; }
+	@touch $(STAMP)
+
+run: setup
+	$(PY) jobs/sync.py $(ARGS)
+
+test: setup
+	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,33 @@
+"""Run the jobs the way a user does (a subprocess with the venv's Python) and read their JSON summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without anything that would point a job at somebody else's Ray."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(extra)
+    return env
+
+
+def run_job(job: str, *overrides: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    args = [sys.executable, str(REPO / "jobs" / f"{job}.py")]
+    for o in overrides:
+        args += ["--set", o]
+    return subprocess.run(args, cwd=REPO, env=env or clean_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def summary(proc: subprocess.CompletedProcess) -> dict:
+    """The job's closing JSON line; fails with the job's output tail when there is none."""
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    last = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert last, f"no JSON summary\n{proc.stdout[-3000:]}"
+    return json.loads(last[-1])

@@ -1,0 +1,93 @@
+"""The config users write: defaults, files, --set overrides, and one-line refusals of bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from jobutil import REPO, clean_env
+from raydist.config import Config, job_defaults, load_config, reference_markdown
+from raydist.errors import ConfigError
+
+
+def test_job_defaults_load_and_validate():
+    cfg = load_config(job_defaults("sync"))
+    assert cfg.data.name == "digits" and cfg.scaling.num_workers == 2
+    assert cfg.scaling.resolved_backend == "gloo"
+
+
+def test_overrides_and_files_merge_in_order(tmp_path):
+    f = tmp_path / "mine.yaml"
+    f.write_text("optim:\n  lr: 1e-3\ntrain:\n  epochs: 3\n")
+    cfg = load_config(job_defaults("sync"), [f], ["train.epochs=5", "scaling.use_gpu=true", "model.name=cnn"])
+    assert cfg.optim.lr == pytest.approx(1e-3)  # YAML reads 1e-3 as a string; the float field takes it
+    assert cfg.train.epochs == 5 and cfg.scaling.use_gpu is True and cfg.model.name == "cnn"
+    assert cfg.scaling.resolved_backend == "nccl"
+
+
+def test_round_trip_through_dict_is_identity():
+    cfg = load_config(job_defaults("sync"), [], ["train.seed=7"])
+    assert Config.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.epochz=3", "unknown key 'train.epochz'"),
+        ("optim.lr=-0.1", "optim.lr: must be > 0"),
+        ("train.batch_size=many", "train.batch_size: must be an integer"),
+        ("scaling.use_gpu=maybe", "scaling.use_gpu: must be true or false"),
+        ("model.name=resnet", "model.name: must be one of"),
+        ("scaling.backend=nccl", "nccl needs GPUs"),
+        ("data.name=synthetic", None),  # valid alone ...
+    ],
+)
+def test_bad_overrides_are_refused_by_name(override, message):
+    if message is None:
+        load_config(job_defaults("sync"), [], [override])
+        return
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        load_config(job_defaults("sync"), [], [override])
+
+
+def test_cnn_on_synthetic_data_is_refused():
+    with pytest.raises(ConfigError, match="cnn needs image data"):
+        load_config(job_defaults("sync"), [], ["data.name=synthetic", "model.name=cnn"])
+
+
+def _run_sync(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "jobs/sync.py"), *args], cwd=REPO, env=clean_env(),
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    "args, names",
+    [
+        (["--set", "train.nope=1"], "train.nope"),
+        (["--set", "train.epochs=ten"], "train.epochs"),
+        (["--set", "optim.lr=-1"], "optim.lr"),
+        (["--config", "/nonexistent/raydist.yaml"], "/nonexistent/raydist.yaml"),
+        (["--config", "BAD_YAML"], "bad.yaml"),
+        (["--config", "NOT_A_MAPPING"], "list.yaml"),
+        (["--set", "novalue"], "key.path=value"),
+        (["--bogus-flag"], "--bogus-flag"),
+    ],
+)
+def test_job_refuses_bad_config_with_one_line_and_exit_2(tmp_path, args, names):
+    (tmp_path / "bad.yaml").write_text("train:\n  epochs: [1,\n")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    args = [str(tmp_path / "bad.yaml") if a == "BAD_YAML" else str(tmp_path / "list.yaml") if a == "NOT_A_MAPPING" else a
+            for a in args]
+    proc = _run_sync(*args)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("raydist: error:") and names in lines[0]
+    assert proc.stdout == ""
+
+
+def test_readme_config_reference_matches_the_dataclasses():
+    readme = (REPO / "README.md").read_text()
+    assert reference_markdown() in readme, "README's config reference is stale: paste `raydist config reference`"
