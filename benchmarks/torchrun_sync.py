@@ -1,0 +1,33 @@
+"""The same sync DDP loop as jobs/sync.py, under plain torchrun with gloo: the baseline for Ray's overhead.
+
+    torchrun --standalone --nproc-per-node 2 benchmarks/torchrun_sync.py --set run.storage_path=/tmp/bench
+"""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from raydist.context import TorchrunContext  # noqa: E402
+from raydist.errors import exits_cleanly  # noqa: E402
+from raydist.launch import parse_job_args  # noqa: E402
+from raydist.strategies import sync_ddp  # noqa: E402
+
+
+@exits_cleanly
+def main() -> int:
+    start = time.perf_counter()
+    cfg = parse_job_args("sync", None, __doc__)
+    ctx = TorchrunContext(cfg.run.run_dir)
+    last = sync_ddp.run(cfg, ctx)
+    if ctx.rank == 0:
+        print(json.dumps({"strategy": "torchrun-sync", "steps": last.get("step"), "wall_s": time.perf_counter() - start,
+                          "test_accuracy": last.get("test_accuracy"), "steps_per_s": last.get("steps_per_s"),
+                          "samples_per_s": last.get("samples_per_s"), "checkpoint": ctx.last_checkpoint}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""A real `ray start --head` on loopback for tests: own temp dir, own free ports, token auth; stopped by PID."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from jobutil import REPO, clean_env
+
+VENV_BIN = Path(os.sys.executable).parent  # the venv that runs the tests runs the cluster too
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+@dataclass
+class Head:
+    gcs_address: str
+    dashboard_url: str
+    token_path: str
+    temp_dir: str
+
+    def client_env(self, with_token: bool = True) -> dict[str, str]:
+        """The environment of a `ray job submit` client: with the token, or without any auth settings."""
+        env = clean_env(PATH=f"{VENV_BIN}:{os.environ['PATH']}")
+        if with_token:
+            env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=self.token_path)
+        return env
+
+
+def _pids_using(path: str) -> list[int]:
+    """Processes whose command line names our temp dir: this head's raylet, GCS, workers and agents only."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if path.encode() in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                pass
+    return pids
+
+
+@contextlib.contextmanager
+def ray_head(num_cpus: int = 2) -> Iterator[Head]:
+    temp_dir = tempfile.mkdtemp(prefix="rdh-", dir="/tmp")  # short: Ray's unix socket paths must fit 107 bytes
+    token_path = os.path.join(temp_dir, "auth_token")
+    fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, secrets.token_hex(32).encode())
+    os.close(fd)
+    gcs, dash, client, nm, om, agent_l, agent_g, metrics, rtenv, wmin = free_ports(10)
+    env = clean_env(PATH=f"{VENV_BIN}:{os.environ['PATH']}", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token_path)
+    args = [
+        str(VENV_BIN / "ray"), "start", "--head", "--block", f"--temp-dir={temp_dir}",
+        "--node-ip-address=127.0.0.1", f"--port={gcs}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
+        f"--ray-client-server-port={client}", f"--node-manager-port={nm}", f"--object-manager-port={om}",
+        f"--dashboard-agent-listen-port={agent_l}", f"--dashboard-agent-grpc-port={agent_g}",
+        f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={rtenv}",
+        f"--min-worker-port={wmin}", f"--max-worker-port={wmin + 50}",
+        f"--num-cpus={num_cpus}", "--object-store-memory=200000000", "--include-dashboard=true",
+    ]
+    log = open(os.path.join(temp_dir, "ray_start.log"), "w")
+    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    head = Head(f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dash}", token_path, temp_dir)
+    try:
+        _wait_for_dashboard(head, proc, deadline=time.time() + 90)
+        yield head
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)  # `ray start --block` stops the daemons it started
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=30)
+        for pid in _pids_using(temp_dir):  # anything that outlived it, found by our temp dir only
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        log.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _wait_for_dashboard(head: Head, proc: subprocess.Popen, deadline: float) -> None:
+    token = Path(head.token_path).read_text().strip()
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ray start exited {proc.returncode}: {Path(head.temp_dir, 'ray_start.log').read_text()[-2000:]}")
+        try:
+            req = urllib.request.Request(f"{head.dashboard_url}/api/version", headers={"Authorization": f"Bearer {token}"})
+            with urllib.request.urlopen(req, timeout=2):
+                return
+        except OSError:
+            time.sleep(1)
+    raise RuntimeError("Ray head did not answer within 90 s")

@@ -1,0 +1,55 @@
+"""`ray job submit` of jobs/sync.py to a token-protected Ray head: accepted with the token, refused without."""
+
+from __future__ import annotations
+
+import subprocess
+import urllib.error
+import urllib.request
+
+import pytest
+
+from jobutil import REPO
+from rayhead import VENV_BIN, ray_head
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def head():
+    with ray_head() as h:
+        yield h
+
+
+def _submit(head, env, *job_args, timeout=300):
+    return subprocess.run(
+        [str(VENV_BIN / "ray"), "job", "submit", f"--address={head.dashboard_url}", f"--working-dir={REPO}",
+         "--", "python", "jobs/sync.py", *job_args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def test_submission_with_the_token_trains_on_the_cluster(head, tmp_path):
+    proc = _submit(head, head.client_env(), "--set", f"run.storage_path={tmp_path}", "--set", "run.name=submitted")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    summary_line = [ln for ln in proc.stdout.splitlines() if ln.startswith('{"strategy"')]
+    assert summary_line, out[-4000:]
+    import json
+
+    summary = json.loads(summary_line[-1])
+    assert summary["ray"] not in ("local", "") and summary["test_accuracy"] >= 0.95
+    assert (tmp_path / "submitted" / "metrics.jsonl").exists()
+
+
+def test_submission_without_the_token_is_refused(head):
+    proc = _submit(head, head.client_env(with_token=False), timeout=60)
+    out = (proc.stdout + proc.stderr).lower()
+    assert proc.returncode != 0
+    assert "submitted successfully" not in out
+    assert any(word in out for word in ("401", "unauthorized", "token", "authenticat")), out[-2000:]
+
+
+def test_dashboard_api_needs_the_token(head):
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(f"{head.dashboard_url}/api/jobs/", timeout=10)
+    assert err.value.code in (401, 403)
