@@ -12,6 +12,7 @@ from raydist.errors import exits_cleanly, fail
 # (called with the parsed args, returns an exit status).
 COMMANDS = [
     "raydist.commands.config_cmd",
+    "raydist.slurm.commands",
 ]
 
 

@@ -1,0 +1,179 @@
+"""Bring-up: the batch step's plan (token, head address, ports), then one `ray start --block` per node under srun."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from raydist.errors import RaydistError
+from raydist.slurm import netif, ports, teardown
+from raydist.slurm.api import HOST_LABEL, IFACE_LABEL
+from raydist.slurm.jobdir import JobDir, Plan
+from raydist.slurm.nodes import Allocation
+from raydist.slurm.settings import ClusterConfig
+
+# Variables of the submitting shell that would point `ray start` at some other cluster or token.
+_STALE_RAY_ENV = ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_API_SERVER_ADDRESS")
+
+
+def make_plan(cfg: ClusterConfig, alloc: Allocation) -> Plan:
+    """Runs in the batch step, on the job's first node, which becomes the head."""
+    if alloc.this_node != alloc.head:
+        raise RaydistError(f"the plan must be made on the job's first node {alloc.head}, not {alloc.this_node}")
+    jd = JobDir(cfg.job_path(alloc.job_id))
+    choice = netif.head_choice(alloc.head, alloc.workers, cfg.interface_for(alloc.head))
+    block = ports.pick_block(alloc.job_id, cfg.ports.base, cfg.ports.end, cfg.ports.block, head=True)
+    jd.create()
+    token = jd.write_token()
+    plan = Plan(
+        job_id=alloc.job_id, nodes=alloc.nodes, head=alloc.head, head_ip=choice.ip, head_iface=choice.iface,
+        head_why=choice.why, block_start=block.start, block_size=block.size,
+        dashboard_host=choice.ip if cfg.dashboard_host == "cluster" else cfg.dashboard_host,
+        temp_dir=str(cfg.temp_path(alloc.job_id)), token_path=str(token),
+        object_store_memory=cfg.object_store_memory, login_host=cfg.login_host or alloc.submit_host,
+        config_source=cfg.source)
+    jd.write_plan(plan)
+    return plan
+
+
+def wait_for_head(node: str, choice: netif.Choice, plan: Plan, timeout: float) -> None:
+    """Until the head's GCS port accepts a connection from this node's chosen address.
+
+    A refusal means the head is still starting; anything else past the deadline means the head cannot be reached
+    from this interface (wrong network, firewall), which would otherwise surface as a hang inside training.
+    """
+    port = ports.PortBlock(plan.block_start, plan.block_size).port("gcs")
+    deadline = time.monotonic() + timeout
+    reason = "no answer"
+    while True:
+        try:
+            netif.check_reachable(node, choice, plan.head, plan.head_ip, port, timeout=min(5.0, timeout))
+            return
+        except socket.timeout:
+            reason = "no answer"
+        except OSError as e:
+            if e.errno == errno.EADDRNOTAVAIL:
+                raise netif.NetworkError(f"{node}: address {choice.ip} of {choice.iface} cannot be used") from None
+            reason = "connection refused (head not started?)" if e.errno == errno.ECONNREFUSED else (
+                e.strerror or str(e))
+        if time.monotonic() >= deadline:
+            raise netif.NetworkError(
+                f"{node}: head {plan.head} ({plan.head_ip}:{port}) not reachable from {choice.iface} "
+                f"({choice.ip}) within {timeout:.0f}s: {reason}")
+        time.sleep(0.5)
+
+
+def ray_start_command(plan: Plan, node: str, choice: netif.Choice, block: ports.PortBlock, alloc: Allocation
+                      ) -> list[str]:
+    head = node == plan.head
+    ray = Path(sys.executable).with_name("ray")
+    cmd = [str(ray) if ray.exists() else (shutil.which("ray") or "ray"), "start", "--block",
+           f"--node-ip-address={choice.ip}", f"--num-cpus={alloc.cpus}", f"--num-gpus={alloc.gpus}",
+           f"--temp-dir={plan.temp_dir}", f"--labels={HOST_LABEL}={node},{IFACE_LABEL}={choice.iface}",
+           "--disable-usage-stats"]
+    if plan.object_store_memory:
+        cmd.append(f"--object-store-memory={plan.object_store_memory}")
+    if head:
+        cmd += ["--head", f"--dashboard-host={plan.dashboard_host}", "--include-dashboard=true"]
+    else:
+        gcs = ports.PortBlock(plan.block_start, plan.block_size).port("gcs")
+        cmd.append(f"--address={plan.head_ip}:{gcs}")
+    return cmd + block.ray_start_args(head)
+
+
+def ray_environment(plan: Plan, node: str, iface: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a node's `ray start`; Ray's daemons, workers and drivers on the node inherit it."""
+    env = dict(os.environ if base is None else base)
+    for key in _STALE_RAY_ENV:
+        env.pop(key, None)
+    env.update({
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": plan.token_path,
+        # Per node: a job's runtime_env is the same on every node and could not say this (cluster-facts #8).
+        "GLOO_SOCKET_IFNAME": iface,
+        "NCCL_SOCKET_IFNAME": f"={iface}",  # '=': exactly this name; a bare name is a prefix to NCCL
+        teardown.TAG_ENV: teardown.job_tag(plan.job_id, node),
+        # Python's and Ray's scratch files (multiprocessing's pymp-*, ...) land in the job's temp dir and go with it.
+        "TMPDIR": plan.temp_dir,
+        "RAY_USAGE_STATS_ENABLED": "0",
+    })
+    return env
+
+
+def run_node(cfg: ClusterConfig, alloc: Allocation, log=print) -> int:
+    """One srun task per node: pick and check the interface, start Ray, keep it up, clean up when it ends."""
+    jd = JobDir(cfg.job_path(alloc.job_id))
+    plan = jd.read_plan(wait=30)
+    node = alloc.this_node
+    is_head = node == plan.head
+    try:
+        if is_head:
+            choice = netif.Choice(plan.head_iface, plan.head_ip, plan.head_why)
+            block = ports.PortBlock(plan.block_start, plan.block_size)
+        else:
+            choice = netif.choose_here(node, configured=cfg.interface_for(node), head_ip=plan.head_ip)
+            jd.write_record(node, state="waiting", ip=choice.ip, iface=choice.iface)
+            wait_for_head(node, choice, plan, cfg.timeouts.head_reachable)
+            block = ports.pick_block(plan.job_id, cfg.ports.base, cfg.ports.end, cfg.ports.block, head=False)
+    except RaydistError as e:
+        jd.write_record(node, state="failed", error=str(e))
+        raise
+    temp = Path(plan.temp_dir)
+    temp.mkdir(mode=0o700, parents=True, exist_ok=True)
+    log_path = temp / "ray-start.log"
+    cmd = ray_start_command(plan, node, choice, block, alloc)
+    log(f"{node}: {'head' if is_head else 'worker'} on {choice.iface} {choice.ip} ({choice.why}), "
+        f"{alloc.cpus} CPU, {alloc.gpus} GPU, ports {block.start}-{block.max_worker}")
+    stop: dict = {"requested": False, "proc": None}
+
+    def on_signal(signum, _frame):
+        # SLURM signals every process of the step at once; Ray's own handlers stop its daemons, this one waits
+        # for that and then cleans up what is left.
+        stop["requested"] = True
+        if stop["proc"] is not None and stop["proc"].poll() is None:
+            stop["proc"].send_signal(signal.SIGTERM)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    with open(log_path, "ab") as out:
+        proc = stop["proc"] = subprocess.Popen(cmd, env=ray_environment(plan, node, choice.iface), stdout=out,
+                                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    jd.write_record(node, state="started", pid=proc.pid, ip=choice.ip, iface=choice.iface, cpus=alloc.cpus,
+                    gpus=alloc.gpus, ports=[block.start, block.max_worker], head=is_head)
+    # Both halves of the teardown budget must fit in SLURM's KillWait, after which everything gets SIGKILL.
+    half = cfg.timeouts.teardown / 2
+    while True:
+        try:
+            rc = proc.wait(timeout=0.5)
+            break
+        except subprocess.TimeoutExpired:
+            if stop["requested"]:
+                stop.setdefault("since", time.monotonic())
+                if time.monotonic() - stop["since"] > half:
+                    proc.kill()
+    if not stop["requested"]:
+        tail = _tail(log_path)
+        jd.write_record(node, state="failed", error=f"{node}: ray start exited with status {rc}: {tail}")
+        print(f"raydist: error: {node}: ray start exited with status {rc}; last lines of {log_path}:\n"
+              + "\n".join(_tail(log_path, 15, joined=False)), file=sys.stderr, flush=True)
+    summary = teardown.cleanup_node(plan.job_id, node, temp, half)
+    log(summary)
+    if stop["requested"]:
+        jd.write_record(node, state="stopped")
+        return 0
+    return 1
+
+
+def _tail(path: Path, n: int = 1, joined: bool = True):
+    try:
+        lines = [l for l in path.read_text(errors="replace").splitlines() if l.strip()][-n:]
+    except OSError:
+        lines = []
+    return " | ".join(lines) if joined else lines

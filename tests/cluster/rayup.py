@@ -1,0 +1,114 @@
+"""Drive cluster/ray_up.slurm on the emulated cluster: a test config, submit, wait for ready, find leftovers."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import yaml
+
+from emucluster import REPO, EmulatedCluster
+
+DAEMONS = ("munged", "slurmd", "slurmctld", ": slurmscriptd")
+SLURM_PORTS = {6817, 6818}
+
+
+def write_config(cluster: EmulatedCluster, name: str, **changes) -> Path:
+    """The shipped cluster/cluster.yaml with test-sized settings and `changes`, as a file every host sees."""
+    data = yaml.safe_load((REPO / "cluster" / "cluster.yaml").read_text())
+    data.update(object_store_memory="200MB", job_dir=str(cluster.shared / "jobs"),
+                timeouts={"ready": 120, "head_reachable": 30, "teardown": 10})
+    data.update(changes)
+    path = cluster.shared / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@dataclasses.dataclass
+class RayUpJob:
+    cluster: EmulatedCluster
+    job_id: int
+    config: Path
+    output: Path
+    submitted_at: float
+
+    def text(self) -> str:
+        return self.output.read_text(errors="replace") if self.output.exists() else ""
+
+    @property
+    def job_dir(self) -> Path:
+        return Path(yaml.safe_load(self.config.read_text())["job_dir"]) / str(self.job_id)
+
+    def wait_for(self, needle: str, timeout: float) -> float:
+        """Seconds since sbatch until `needle` shows in the job output; raises if the job ends first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if needle in self.text():
+                return time.monotonic() - self.submitted_at
+            state = self.cluster.job_state(self.job_id)
+            if state not in ("PENDING", "RUNNING", "CONFIGURING"):
+                if needle in self.text():
+                    return time.monotonic() - self.submitted_at
+                raise AssertionError(f"job {self.job_id} ended ({state}) before {needle!r}:\n{self.text()}")
+            time.sleep(0.2)
+        raise AssertionError(f"job {self.job_id}: no {needle!r} after {timeout:.0f}s:\n{self.text()}")
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """A login-node shell after `eval "$(raydist env --job ID)"`."""
+        conn = self.job_dir / "connection.env"
+        values = dict(line.split("=", 1) for line in conn.read_text().splitlines()
+                      if line and not line.startswith("#"))
+        values = {k: v.strip("'") for k, v in values.items()}
+        return self.cluster.env(RAY_ADDRESS=values["RAY_ADDRESS"], RAY_AUTH_MODE="token",
+                                RAY_AUTH_TOKEN_PATH=values["RAY_AUTH_TOKEN_PATH"],
+                                RAYDIST_CONNECTION=str(conn), RAYDIST_CLUSTER_CONFIG=str(self.config), **extra)
+
+
+def submit(cluster: EmulatedCluster, config: Path, *sbatch_args: str, nodes: int = 3) -> RayUpJob:
+    output = cluster.shared / "ray-up-%j.out"
+    t = time.monotonic()
+    job = cluster.sbatch(f"--output={output}", f"--nodes={nodes}", *sbatch_args, "cluster/ray_up.slurm",
+                         env=cluster.env(RAYDIST_CLUSTER_CONFIG=str(config)))
+    return RayUpJob(cluster, job, config, Path(str(output).replace("%j", str(job))), t)
+
+
+def leftovers(cluster: EmulatedCluster, job_id: int) -> dict[str, list[str]]:
+    """Anything of job `job_id` still on a host: processes beyond the SLURM daemons, temp dirs, listening ports."""
+    found: dict[str, list[str]] = {}
+    for host in cluster.hosts:
+        issues = [f"process {pid}: {args[:120]}" for pid, args in cluster.processes(host)
+                  if not args.startswith(DAEMONS)]
+        issues += [f"temp dir /tmp/{p.name}" for p in (cluster.host_dir(host) / "tmp").iterdir()]
+        issues += [f"port {p} listening" for p in sorted(cluster.listening_ports(host) - SLURM_PORTS)]
+        if issues:
+            found[host] = issues
+    return found
+
+
+def wait_no_leftovers(cluster: EmulatedCluster, job_id: int, timeout: float = 40) -> dict[str, list[str]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        left = leftovers(cluster, job_id)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
+def memory_mib(cluster: EmulatedCluster) -> float:
+    """Proportional set size of every process on every host (shared pages counted once), in MiB."""
+    probe = ("import glob\nt=0\nfor f in glob.glob('/proc/[0-9]*/smaps_rollup'):\n"
+             "    try: t+=sum(int(l.split()[1]) for l in open(f) if l.startswith('Pss:'))\n"
+             "    except OSError: pass\nprint(t)")
+    total_kib = 0
+    for host in cluster.hosts:
+        r = cluster.run(host, ["python3", "-c", probe], check=True)
+        total_kib += int(r.stdout.strip())
+    return total_kib / 1024
+
+
+def job_json(stdout: str) -> dict:
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("{") and '"strategy"' in ln]
+    assert lines, f"no JSON summary in:\n{stdout[-4000:]}"
+    return json.loads(lines[-1])

@@ -1,0 +1,159 @@
+"""`sbatch cluster/ray_up.slurm` on real SLURM daemons over emulated hosts (tests/cluster/emucluster.py).
+
+One 3-node Ray cluster is brought up for the module (fixture `ray_up`) and shared by the end-to-end checks, which
+run in file order and end with `scancel`. The fast-fail cases come first, while the nodes are free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import time
+
+import pytest
+
+import rayup
+
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+
+EXPECTED_IFACES = {"master-node": "ens1f1", "node01": "ens1f1", "node02": "ens1f0np0"}
+TIMINGS: dict[str, float] = {}
+
+
+def test_each_host_picks_the_interface_that_routes_to_the_head(slurm_cluster):
+    # No interface map: the choice comes from each host's routing table (a docker0 decoy is up on every host).
+    cfg = rayup.write_config(slurm_cluster, "auto", interfaces={})
+    r = slurm_cluster.run("master-node", "srun --nodes=3 --ntasks-per-node=1 raydist slurm iface --head master-node",
+                          env=slurm_cluster.env(RAYDIST_CLUSTER_CONFIG=str(cfg)), check=True)
+    got = {line.split()[0]: line.split()[1] for line in r.stdout.splitlines()}
+    assert got == EXPECTED_IFACES, r.stdout
+
+
+def test_wrong_interface_name_fails_bring_up_fast_naming_the_node(slurm_cluster):
+    cfg = rayup.write_config(slurm_cluster, "wrong-iface", interfaces={**EXPECTED_IFACES, "node02": "ens1f1"})
+    job = rayup.submit(slurm_cluster, cfg)
+    state = slurm_cluster.wait_job(job.job_id, timeout=60)
+    took = time.monotonic() - job.submitted_at
+    TIMINGS["wrong_interface_fail_s"] = took
+    assert state == "FAILED", job.text()
+    errors = [ln for ln in job.text().splitlines() if ln.startswith("raydist: error:")]
+    assert any("node02" in ln and "ens1f1" in ln and "does not exist" in ln for ln in errors), job.text()
+    assert took < 45, f"bring-up took {took:.0f}s to fail"
+    assert rayup.wait_no_leftovers(slurm_cluster, job.job_id) == {}
+    assert not job.job_dir.exists()
+
+
+def test_unreachable_head_fails_bring_up_naming_node_and_interface(slurm_cluster):
+    # docker0 exists on node02 but leads nowhere: the worker must say so at bring-up, not hang in training.
+    cfg = rayup.write_config(slurm_cluster, "unreachable", interfaces={**EXPECTED_IFACES, "node02": "docker0"},
+                             timeouts={"ready": 60, "head_reachable": 4, "teardown": 10})
+    job = rayup.submit(slurm_cluster, cfg)
+    state = slurm_cluster.wait_job(job.job_id, timeout=60)
+    assert state == "FAILED", job.text()
+    errors = [ln for ln in job.text().splitlines() if ln.startswith("raydist: error:")]
+    assert any("node02" in ln and "docker0" in ln and "not reachable" in ln for ln in errors), job.text()
+    assert rayup.wait_no_leftovers(slurm_cluster, job.job_id) == {}
+
+
+@pytest.fixture(scope="module")
+def ray_up(slurm_cluster):
+    """The shipped cluster config (interface map as in the seeds) brought up by sbatch; scancelled at the end."""
+    slurm_cluster.wait_idle(60)
+    TIMINGS["memory_before_mib"] = rayup.memory_mib(slurm_cluster)
+    job = rayup.submit(slurm_cluster, rayup.write_config(slurm_cluster, "e2e"))
+    TIMINGS["sbatch_to_ready_s"] = job.wait_for("Ray cluster ready", timeout=150)
+    TIMINGS["memory_idle_mib"] = rayup.memory_mib(slurm_cluster)
+    yield job
+    slurm_cluster.run("master-node", ["scancel", str(job.job_id)])
+    rayup.wait_no_leftovers(slurm_cluster, job.job_id)
+    print("\nslurm e2e measurements: " + json.dumps({k: round(v, 1) for k, v in TIMINGS.items()}))
+
+
+def test_every_node_joins_on_its_own_interface(slurm_cluster, ray_up):
+    r = slurm_cluster.run("node01", ["raydist", "status", "--json"], env=ray_up.env(), check=True)
+    nodes = {n["hostname"]: n for n in json.loads(r.stdout)["nodes"]}
+    assert {h: n["interface"] for h, n in nodes.items()} == EXPECTED_IFACES
+    assert {h: n["address"] for h, n in nodes.items()} == {h.name: h.ip for h in slurm_cluster.hosts.values()}
+    assert all(n["state"] == "alive" and n["cpus"] == 1 for n in nodes.values())
+    assert "[ " in ray_up.text() and "3/3 nodes joined" in ray_up.text()  # progress was shown
+    # Each host's Ray (and so every worker it starts) carries that host's own interface name.
+    for host, iface in EXPECTED_IFACES.items():
+        r = slurm_cluster.run(host, "tr '\\0' '\\n' < /proc/$(pgrep -x raylet)/environ", check=True)
+        env = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+        assert env["GLOO_SOCKET_IFNAME"] == iface and env["NCCL_SOCKET_IFNAME"] == f"={iface}", host
+        assert env["RAY_AUTH_MODE"] == "token"
+
+
+def test_token_and_dashboard_are_locked_down(slurm_cluster, ray_up):
+    env = ray_up.env()
+    token = env["RAY_AUTH_TOKEN_PATH"]
+    assert stat.S_IMODE(os.stat(token).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(os.path.dirname(token)).st_mode) == 0o700
+    port = int(env["RAY_ADDRESS"].rsplit(":", 1)[1])
+    r = slurm_cluster.run("master-node", ["ss", "-Hltn", f"sport = :{port}"], check=True)
+    assert [line.split()[3] for line in r.stdout.splitlines()] == [f"192.168.20.15:{port}"]
+    r = slurm_cluster.run("master-node", ["raydist", "env"], env=env, check=True)
+    assert f"export RAY_AUTH_TOKEN_PATH={token}" in r.stdout and "export RAY_ADDRESS=http://" in r.stdout
+    conn = (ray_up.job_dir / "connection.env").read_text()
+    assert "RAYDIST_TUNNEL='ssh -N -L" in conn and conn in ray_up.text()  # written and printed
+
+
+def test_dashboard_api_lists_three_alive_nodes_only_with_the_token(slurm_cluster, ray_up):
+    env = ray_up.env()
+    probe = ("import json,os,sys,urllib.request as u,urllib.error as e\n"
+             "url=os.environ['RAY_ADDRESS']+'/api/v0/nodes'\n"
+             "tok=open(os.environ['RAY_AUTH_TOKEN_PATH']).read().strip()\n"
+             "try:\n    u.urlopen(url,timeout=10); print('open')\n"
+             "except e.HTTPError as x: print(x.code)\n"
+             "d=json.load(u.urlopen(u.Request(url,headers={'Authorization':'Bearer '+tok}),timeout=10))\n"
+             "print(json.dumps(sorted(n['state'] for n in d['data']['result']['result'])))")
+    r = slurm_cluster.run("node02", ["python3", "-c", probe], env=env, check=True)
+    refused, states = r.stdout.split(None, 1)
+    assert refused == "401"
+    assert json.loads(states) == ["ALIVE"] * 3
+
+
+def test_submission_without_the_token_is_refused(slurm_cluster, ray_up, tmp_path):
+    home = slurm_cluster.shared / "empty-home"  # no ~/.ray/auth_token to fall back on
+    home.mkdir(exist_ok=True)
+    env = slurm_cluster.env(RAY_ADDRESS=ray_up.env()["RAY_ADDRESS"], HOME=str(home))
+    r = slurm_cluster.run("master-node", "ray job submit --no-wait -- echo hi", env=env, timeout=120)
+    assert r.returncode != 0
+    assert "401" in r.stdout + r.stderr or "Unauthorized" in r.stdout + r.stderr, r.stdout + r.stderr
+    r = slurm_cluster.run("master-node", ["ray", "job", "list"], env=ray_up.env(), timeout=120, check=True)
+    assert "raysubmit_" not in r.stdout  # nothing was accepted
+
+
+def test_sync_ddp_job_trains_one_worker_per_host_over_gloo(slurm_cluster, ray_up):
+    t = time.monotonic()
+    peak = [0.0]
+    proc = slurm_cluster.popen(
+        "master-node",
+        f"ray job submit --working-dir . -- python jobs/sync.py --set scaling.num_workers=3 "
+        f"--set run.storage_path={slurm_cluster.shared}/runs --set run.name=slurm-e2e",
+        env=ray_up.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    while proc.poll() is None and time.monotonic() - t < 240:
+        peak[0] = max(peak[0], rayup.memory_mib(slurm_cluster))
+        time.sleep(2)
+    out = proc.communicate(timeout=60)[0]
+    TIMINGS["train_job_s"] = time.monotonic() - t
+    TIMINGS["memory_training_peak_mib"] = peak[0]
+    assert proc.returncode == 0, out[-4000:]
+    summary = rayup.job_json(out)
+    assert summary["strategy"] == "sync" and summary["workers"] == 3
+    assert summary["test_accuracy"] >= 0.95, summary
+    assert summary["checkpoint"].startswith(str(slurm_cluster.shared))
+    # One Ray Train worker per host: the log prefixes name the other hosts' addresses.
+    assert "ip=192.168.20.16" in out and "ip=192.168.20.17" in out
+
+
+def test_scancel_leaves_no_process_temp_dir_or_port(slurm_cluster, ray_up):
+    slurm_cluster.run("master-node", ["scancel", str(ray_up.job_id)], check=True)
+    t = time.monotonic()
+    assert slurm_cluster.wait_job(ray_up.job_id, timeout=60) == "CANCELLED"
+    assert rayup.wait_no_leftovers(slurm_cluster, ray_up.job_id, timeout=40) == {}
+    TIMINGS["scancel_to_clean_s"] = time.monotonic() - t
+    assert not ray_up.job_dir.exists(), "token and connection file must go with the job"
+    assert "stopped" in ray_up.text() and "removed /tmp/raydist-" in ray_up.text()

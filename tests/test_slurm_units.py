@@ -1,0 +1,381 @@
+"""Unit tests of the pure parts of raydist.slurm: node lists, interface choice, ports, config, connection, teardown."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from raydist.errors import ConfigError, RaydistError
+from raydist.slurm import connection, netif, ports, readiness, settings, teardown
+from raydist.slurm.jobdir import JobDir, Plan
+from raydist.slurm.nodes import Allocation, cpus_from_env, expand_hostlist, gpus_from_env
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---- node lists ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("hostlist, expected", [
+    ("master-node", ["master-node"]),
+    ("master-node,node[01-02]", ["master-node", "node01", "node02"]),
+    ("node[08-10]", ["node08", "node09", "node10"]),
+    ("gpu[1-2,5]", ["gpu1", "gpu2", "gpu5"]),
+    ("rack[1-2]-n[0-1]", ["rack1-n0", "rack1-n1", "rack2-n0", "rack2-n1"]),
+    ("a,b,a", ["a", "b"]),
+])
+def test_expand_hostlist(hostlist, expected):
+    assert expand_hostlist(hostlist) == expected
+
+
+@pytest.mark.parametrize("bad", ["node[1-2", "node1-2]", "node[a-b]", "node[5-1]"])
+def test_expand_hostlist_rejects_malformed_lists(bad):
+    with pytest.raises(RaydistError, match="bad SLURM hostlist"):
+        expand_hostlist(bad)
+
+
+def test_resources_come_from_the_allocation_not_the_machine():
+    assert cpus_from_env({"SLURM_CPUS_PER_TASK": "8", "SLURM_CPUS_ON_NODE": "32"}) == 8
+    assert cpus_from_env({"SLURM_CPUS_ON_NODE": "4"}) == 4
+    assert gpus_from_env({"CUDA_VISIBLE_DEVICES": "0,1", "SLURM_GPUS_ON_NODE": "8"}) == 2
+    assert gpus_from_env({"CUDA_VISIBLE_DEVICES": ""}) == 0
+    assert gpus_from_env({"SLURM_GPUS_PER_NODE": "a100:4"}) == 4
+    assert gpus_from_env({}) == 0
+
+
+def test_allocation_from_slurm_environment():
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "master-node,node[01-02]", "SLURMD_NODENAME": "node01",
+           "SLURM_CPUS_PER_TASK": "2", "SLURM_SUBMIT_HOST": "login1", "SLURM_JOB_USER": "ana"}
+    a = Allocation.from_env(env, expand=expand_hostlist)
+    assert (a.job_id, a.head, a.workers, a.this_node, a.cpus, a.gpus) == (
+        42, "master-node", ("node01", "node02"), "node01", 2, 0)
+    with pytest.raises(RaydistError, match="not inside a SLURM job"):
+        Allocation.from_env({}, expand=expand_hostlist)
+
+
+# ---- interface choice ------------------------------------------------------------------------------------
+
+PROC_NET_ROUTE = textwrap.dedent("""\
+    Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
+    eno1\t00000000\t0100000A\t0003\t0\t0\t100\t00000000\t0\t0\t0
+    eno1\t0000000A\t00000000\t0001\t0\t0\t100\t0000FFFF\t0\t0\t0
+    ens1f1\t0014A8C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
+    docker0\t000011AC\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0
+    ib0\t0014A8C0\t00000000\t0001\t0\t0\t50\t00FFFFFF\t0\t0\t0
+    down0\t0015A8C0\t00000000\t0000\t0\t0\t0\t00FFFFFF\t0\t0\t0
+    """)
+
+
+def test_route_lookup_takes_the_longest_prefix_then_the_lowest_metric():
+    routes = netif.parse_proc_net_route(PROC_NET_ROUTE)
+    assert netif.route_lookup(routes, "192.168.20.15") == "ens1f1"  # /24 beats the default; metric 0 beats ib0's 50
+    assert netif.route_lookup(routes, "10.0.3.4") == "eno1"
+    assert netif.route_lookup(routes, "8.8.8.8") == "eno1"  # the default route
+    assert netif.route_lookup(routes, "192.168.21.1") == "eno1"  # down0's route is not up
+    assert netif.route_lookup([r for r in routes if r.iface == "docker0"], "8.8.8.8") is None
+
+
+ADDRS = {
+    "lo": [ipaddress.IPv4Interface("127.0.0.1/8")],
+    "docker0": [ipaddress.IPv4Interface("172.17.0.1/16")],
+    "ens1f0np0": [ipaddress.IPv4Interface("192.168.20.17/24")],
+    "ib0": [],
+}
+
+
+def test_ip_json_parsing():
+    data = [{"ifname": "lo", "addr_info": [{"family": "inet", "local": "127.0.0.1", "prefixlen": 8},
+                                           {"family": "inet6", "local": "::1", "prefixlen": 128}]},
+            {"ifname": "ens1f1", "addr_info": [{"family": "inet", "local": "192.168.20.15", "prefixlen": 24}]},
+            {"ifname": "ib0"}]
+    assert netif.parse_ip_addr_json(data) == {"lo": [ipaddress.IPv4Interface("127.0.0.1/8")],
+                                              "ens1f1": [ipaddress.IPv4Interface("192.168.20.15/24")], "ib0": []}
+    assert netif.parse_route_get_json([{"dst": "192.168.20.15", "dev": "ens1f0np0", "prefsrc": "192.168.20.17"}]
+                                      ) == ("ens1f0np0", "192.168.20.17")
+    assert netif.parse_route_get_json([]) is None
+
+
+def test_automatic_choice_is_the_interface_carrying_the_route_to_the_head():
+    c = netif.choose("node02", ADDRS, head_ip="192.168.20.15", route=("ens1f0np0", "192.168.20.17"))
+    assert (c.iface, c.ip) == ("ens1f0np0", "192.168.20.17")
+    # On the head the route to its own address is local; the answer is the interface that holds it.
+    addrs = {**ADDRS, "ens1f1": [ipaddress.IPv4Interface("192.168.20.15/24")]}
+    c = netif.choose("master-node", addrs, head_ip="192.168.20.15", route=("lo", "192.168.20.15"))
+    assert (c.iface, c.ip) == ("ens1f1", "192.168.20.15")
+
+
+def test_configured_interface_wins_and_a_missing_one_names_node_and_interface():
+    c = netif.choose("node02", ADDRS, configured="ens1f0np0", head_ip="192.168.20.15")
+    assert (c.iface, c.ip, c.why) == ("ens1f0np0", "192.168.20.17", "cluster config")
+    with pytest.raises(netif.NetworkError) as e:
+        netif.choose("node02", ADDRS, configured="ens1f1", head_ip="192.168.20.15")
+    assert "node02" in str(e.value) and "ens1f1" in str(e.value) and "ens1f0np0" in str(e.value)
+    with pytest.raises(netif.NetworkError, match="ib0 .*no IPv4"):
+        netif.choose("node02", ADDRS, configured="ib0")
+
+
+def test_no_route_to_the_head_is_an_error_naming_the_node():
+    with pytest.raises(netif.NetworkError, match="node02: no route to the head"):
+        netif.choose("node02", ADDRS, head_ip="10.9.9.9", route=None)
+
+
+def test_a_loopback_head_address_is_refused_on_this_machine():
+    with pytest.raises(netif.NetworkError, match="loopback"):
+        netif.choose_here("here", configured=None, head_ip="127.0.0.1")
+
+
+# ---- ports ------------------------------------------------------------------------------------------------
+
+def test_port_blocks_derive_from_the_job_id_and_wrap_around():
+    first = [b.start for b in ports.candidate_blocks(7, 20000, 20999, 100)]
+    assert first[0] == 20700 and first[1] == 20800 and first[3] == 20000 and len(first) == 10
+    assert len(set(first)) == 10
+    # Two jobs whose ids differ by less than the number of slots never start on the same block.
+    assert len({next(ports.candidate_blocks(j, 20000, 31999, 400)).start for j in range(100, 130)}) == 30
+
+
+def test_port_block_layout():
+    b = ports.PortBlock(20400, 400)
+    head, worker = b.ports(head=True), b.ports(head=False)
+    assert len(head) == len(set(head)) and set(worker) < set(head)
+    assert all(20400 <= p <= 20799 for p in head)
+    assert b.port("gcs") == 20400 and b.port("dashboard") == 20401 and (b.min_worker, b.max_worker) == (20416, 20799)
+    args = b.ray_start_args(head=True)
+    assert "--port=20400" in args and "--dashboard-port=20401" in args and "--max-worker-port=20799" in args
+    assert not any(a.startswith("--port=") for a in b.ray_start_args(head=False))
+
+
+def test_a_busy_port_moves_the_job_to_the_next_free_block():
+    busy = {20700 + 5}
+    b = ports.pick_block(7, 20000, 20999, 100, head=True, is_free=lambda p: p not in busy)
+    assert b.start == 20800
+    with pytest.raises(RaydistError, match="no free block"):
+        ports.pick_block(7, 20000, 20999, 100, head=True, is_free=lambda p: False)
+
+
+def test_port_is_free_sees_a_listening_socket():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert not ports.port_is_free(port)
+
+
+# ---- cluster config -----------------------------------------------------------------------------------
+
+def test_shipped_cluster_config_loads_with_the_seeds_interfaces():
+    cfg = settings.load(str(REPO / "cluster" / "cluster.yaml"))
+    assert cfg.interfaces == {"master-node": "ens1f1", "node01": "ens1f1", "node02": "ens1f0np0"}
+    assert cfg.dashboard_host == "cluster" and cfg.object_store_memory == 2 * 10**9
+
+
+def test_config_expands_hostlists_and_sizes():
+    cfg = settings.from_dict({"interfaces": {"gpu[01-03]": "ib0"}, "object_store_memory": "512MiB",
+                              "ports": {"base": 30000, "end": 30999, "block": 100}})
+    assert cfg.interface_for("gpu02") == "ib0" and cfg.interface_for("cpu1") is None
+    assert cfg.object_store_memory == 512 * 2**20 and cfg.ports.block == 100
+    assert cfg.temp_path(9) == Path("/tmp/raydist-9")
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"interface": {}}, "unknown key 'interface' \\(did you mean 'interfaces'"),
+    ({"interfaces": {"n1": "a b"}}, "not an interface name"),
+    ({"object_store_memory": "lots"}, "must be a size"),
+    ({"object_store_memory": "1MB"}, "at least 75MiB"),
+    ({"dashboard_host": "everywhere"}, "dashboard_host"),
+    ({"ports": {"base": 50000, "end": 40000}}, "base < end"),
+    ({"ports": {"blok": 4}}, "unknown key 'ports.blok'"),
+    ({"timeouts": {"ready": -1}}, "timeouts.ready: must be > 0"),
+    ({"temp_dir": "tmp"}, "absolute"),
+])
+def test_config_errors_are_one_line(data, message):
+    with pytest.raises(ConfigError, match=message) as e:
+        settings.from_dict(data)
+    assert "\n" not in str(e.value)
+
+
+def test_config_file_errors_name_the_file(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("ports: [1, 2\n")
+    with pytest.raises(ConfigError, match=f"cannot parse {p}"):
+        settings.load(str(p))
+    with pytest.raises(ConfigError, match="not found"):
+        settings.load(str(tmp_path / "missing.yaml"))
+
+
+# ---- job dir, connection file ---------------------------------------------------------------------------
+
+def _plan(tmp_path: Path, **kw) -> Plan:
+    base = dict(job_id=42, nodes=("master-node", "node01"), head="master-node", head_ip="127.0.0.1",
+                head_iface="lo", head_why="test", block_start=20000, block_size=400, dashboard_host="127.0.0.1",
+                temp_dir=str(tmp_path / "raydist-42"), token_path=str(tmp_path / "job" / "token"),
+                object_store_memory=None, login_host="login1", config_source="test")
+    base.update(kw)
+    return Plan(**base)
+
+
+def test_job_dir_is_private_and_the_token_0600(tmp_path):
+    jd = JobDir(tmp_path / "jobs" / "42")
+    jd.create()
+    jd.write_token()
+    assert stat.S_IMODE(jd.path.stat().st_mode) == 0o700
+    assert stat.S_IMODE(jd.token.stat().st_mode) == 0o600
+    assert len(jd.read_token()) == 64
+    with pytest.raises(RaydistError, match="already exists"):
+        jd.create()
+
+
+def test_connection_file_round_trip_and_export_lines(tmp_path):
+    conn = readiness.connection_for(_plan(tmp_path), user="ana")
+    path = tmp_path / "connection.env"
+    conn.write(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    again = connection.read(path)
+    assert again == conn
+    assert conn.dashboard_url == "http://127.0.0.1:20001" and conn.gcs_address == "127.0.0.1:20000"
+    assert conn.tunnel == "ssh -N -L 20001:127.0.0.1:20001 ana@login1"
+    out = subprocess.run(["bash", "-c", f"{conn.export_lines(path)}\nenv"], capture_output=True, text=True).stdout
+    assert "RAY_ADDRESS=http://127.0.0.1:20001" in out and "RAY_AUTH_MODE=token" in out
+    assert f"RAYDIST_CONNECTION={path}" in out
+    # Sourcing the file itself gives the same values.
+    out = subprocess.run(["bash", "-c", f"set -a; . {path}; env"], capture_output=True, text=True).stdout
+    assert "RAYDIST_TUNNEL=ssh -N -L 20001:127.0.0.1:20001 ana@login1" in out
+
+
+def test_connection_lookup(tmp_path, monkeypatch):
+    monkeypatch.delenv(connection.CONNECTION_ENV, raising=False)
+    with pytest.raises(RaydistError, match="no running raydist cluster"):
+        connection.find(tmp_path)
+    for job in (7, 8):
+        (tmp_path / str(job)).mkdir()
+        (tmp_path / str(job) / "connection.env").write_text("")
+        os.utime(tmp_path / str(job) / "connection.env", (job, job))
+    assert connection.find(tmp_path).parent.name == "8"
+    assert connection.find(tmp_path, job_id=7).parent.name == "7"
+    with pytest.raises(RaydistError, match="no connection file for job 9"):
+        connection.find(tmp_path, job_id=9)
+
+
+# ---- readiness ------------------------------------------------------------------------------------------
+
+def _job_dir(tmp_path: Path, **plan_kw) -> JobDir:
+    jd = JobDir(tmp_path / "job")
+    jd.create()
+    jd.write_token()
+    with socket.socket() as s:  # a port nobody listens on: the dashboard is "not up"
+        s.bind(("127.0.0.1", 0))
+        start = s.getsockname()[1]
+    jd.write_plan(_plan(tmp_path, block_start=start - 1, **plan_kw))
+    return jd
+
+
+def test_missing_nodes_are_described_by_what_is_known_of_them():
+    text = readiness.describe_missing(
+        ["master-node", "node01", "node02"],
+        {"master-node": {"state": "started", "pid": 5}, "node01": {"state": "waiting", "iface": "ens1f1",
+                                                                  "ip": "1.2.3.4"}},
+        head="master-node", dashboard_up=False)
+    assert text == ("master-node: started (ray start pid 5), dashboard not answering; "
+                    "node01: waiting for the head from ens1f1 (1.2.3.4); "
+                    "node02: not started (no srun task reported from it)")
+
+
+def test_a_failed_node_ends_the_wait_at_once(tmp_path):
+    jd = _job_dir(tmp_path)
+    jd.write_record("node01", state="failed", error="node01: interface ens9 from the cluster config does not exist")
+    with pytest.raises(readiness.BringupFailed, match="node01: interface ens9"):
+        readiness.wait_ready(jd, timeout=60, log=lambda m: None)
+
+
+def test_the_wait_times_out_naming_the_missing_nodes(tmp_path):
+    jd = _job_dir(tmp_path)
+    jd.write_record("master-node", state="started", pid=1)
+    shown = []
+    with pytest.raises(readiness.BringupFailed) as e:
+        readiness.wait_ready(jd, timeout=0.3, poll=0.05, log=shown.append)
+    assert "within 0s" in str(e.value) and "node01: not started" in str(e.value)
+    assert shown and "0/2 nodes joined; waiting for master-node, node01" in shown[0]
+
+
+def test_the_wait_stops_when_the_node_step_ends(tmp_path):
+    jd = _job_dir(tmp_path)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    with pytest.raises(readiness.BringupFailed, match="node step ended"):
+        readiness.wait_ready(jd, timeout=30, step_pid=dead.pid, log=lambda m: None)
+
+
+# ---- teardown ---------------------------------------------------------------------------------------------
+
+def test_teardown_stops_only_processes_carrying_the_job_tag(tmp_path):
+    tag = teardown.job_tag(4242, "unit-test-node")
+    env = dict(os.environ, **{teardown.TAG_ENV: tag})
+    mine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             env=dict(env, **{teardown.TAG_ENV: teardown.job_tag(4243, "unit-test-node")}))
+    try:
+        temp = tmp_path / "raydist-4242"
+        temp.mkdir()
+        (temp / "f").write_text("x")
+        summary = teardown.cleanup_node(4242, "unit-test-node", temp, grace=5)
+        assert mine.wait(timeout=5) is not None
+        assert other.poll() is None
+        assert not temp.exists() and "stopped 1 leftover" in summary
+    finally:
+        for p in (mine, other):
+            p.kill()
+            p.wait()
+
+
+def test_teardown_refuses_a_temp_dir_that_is_not_the_jobs(tmp_path):
+    d = tmp_path / "raydist-1"
+    d.mkdir()
+    assert not teardown.remove_temp_dir(d, 2) and d.exists()
+
+
+# ---- command line and the sbatch script -------------------------------------------------------------------
+
+def _raydist(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RAY", "RAYDIST_"))}
+    return subprocess.run([sys.executable, "-m", "raydist.cli", *args], capture_output=True, text=True,
+                          env={**clean, **(env or {})}, cwd=REPO)
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    r = _raydist("slurm", "plan")
+    assert r.returncode == 1 and r.stderr.startswith("raydist: error: not inside a SLURM job")
+    assert len(r.stderr.strip().splitlines()) == 1
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("portz: {}\n")
+    r = _raydist("status", "--config", str(bad))
+    assert r.returncode == 2 and "unknown key 'portz'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    good = tmp_path / "good.yaml"
+    good.write_text(f"job_dir: {tmp_path}/jobs\n")
+    r = _raydist("env", "--config", str(good))
+    assert r.returncode == 1 and "no running raydist cluster" in r.stderr
+
+
+def test_env_prints_export_lines_from_the_connection_file(tmp_path):
+    path = tmp_path / "connection.env"
+    readiness.connection_for(_plan(tmp_path)).write(path)
+    r = _raydist("env", "--connection", str(path))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == "export RAY_ADDRESS=http://127.0.0.1:20001"
+
+
+def test_sbatch_script_is_thin_and_valid_bash():
+    script = (REPO / "cluster" / "ray_up.slurm").read_text()
+    assert subprocess.run(["bash", "-n", str(REPO / "cluster" / "ray_up.slurm")]).returncode == 0
+    assert "#SBATCH --ntasks-per-node=1" in script and "#SBATCH --signal=" in script
+    assert "scontrol show hostnames" in script
+    assert "raydist slurm node" in script and "raydist slurm wait" in script
+    assert "ray stop" not in script
+    code = [ln for ln in script.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    assert len(code) < 25
