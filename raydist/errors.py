@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Callable, TypeVar
+from typing import Callable, NoReturn, TypeVar
 
 F = TypeVar("F", bound=Callable[..., int | None])
 
@@ -19,7 +19,7 @@ class ConfigError(RaydistError):
     """A config file or --set override that cannot be used."""
 
 
-def fail(message: str, code: int = USAGE_EXIT) -> "NoReturn":  # noqa: F821
+def fail(message: str, code: int = USAGE_EXIT) -> NoReturn:
     print(f"raydist: error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
     sys.exit(code)
 
