@@ -13,8 +13,10 @@ import subprocess
 import time
 
 import pytest
+import yaml
 
 import rayup
+from raydist.slurm import ports
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
@@ -147,6 +149,41 @@ def test_sync_ddp_job_trains_one_worker_per_host_over_gloo(slurm_cluster, ray_up
     assert summary["checkpoint"].startswith(str(slurm_cluster.shared))
     # One Ray Train worker per host: the log prefixes name the other hosts' addresses.
     assert "ip=192.168.20.16" in out and "ip=192.168.20.17" in out
+
+
+def test_a_second_job_on_the_same_nodes_skips_busy_ports_and_stops_alone_at_its_time_limit(slurm_cluster, ray_up):
+    cfg = yaml.safe_load(ray_up.config.read_text())
+    p = cfg["ports"]
+    # Somebody else holds the GCS port of the block the next job id maps to: the job must move on.
+    next_id = ray_up.job_id + 1
+    natural = next(ports.candidate_blocks(next_id, p["base"], p["end"], p["block"]))
+    squatter = slurm_cluster.popen("master-node", ["python3", "-c", "import socket,sys; s=socket.socket(); "
+                                   f"s.bind(('0.0.0.0', {natural.start})); s.listen(); sys.stdin.read()"],
+                                   stdin=subprocess.PIPE)
+    try:
+        job = rayup.submit(slurm_cluster, ray_up.config)
+        TIMINGS["second_job_sbatch_to_ready_s"] = job.wait_for("Ray cluster ready", timeout=150)
+        TIMINGS["memory_two_idle_clusters_mib"] = rayup.memory_mib(slurm_cluster)
+        mine, other = ray_up.env(), job.env()
+        assert mine["RAY_ADDRESS"] != other["RAY_ADDRESS"] and mine["RAY_AUTH_TOKEN_PATH"] != other["RAY_AUTH_TOKEN_PATH"]
+        assert job.job_id == next_id
+        assert f":{natural.port('dashboard')}" not in other["RAY_ADDRESS"], other["RAY_ADDRESS"]
+        r = slurm_cluster.run("node01", ["raydist", "status", "--job", str(job.job_id)], env=other)
+        assert r.returncode == 0 and "3/3 nodes alive" in r.stdout, r.stdout + r.stderr
+        # What `#SBATCH --signal=B:TERM@60` does before the time limit: SIGTERM to the batch shell only.
+        slurm_cluster.run("master-node", ["scancel", "--batch", "--signal=TERM", str(job.job_id)], check=True)
+        assert slurm_cluster.wait_job(job.job_id, timeout=60) in ("FAILED", "COMPLETED")
+        assert "Ray stopped" in job.text() and not job.job_dir.exists()
+        deadline = time.monotonic() + 40
+        while rayup.job_leftovers(slurm_cluster, job.job_id) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert rayup.job_leftovers(slurm_cluster, job.job_id) == {}
+    finally:
+        squatter.stdin.close()  # it exits at end of input (killing nsenter would not reach into the host)
+        squatter.wait(timeout=30)
+    # The neighbour's teardown left this job's cluster whole.
+    r = slurm_cluster.run("node01", ["raydist", "status", "--job", str(ray_up.job_id)], env=mine)
+    assert r.returncode == 0 and "3/3 nodes alive" in r.stdout, r.stdout + r.stderr
 
 
 def test_scancel_leaves_no_process_temp_dir_or_port(slurm_cluster, ray_up):

@@ -207,6 +207,8 @@ class EmulatedCluster:
 
     def popen(self, host: str, cmd: str | list[str], *, env: dict | None = None,
               cwd: str | os.PathLike = REPO, **kw) -> subprocess.Popen:
+        """Start a command inside `host`. The Popen is nsenter's, which forks into the host's PID namespace:
+        killing it does not end the command, so give the command a way to end (its stdin closing, say)."""
         argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         return subprocess.Popen(self.nsenter(host) + ["env", "-C", str(cwd)] + argv, env=env or self.env(), **kw)
 

@@ -87,6 +87,22 @@ def leftovers(cluster: EmulatedCluster, job_id: int) -> dict[str, list[str]]:
     return found
 
 
+def job_leftovers(cluster: EmulatedCluster, job_id: int) -> dict[str, list[str]]:
+    """Only job `job_id`'s traces: processes tagged with its id, its temp dir."""
+    probe = ("import glob,sys\nfor f in glob.glob('/proc/[0-9]*/environ'):\n"
+             "    try: env=open(f,'rb').read().split(b'\\0')\n    except OSError: continue\n"
+             f"    if any(e.startswith(b'RAYDIST_RAY_TAG={job_id}@') for e in env): print(f.split('/')[2])")
+    found: dict[str, list[str]] = {}
+    for host in cluster.hosts:
+        r = cluster.run(host, ["python3", "-c", probe], check=True)
+        issues = [f"process {pid}" for pid in r.stdout.split()]
+        if (cluster.host_dir(host) / "tmp" / f"raydist-{job_id}").exists():
+            issues.append(f"temp dir /tmp/raydist-{job_id}")
+        if issues:
+            found[host] = issues
+    return found
+
+
 def wait_no_leftovers(cluster: EmulatedCluster, job_id: int, timeout: float = 40) -> dict[str, list[str]]:
     deadline = time.monotonic() + timeout
     while True:
