@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 from typing import Any, Callable
@@ -34,6 +35,7 @@ def connect(cfg: Config) -> str:
 
     address = cfg.run.address or os.environ.get("RAY_ADDRESS", "")
     if address:
+        check_reachable(address)
         try:
             ray.init(address=address, log_to_driver=True)
         except (ConnectionError, ValueError, RuntimeError) as e:
@@ -42,8 +44,24 @@ def connect(cfg: Config) -> str:
     needed = cfg.scaling.num_workers * cfg.scaling.cpus_per_worker
     # The embedded default: a private instance that ends with this process; oversubscribing a small
     # machine is fine for CPU training, refusing to start is not.
-    ray.init(num_cpus=max(os.cpu_count() or 1, int(needed + 0.999)), include_dashboard=False)
+    # Loopback only: nothing outside this machine can reach (or needs) a private instance.
+    ray.init(num_cpus=max(os.cpu_count() or 1, int(needed + 0.999)), include_dashboard=False,
+             _node_ip_address="127.0.0.1")
     return "local"
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds, with one line, when a named cluster does not answer: ray.init would retry for minutes."""
+    if address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        raise RaydistError(f"Ray address must be host:port or ray://host:port (got {address!r})")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise RaydistError(f"cannot reach Ray at {address}: {e.strerror or e}") from None
 
 
 def build_trainer(cfg: Config, train_fn: Callable[[dict[str, Any]], None]):
@@ -72,8 +90,9 @@ def run_job(strategy: str, cfg: Config, train_fn: Callable[[dict[str, Any]], Non
     """Fit on Ray and return the job's summary (the JSON line every job ends with)."""
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
     # Ray Train holds one pending report per worker and drains it on each controller poll (2 s by
-    # default), so a report every epoch of a small model would stall training; poll faster instead.
-    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+    # default), so a report every epoch of a small model would stall training; poll faster instead
+    # (0.1 s: loop steps/s 114 -> 179 on digits, torchrun 134-222; see benchmarks/).
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
     # Without this Ray Train echoes every worker print a second time through its logger.
     os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
     start = time.perf_counter()
@@ -101,6 +120,8 @@ def run_job(strategy: str, cfg: Config, train_fn: Callable[[dict[str, Any]], Non
         "resumed_from_step": metrics.get("resumed_from_step"),
         "checkpoint": result.checkpoint.path if result.checkpoint else None,
         "metrics_file": os.path.join(cfg.run.run_dir, "metrics.jsonl"),
+        # A strategy's own summary fields (e.g. bytes_per_worker, wait_s_per_worker), from its final report.
+        **(metrics.get("summary_extra") or {}),
     }
 
 

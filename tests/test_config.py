@@ -91,3 +91,13 @@ def test_job_refuses_bad_config_with_one_line_and_exit_2(tmp_path, args, names):
 def test_readme_config_reference_matches_the_dataclasses():
     readme = (REPO / "README.md").read_text()
     assert reference_markdown() in readme, "README's config reference is stale: paste `raydist config reference`"
+
+
+def test_unreachable_cluster_is_one_line_and_exit_2_within_seconds():
+    from rayhead import free_ports
+
+    (port,) = free_ports(1)  # nothing listens there
+    proc = _run_sync("--set", f"run.address=127.0.0.1:{port}")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"cannot reach Ray at 127.0.0.1:{port}" in lines[0], proc.stderr[-2000:]
