@@ -17,7 +17,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -c "import torch" 2>/dev/null || $(PIP) "$(TORCH)" 2>&1 | grep -v "^WARNING: Location" || true
-	@$(PY) -c "import torch" || { echo "raydist: error: could not install $(TORCH) into $(VENV)" >&2; exit 2; }
+	@$(PY) -c "import torch" 2>/dev/null || { echo "raydist: error: could not install $(TORCH) into $(VENV)" >&2; exit 2; }
 	$(PIP) -e '.[test]' 2>&1 | grep -v "^WARNING: Location" || true
 	@$(PY) -c "import raydist, ray, torch, yaml, sklearn" || { echo "raydist: error: set-up of $(VENV) failed" >&2; exit 2; }
 	@touch $(STAMP)
