@@ -23,7 +23,8 @@ def test_stopped_run_resumes_at_the_next_step_with_identical_losses(tmp_path):
               "model.dropout=0.2",  # dropout draws random numbers: resuming must restore each rank's RNG
               "train.grad_accum=2", "train.batch_size=16"]
     straight = summary(run_job("sync", *common, "run.name=straight"))
-    stopped = summary(run_job("sync", *common, "run.name=resumed", "train.stop_at_step=13"))
+    # The interrupted leg uploads its checkpoints in the background; the resumed leg must still find them.
+    stopped = summary(run_job("sync", *common, "run.name=resumed", "train.stop_at_step=13", "checkpoint.async_upload=true"))
     assert stopped["steps"] == 13  # mid-epoch: 22 steps per epoch
     resumed = summary(run_job("sync", *common, "run.name=resumed"))
     assert resumed["resumed_from_step"] == 13
