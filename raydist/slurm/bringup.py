@@ -173,7 +173,7 @@ def run_node(cfg: ClusterConfig, alloc: Allocation, log=print) -> int:
 
 def _tail(path: Path, n: int = 1, joined: bool = True):
     try:
-        lines = [l for l in path.read_text(errors="replace").splitlines() if l.strip()][-n:]
+        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()][-n:]
     except OSError:
         lines = []
     return " | ".join(lines) if joined else lines
