@@ -192,6 +192,89 @@ class RunConfig:
 
 
 @dataclass
+class StragglerConfig:
+    """Slow one worker down on purpose, the same way in every strategy (for experiments)."""
+
+    worker: int = opt(-1, "rank of the worker to slow down; -1 = none")
+    slowdown: float = opt(
+        1.0, "that worker runs this many times slower: after each step it sleeps (slowdown - 1) x its own step time"
+    )
+    pause_at_step: int = opt(0, "that worker pauses once, after its own step N; 0 = never")
+    pause_s: float = opt(0.0, "length of that pause in seconds")
+
+    def validate(self, key: str) -> None:
+        _check(self.worker >= -1, f"{key}.worker", f"must be a worker rank or -1 (got {self.worker})")
+        _check(self.slowdown >= 1.0, f"{key}.slowdown", f"must be >= 1 (got {self.slowdown})")
+        _check(self.pause_at_step >= 0, f"{key}.pause_at_step", f"must be >= 0 (got {self.pause_at_step})")
+        _check(self.pause_s >= 0, f"{key}.pause_s", f"must be >= 0 (got {self.pause_s})")
+
+
+@dataclass
+class LocalSGDConfig:
+    """jobs/local_sgd.py: workers step on their own and average parameters every `sync_every` steps."""
+
+    sync_every: int = opt(8, "local steps between two averagings (H)")
+    averaging: Literal["allreduce", "ring"] = opt(
+        "allreduce", "allreduce: every worker takes the mean of all; ring: each mixes in its left neighbour's parameters (Polyak, `alpha`)"
+    )
+    alpha: float = opt(0.5, "ring: weight of the neighbour's parameters, p <- (1 - alpha) p + alpha p_left")
+    warmup_sync_steps: int = opt(0, "fully synchronous steps (gradients all-reduced every step) before local SGD starts (post-local SGD)")
+
+    def validate(self, key: str) -> None:
+        _check(self.sync_every >= 1, f"{key}.sync_every", f"must be >= 1 (got {self.sync_every})")
+        _check(0.0 < self.alpha <= 1.0, f"{key}.alpha", f"must be in (0, 1] (got {self.alpha})")
+        _check(self.warmup_sync_steps >= 0, f"{key}.warmup_sync_steps", f"must be >= 0 (got {self.warmup_sync_steps})")
+
+
+@dataclass
+class AsyncPSConfig:
+    """jobs/async.py: Downpour SGD against parameter-server actors."""
+
+    num_servers: int = opt(1, "parameter-server actors; the flat parameter vector is split into this many contiguous slices")
+    n_fetch: int = opt(1, "a worker fetches fresh parameters every this many of its steps (in between it applies its own gradients locally)")
+    max_staleness: int = opt(-1, "bound on an update's staleness (server versions); -1 = unbounded")
+    on_stale: Literal["wait", "drop"] = opt(
+        "wait", "with a bound: wait = a worker waits before a step that could exceed it; drop = the server discards gradients past it"
+    )
+    staleness_lr: bool = opt(False, "divide the learning rate of each update by max(1, its staleness)")
+    cpus_per_server: float = opt(0.0, "Ray CPUs reserved per server actor; 0 = none (a server mostly waits for messages)")
+
+    def validate(self, key: str) -> None:
+        _check(self.num_servers >= 1, f"{key}.num_servers", f"must be >= 1 (got {self.num_servers})")
+        _check(self.n_fetch >= 1, f"{key}.n_fetch", f"must be >= 1 (got {self.n_fetch})")
+        _check(self.max_staleness >= -1, f"{key}.max_staleness", f"must be >= 0, or -1 for unbounded (got {self.max_staleness})")
+        _check(self.cpus_per_server >= 0, f"{key}.cpus_per_server", f"must be >= 0 (got {self.cpus_per_server})")
+
+
+COMPARED = ("sync", "local_sgd", "async")
+
+
+@dataclass
+class CompareConfig:
+    """jobs/compare.py: run several strategies on one setting and report them side by side."""
+
+    strategies: str = opt("sync,local_sgd,async", "comma-separated strategies to run, in this order: sync, local_sgd, async")
+    target_accuracy: float = opt(0.95, "test accuracy whose first reaching is timed (the table's time-to-target)")
+    output_dir: str = opt("", "where results.json, results.md and plot.png go; '' = <run.storage_path>/<run.name>")
+    plot_width: int = opt(1200, "width of plot.png in pixels")
+    plot_height: int = opt(500, "height of plot.png in pixels")
+
+    def validate(self, key: str) -> None:
+        names = [s.strip() for s in self.strategies.split(",") if s.strip()]
+        _check(bool(names), f"{key}.strategies", "must name at least one strategy")
+        for name in names:
+            _check(name in COMPARED, f"{key}.strategies", f"unknown strategy {name!r} (choose from {', '.join(COMPARED)})")
+        _check(len(set(names)) == len(names), f"{key}.strategies", f"names a strategy twice ({self.strategies!r})")
+        _check(0.0 < self.target_accuracy <= 1.0, f"{key}.target_accuracy", f"must be in (0, 1] (got {self.target_accuracy})")
+        _check(self.plot_width >= 200, f"{key}.plot_width", f"must be >= 200 (got {self.plot_width})")
+        _check(self.plot_height >= 150, f"{key}.plot_height", f"must be >= 150 (got {self.plot_height})")
+
+    @property
+    def strategy_list(self) -> list[str]:
+        return [s.strip() for s in self.strategies.split(",") if s.strip()]
+
+
+@dataclass
 class Config:
     """A whole run."""
 
@@ -203,6 +286,10 @@ class Config:
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    straggler: StragglerConfig = field(default_factory=StragglerConfig)
+    local_sgd: LocalSGDConfig = field(default_factory=LocalSGDConfig)
+    async_ps: AsyncPSConfig = field(default_factory=AsyncPSConfig)
+    compare: CompareConfig = field(default_factory=CompareConfig)
 
     def validate(self) -> "Config":
         for f in dataclasses.fields(self):
@@ -211,6 +298,11 @@ class Config:
             not (self.model.name == "cnn" and self.data.name != "digits"),
             "model.name",
             "cnn needs image data: set data.name=digits",
+        )
+        _check(
+            self.straggler.worker < self.scaling.num_workers,
+            "straggler.worker",
+            f"must be below scaling.num_workers={self.scaling.num_workers} (got {self.straggler.worker})",
         )
         return self
 

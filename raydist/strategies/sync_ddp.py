@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from raydist.checkpoint import Progress, load_state, rng_state, save_state, set_rng_state
+from raydist.commstats import CommStats, allreduce_bytes, tensor_bytes
 from raydist.config import Config
 from raydist.context import RayTrainContext, WorkerContext, new_checkpoint_dir
 from raydist.data import load_splits
@@ -22,6 +23,7 @@ from raydist.metrics import MetricsLog, Throughput
 from raydist.models import build_model
 from raydist.optim import build_optimizer, build_scheduler
 from raydist.sampler import ResumableDistributedSampler
+from raydist.straggler import Straggler
 
 STRATEGY = "sync"
 SHOWN = ("step", "epoch", "loss", "grad_norm", "lr", "samples_per_s", "test_loss", "test_accuracy")
@@ -73,6 +75,9 @@ def run(cfg: Config, ctx: WorkerContext) -> dict[str, Any]:
 
     log = MetricsLog(cfg.run.run_dir, enabled=ctx.rank == 0)
     speed = Throughput()
+    comm = CommStats()
+    step_bytes = allreduce_bytes(tensor_bytes(model), ctx.world_size)  # DDP all-reduces every gradient once a step
+    straggler = Straggler(cfg.straggler, ctx.rank)
     last: dict[str, Any] = {}
     last_ckpt_step = progress.step if resumed_from is not None else -1
     global_batch = bs * accum * ctx.world_size
@@ -123,11 +128,14 @@ def run(cfg: Config, ctx: WorkerContext) -> dict[str, Any]:
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
+            straggler.after_step(progress.step + 1, time.perf_counter() - t0)
             # One all-reduce carries the global loss and rank 0's "time to report" vote, so all ranks agree
             # on when to call ray.train.report (a barrier) without a clock of their own.
             due = ctx.rank == 0 and time.perf_counter() - last_report >= cfg.train.report_every_s
             shared = torch.stack([loss_sum.float(), torch.tensor(float(due), device=ctx.device)])
-            dist.all_reduce(shared)
+            with comm.waiting():  # where the others wait for a straggler
+                dist.all_reduce(shared)
+            comm.add(step_bytes)
             progress.step += 1
             progress.micro_in_epoch += accum
             speed.add(global_batch)
@@ -138,6 +146,7 @@ def run(cfg: Config, ctx: WorkerContext) -> dict[str, Any]:
                 "grad_norm": grad_norm.item(),
                 "lr": lr,
                 "step_time_s": time.perf_counter() - t0,
+                "time_s": time.perf_counter() - speed.session_start,
             }
             log.write(record)
 
@@ -149,7 +158,11 @@ def run(cfg: Config, ctx: WorkerContext) -> dict[str, Any]:
             last_report = time.perf_counter()
             metrics = {**record, "samples_per_s": speed.window_rate(), "strategy": STRATEGY}
             if epoch_end or at_end:
-                metrics.update(evaluate(ddp, data, cfg, ctx))
+                scores = evaluate(ddp, data, cfg, ctx)
+                metrics.update(scores)
+                log.write({"eval_at_step": progress.step, "time_s": record["time_s"], **scores})
+            if at_end:
+                metrics["summary_extra"] = comm.gather(ctx.world_size)
             if resumed_from is not None:
                 metrics["resumed_from_step"] = resumed_from
             metrics.update(speed.session())
@@ -166,7 +179,7 @@ def run(cfg: Config, ctx: WorkerContext) -> dict[str, Any]:
 
     if last_ckpt_step != progress.step:  # e.g. resumed at the very end: still leave a final checkpoint
         last = {"step": progress.step, "epoch": progress.epoch, "strategy": STRATEGY, **evaluate(ddp, data, cfg, ctx),
-                **speed.session()}
+                **speed.session(), "summary_extra": comm.gather(ctx.world_size)}
         checkpoint(last)
     log.close()
     return last

@@ -1,0 +1,122 @@
+"""The Downpour worker actor: computes gradients on its own data shard, pushes them without waiting, fetches every n_fetch steps."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import ray
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+from raydist.commstats import CommStats
+from raydist.config import Config
+from raydist.data import load_splits
+from raydist.evaluation import autocast
+from raydist.models import build_model
+from raydist.ps.flat import as_tensor, flatten_
+from raydist.sampler import ResumableDistributedSampler
+from raydist.straggler import Straggler
+
+
+class DownpourWorker:
+    def __init__(self, config: dict[str, Any], rank: int, world_size: int, shards: list, bounds: list[tuple[int, int]],
+                 gate=None):
+        self.cfg = cfg = Config.from_dict(config)
+        torch.set_num_threads(max(1, int(cfg.scaling.cpus_per_worker)))
+        self.rank, self.world_size = rank, world_size
+        self.shards, self.bounds, self.gate = shards, bounds, gate
+        self.device = torch.device("cuda" if cfg.scaling.use_gpu else "cpu")
+        self.data = load_splits(cfg.data)
+        self.model = build_model(cfg.model, self.data).to(self.device)
+        self.params, self.grads = flatten_(self.model, self.device)
+        self.nbytes = self.params.numel() * self.params.element_size()
+
+    def run(self, start_step: int, start_time: float) -> dict[str, Any]:
+        """Train until shard 0 grants no more steps; `start_step` is this worker's position in its data (resume)."""
+        cfg, rank = self.cfg, self.rank
+        bs, n_fetch = cfg.train.batch_size, cfg.async_ps.n_fetch
+        sampler = ResumableDistributedSampler(self.data.train, num_replicas=self.world_size, rank=rank, shuffle=True,
+                                              seed=cfg.train.seed, drop_last=True)
+        loader = DataLoader(self.data.train, batch_size=bs, sampler=sampler, drop_last=True,
+                            generator=torch.Generator().manual_seed(cfg.train.seed + rank))
+        steps_per_epoch = sampler.num_samples // bs
+        epoch, offset = divmod(start_step, steps_per_epoch)
+        sampler.set_epoch(epoch, start=offset * bs)
+        batches = iter(loader)
+        torch.manual_seed(cfg.train.seed * 1000 + rank + start_step)  # dropout differs per worker and per resume
+
+        comm, straggler = CommStats(), Straggler(cfg.straggler, rank)
+        clip = cfg.train.grad_clip if cfg.train.grad_clip > 0 else math.inf
+        versions = [0] * len(self.shards)
+        pending: list[ray.ObjectRef] = []  # pushes not yet acknowledged: we never wait on them while training
+        grant = since_fetch = dropped = 0
+        fetch_due = True
+        ticket_base: int | None = None  # `wait` bound: how new our parameters are, in the gate's terms
+        lr = cfg.optim.lr
+        step, began = start_step, time.perf_counter()
+        while True:
+            if self.gate is not None:
+                with comm.waiting():
+                    if pending:  # our last gradient must be applied everywhere before its ticket goes back
+                        dropped += ray.get(pending).count(False)
+                        pending = []
+                        self.gate.release.remote(rank)  # same caller, same actor: runs before our acquire
+                    ticket_base = ray.get(self.gate.acquire.remote(rank, None if fetch_due else ticket_base))
+                    if ticket_base is None:  # our parameters are too old for the bound: fetch, then ask again
+                        ticket_base = ray.get(self.gate.acquire.remote(rank, None))
+                        fetch_due = True
+            if fetch_due:
+                with comm.waiting():
+                    # Shard 0 tops our grant up to n_fetch steps; a reply comes after our earlier pushes to that
+                    # shard (one caller's calls to an actor run in order), so it also acknowledges them.
+                    replies = ray.get([s.pull.remote(n_fetch - grant if i == 0 else 0) for i, s in enumerate(self.shards)])
+                    dropped += ray.get(pending).count(False)
+                pending = []
+                for i, (version, array, granted, shard_lr) in enumerate(replies):
+                    a, b = self.bounds[i]
+                    self.params[a:b].copy_(as_tensor(array))
+                    versions[i] = version
+                grant += replies[0][2]
+                lr = replies[0][3]
+                comm.add(self.nbytes)
+                since_fetch, fetch_due = 0, False
+                if grant == 0:  # the budget is spent
+                    if self.gate is not None:
+                        self.gate.release.remote(rank)
+                    break
+
+            t0 = time.perf_counter()
+            try:
+                x, y = next(batches)
+            except StopIteration:
+                epoch += 1
+                sampler.set_epoch(epoch)
+                batches = iter(loader)
+                x, y = next(batches)
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            self.grads.zero_()
+            with autocast(cfg, self.device):
+                loss = F.cross_entropy(self.model(x).float(), y)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+            step += 1
+            step_time = time.perf_counter() - t0
+            straggler.after_step(step, step_time)  # a slow worker's gradient arrives late, as it would
+
+            grads = self.grads.cpu()  # a no-op on CPU
+            meta = {"worker": rank, "epoch": epoch, "loss": loss.item(), "grad_norm": grad_norm.item(),
+                    "step_time_s": step_time, "time_s": time.time() - start_time}
+            # Each slice is a view of the flat gradient; Ray copies it into the object store as it submits.
+            pending += [s.push.remote(grads[a:b].numpy(), versions[i], rank, meta if i == 0 else None)
+                        for i, (s, (a, b)) in enumerate(zip(self.shards, self.bounds))]
+            comm.add(self.nbytes)
+            grant -= 1
+            since_fetch += 1
+            fetch_due = grant == 0 or since_fetch >= n_fetch
+            if not fetch_due:  # Downpour: keep descending locally until the next fetch
+                self.params.add_(self.grads, alpha=-lr)
+        return {"rank": rank, "steps": step - start_step, "samples": (step - start_step) * bs, "dropped": dropped,
+                "train_time_s": time.perf_counter() - began, **comm.as_dict()}
