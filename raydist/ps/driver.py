@@ -20,7 +20,7 @@ from raydist.errors import RaydistError, exits_cleanly
 from raydist.evaluation import evaluate
 from raydist.metrics import MetricsLog
 from raydist.models import build_model
-from raydist.ps.flat import as_tensor, flatten_, slice_bounds
+from raydist.flat import as_tensor, flatten_, slice_bounds
 
 STRATEGY = "async"
 STATE_FILE = "ps_state.pt"

@@ -14,7 +14,7 @@ import torch
 
 from raydist.config import Config
 from raydist.optim import build_optimizer, lr_factor
-from raydist.ps.flat import as_tensor
+from raydist.flat import as_tensor
 
 
 class ParameterShard:

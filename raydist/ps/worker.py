@@ -16,7 +16,7 @@ from raydist.config import Config
 from raydist.data import load_splits
 from raydist.evaluation import autocast
 from raydist.models import build_model
-from raydist.ps.flat import as_tensor, flatten_
+from raydist.flat import as_tensor, flatten_
 from raydist.sampler import ResumableDistributedSampler
 from raydist.straggler import Straggler
 

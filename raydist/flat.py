@@ -1,4 +1,4 @@
-"""A model's parameters and gradients as one flat vector each, split into contiguous slices (one per server shard)."""
+"""A model's parameters and gradients as one flat vector each (one-shot exchange), split into contiguous slices (server shards)."""
 
 from __future__ import annotations
 
