@@ -25,6 +25,7 @@ from raydist.flat import as_tensor, flatten_, slice_bounds
 STRATEGY = "async"
 STATE_FILE = "ps_state.pt"
 PLACEMENT_TIMEOUT_S = 120
+POLL_S = 0.1  # how often the driver collects update records and looks for a due evaluation or checkpoint
 
 
 def latest_checkpoint(run_dir: str) -> str | None:
@@ -81,8 +82,11 @@ def _check_resources(cfg: Config) -> None:
                            f"{ray.cluster_resources().get('GPU', 0):g}")
 
 
-def train(cfg: Config, where: str = "local") -> dict[str, Any]:
-    """Run Downpour SGD to the sample budget (or train.stop_at_step) on the connected Ray cluster; returns the summary."""
+def train(cfg: Config, where: str = "local", start: float | None = None) -> dict[str, Any]:
+    """Run Downpour SGD to the sample budget (or train.stop_at_step) on the connected Ray cluster; returns the summary.
+
+    `start` (a perf_counter reading) is when the job began, so wall_s counts connecting to Ray as sync's does.
+    """
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -91,7 +95,7 @@ def train(cfg: Config, where: str = "local") -> dict[str, Any]:
     from raydist.ps.server import ParameterShard
     from raydist.ps.worker import DownpourWorker
 
-    start = time.perf_counter()
+    start = time.perf_counter() if start is None else start
     W, K, ps = cfg.scaling.num_workers, cfg.async_ps.num_servers, cfg.async_ps
     data = load_splits(cfg.data)
     torch.manual_seed(cfg.train.seed)  # the same initial weights as sync DDP's
@@ -106,7 +110,8 @@ def train(cfg: Config, where: str = "local") -> dict[str, Any]:
     # The same sample budget as sync DDP: there a step takes one batch from every worker, here one worker's.
     budget = W * (cfg.train.max_steps or cfg.train.epochs * steps_per_epoch)
     grant_limit = min(budget, cfg.train.stop_at_step) if cfg.train.stop_at_step else budget
-    ckpt_every = cfg.checkpoint.every_steps or W * steps_per_epoch
+    epoch_steps = W * steps_per_epoch  # an epoch's worth of samples, spread over the workers
+    ckpt_every = cfg.checkpoint.every_steps or epoch_steps
     config = cfg.to_dict()
 
     resume_dir = latest_checkpoint(cfg.run.run_dir)
@@ -149,7 +154,7 @@ def train(cfg: Config, where: str = "local") -> dict[str, Any]:
         ]
         actors += workers
         ray.get([w.__ray_ready__.remote() for w in workers])  # data loaded: start the clock together
-        return _watch(cfg, where, start, shards, bounds, workers, data, budget, ckpt_every, done,
+        return _watch(cfg, where, start, shards, bounds, workers, data, budget, epoch_steps, ckpt_every, done,
                       resumed["steps"] if resumed else None)
     finally:
         for actor in actors:
@@ -158,8 +163,9 @@ def train(cfg: Config, where: str = "local") -> dict[str, Any]:
 
 
 def _watch(cfg: Config, where: str, start: float, shards: list, bounds: list, workers: list, data: Splits, budget: int,
-           ckpt_every: int, done: dict[int, int], resumed_from: int | None) -> dict[str, Any]:
-    """Start the workers, then until they finish: log their steps, evaluate, print progress, checkpoint."""
+           epoch_steps: int, ckpt_every: int, done: dict[int, int], resumed_from: int | None) -> dict[str, Any]:
+    """Start the workers, then until they finish: log their steps, evaluate every epoch's worth of steps (as sync
+    does at its epoch ends), print progress about every train.report_every_s, checkpoint every interval."""
     import ray
 
     log = MetricsLog(cfg.run.run_dir, enabled=True)
@@ -185,33 +191,43 @@ def _watch(cfg: Config, where: str, start: float, shards: list, bounds: list, wo
         return _save(cfg.run.run_dir, last_ckpt_at, {"shards": states, "workers": len(workers), "steps": last_ckpt_at,
                                                      "config": cfg.to_dict()}, cfg.checkpoint.keep)
 
-    def report(final: bool) -> dict[str, float]:
+    def evaluate_now() -> dict[str, float]:
         scores = score(shards, bounds)
         log.write({"eval_at_step": steps, "time_s": time.time() - t0, **scores})
+        return scores
+
+    def report(scores: dict[str, float], final: bool) -> None:
         applied = [r["staleness"] for r in window if "step" in r]
         loss = f"{sum(r['loss'] for r in window) / len(window):.4g}" if window else "-"
         print(f"[raydist] async: step {steps}/{budget} loss {loss} "
               f"staleness {sum(applied) / max(1, len(applied)):.3g} test_loss {scores['test_loss']:.4g} "
               f"test_accuracy {scores['test_accuracy']:.4g}{' (final)' if final else ''}", flush=True)
         window.clear()
-        return scores
 
+    scores = {"test_loss": float("nan"), "test_accuracy": float("nan")}
+    evaluated_at, reported = steps, time.perf_counter()
     try:
         pending = list(runs)
         while pending:
-            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=cfg.train.report_every_s)
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
             ray.get(ready)  # a failed worker fails the run now, not when the others are done
             collect()
-            if pending:
-                report(final=False)
-                if steps - last_ckpt_at >= ckpt_every:
-                    checkpoint_now()
+            if not pending:
+                break
+            if steps // epoch_steps > evaluated_at // epoch_steps:
+                scores, evaluated_at = evaluate_now(), steps
+            if time.perf_counter() - reported >= cfg.train.report_every_s:
+                report(scores, final=False)
+                reported = time.perf_counter()
+            if steps - last_ckpt_at >= ckpt_every:
+                checkpoint_now()
         per_worker = ray.get(runs)
     except ray.exceptions.RayError as e:
         raise RaydistError(f"training failed: {_last_line(e)}") from None
     train_time = time.time() - t0
     collect()
-    scores = report(final=True)
+    scores = evaluate_now()
+    report(scores, final=True)
     checkpoint = checkpoint_now()
     log.close()
 
@@ -256,6 +272,7 @@ def main(doc: str | None = None, argv: list[str] | None = None) -> int:
     from raydist.launch import connect, parse_job_args
 
     cfg = parse_job_args("async", argv, doc)
+    start = time.perf_counter()
     where = connect(cfg)
-    print(json.dumps(train(cfg, where)), flush=True)
+    print(json.dumps(train(cfg, where, start)), flush=True)
     return 0

@@ -1,0 +1,95 @@
+"""The async parameter server on a real local Ray instance: staleness, sharding, bounds, checkpoint and resume."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from jobutil import REPO, clean_env
+from raydist.config import job_defaults, load_config
+from raydist.metrics import read_steps
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """One private Ray instance for the module: the driver runs in-process, as jobs/async.py runs it."""
+    import ray
+
+    ray.init(address="local", num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def run_async(ray_local, tmp_path):
+    from raydist.ps.driver import train
+
+    def run(name: str, *overrides: str) -> dict:
+        cfg = load_config(job_defaults("async"), [], [f"run.storage_path={tmp_path}", f"run.name={name}", *overrides])
+        return train(cfg)
+
+    return run
+
+
+pytestmark = pytest.mark.slow
+
+
+def test_one_worker_with_n_fetch_1_sees_no_staleness_and_sharding_changes_nothing(run_async):
+    from raydist.ps.driver import load_params
+
+    one = run_async("one", "scaling.num_workers=1", "train.max_steps=30")
+    three = run_async("three", "scaling.num_workers=1", "train.max_steps=30", "async_ps.num_servers=3")
+    for result in (one, three):
+        assert result["steps"] == 30 and result["staleness_max"] == 0 and result["staleness_mean"] == 0
+    assert three["servers"] == 3
+    # Each shard applies the same optimizer to its own slice: the joined parameters match bit for bit.
+    assert torch.equal(load_params(one["checkpoint"]), load_params(three["checkpoint"]))
+
+
+def test_staleness_grows_with_workers_and_with_n_fetch(run_async):
+    # One worker fetching every 4th step pushes gradients 0, 1, 2, 3 versions old, again and again.
+    fetch4 = run_async("fetch4", "scaling.num_workers=1", "train.max_steps=40", "async_ps.n_fetch=4")
+    assert fetch4["staleness_mean"] == 1.5 and fetch4["staleness_max"] == 3
+    # Three workers: while one computes, the other two push.
+    workers3 = run_async("workers3", "scaling.num_workers=3", "train.max_steps=30")
+    assert workers3["steps"] == 90 and workers3["staleness_mean"] > 0.5 and workers3["staleness_max"] >= 2
+    assert len(workers3["bytes_per_worker"]) == len(workers3["wait_s_per_worker"]) == 3
+
+
+@pytest.mark.parametrize("policy", ["wait", "drop"])
+def test_staleness_bound_holds_by_waiting_or_dropping(run_async, policy):
+    result = run_async(policy, "scaling.num_workers=3", "train.max_steps=30", "async_ps.max_staleness=1",
+                       f"async_ps.on_stale={policy}", "async_ps.num_servers=2")
+    assert result["staleness_max"] <= 1
+    assert result["steps"] == 90  # the sample budget is spent either way
+    if policy == "wait":
+        assert result["dropped"] == 0
+    else:
+        assert result["dropped"] > 0  # three workers pushing without waiting are often 2 versions behind
+
+
+def test_stopped_run_resumes_from_the_servers_checkpoint(run_async, tmp_path):
+    common = ["train.max_steps=30", "checkpoint.every_steps=10", "async_ps.staleness_lr=true"]
+    stopped = run_async("resumed", *common, "train.stop_at_step=25")
+    assert stopped["steps"] == 25 and stopped["checkpoint"].endswith("checkpoint_step00000025")
+    resumed = run_async("resumed", *common)
+    assert resumed["resumed_from_step"] == 25 and resumed["steps"] == 60
+    assert sorted(read_steps(resumed["metrics_file"])) == list(range(1, 61))  # server versions carry on
+    kept = sorted(p.name for p in (tmp_path / "resumed").glob("checkpoint_step*"))
+    assert len(kept) == 2 and kept[-1] == "checkpoint_step00000060"  # checkpoint.keep=2
+
+
+@pytest.mark.parametrize(
+    "override, names",
+    [("async_ps.n_fetch=0", "async_ps.n_fetch"), ("async_ps.on_stale=later", "async_ps.on_stale"),
+     ("straggler.worker=2", "straggler.worker")],
+)
+def test_bad_async_config_is_one_line_and_exit_2(override, names):
+    proc = subprocess.run([sys.executable, str(REPO / "jobs/async.py"), "--set", override], cwd=REPO, env=clean_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("raydist: error:") and names in lines[0], proc.stderr
