@@ -37,11 +37,12 @@ def run_async(ray_local, tmp_path):
 pytestmark = pytest.mark.slow
 
 
-def test_one_worker_with_n_fetch_1_sees_no_staleness_and_sharding_changes_nothing(run_async):
+@pytest.mark.parametrize("optimizer", ["optim.name=sgd", "optim.name=adagrad"])
+def test_one_worker_with_n_fetch_1_sees_no_staleness_and_sharding_changes_nothing(run_async, optimizer):
     from raydist.ps.driver import load_params
 
-    one = run_async("one", "scaling.num_workers=1", "train.max_steps=30")
-    three = run_async("three", "scaling.num_workers=1", "train.max_steps=30", "async_ps.num_servers=3")
+    one = run_async("one", "scaling.num_workers=1", "train.max_steps=30", optimizer)
+    three = run_async("three", "scaling.num_workers=1", "train.max_steps=30", "async_ps.num_servers=3", optimizer)
     for result in (one, three):
         assert result["steps"] == 30 and result["staleness_max"] == 0 and result["staleness_mean"] == 0
     assert three["servers"] == 3
