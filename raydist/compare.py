@@ -63,7 +63,7 @@ def run_strategy(strategy: str, shared_yaml: Path, runs_dir: Path, index: str) -
                 except json.JSONDecodeError:
                     pass
     if proc.returncode != 0 or summary is None:
-        errors = [ln for ln in tail if ln.startswith("raydist: error:")]
+        errors = [ln[len("raydist: error: "):] for ln in tail if ln.startswith("raydist: error: ")]
         why = errors[-1] if errors else next((ln for ln in reversed(tail) if ln.strip()), "no output")
         raise RaydistError(f"{strategy} run failed (exit {proc.returncode}): {why}")
     print(f"[compare] {index} {LABELS[strategy]}: done, test_accuracy {summary['test_accuracy']:.4f}, "

@@ -31,3 +31,17 @@ def summary(proc: subprocess.CompletedProcess) -> dict:
     last = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     assert last, f"no JSON summary\n{proc.stdout[-3000:]}"
     return json.loads(last[-1])
+
+
+def refusal(job: str, *args: str, timeout: float = 120, started: bool = False) -> str:
+    """Run a job that must fail with one `raydist: error:` line on stderr and exit 2; returns that line.
+
+    Unless it `started` (and printed progress), its stdout must be empty too.
+    """
+    proc = subprocess.run([sys.executable, str(REPO / "jobs" / f"{job}.py"), *args], cwd=REPO, env=clean_env(),
+                          capture_output=True, text=True, timeout=timeout)
+    lines = proc.stderr.strip().splitlines()
+    quiet = started or proc.stdout.strip() == ""
+    assert proc.returncode == 2 and quiet and len(lines) == 1, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert lines[0].startswith("raydist: error:"), lines[0]
+    return lines[0]

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from jobutil import run_job, summary
+from jobutil import refusal, run_job, summary
 
 pytestmark = pytest.mark.slow
 
@@ -57,3 +57,13 @@ def test_compare_writes_results_table_and_a_png_of_the_stated_size(compared):
     import matplotlib.image
 
     assert matplotlib.image.imread(str(out / "plot.png")).shape[:2] == (400, 900)  # it decodes, too
+
+
+def test_unknown_strategy_is_refused_before_anything_runs():
+    assert "compare.strategies: unknown strategy 'fedavg'" in refusal("compare", "--set", "compare.strategies=sync,fedavg")
+
+
+def test_a_failing_strategy_fails_compare_with_its_one_line_reason(tmp_path):
+    line = refusal("compare", "--set", f"run.storage_path={tmp_path}", "--set", "compare.strategies=async",
+                   "--set", "async_ps.cpus_per_server=64", timeout=300, started=True)
+    assert line.startswith("raydist: error: async run failed (exit 2): the async job needs 66 CPUs"), line

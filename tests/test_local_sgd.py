@@ -7,6 +7,8 @@ import socket
 
 import pytest
 
+from jobutil import refusal
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -68,3 +70,10 @@ def test_ring_exchange_completes_and_mixes_with_the_left_neighbour(world_size):
         assert rings == pytest.approx(expected[rank], abs=1e-6), rank
         assert mean == pytest.approx([sum(range(world_size)) / world_size] * 7)
     assert all(p.exitcode == 0 for p in procs)
+
+
+@pytest.mark.parametrize("override, names", [("local_sgd.averaging=star", "local_sgd.averaging"),
+                                             ("local_sgd.alpha=0", "local_sgd.alpha"),
+                                             ("local_sgd.sync_every=0", "local_sgd.sync_every")])
+def test_bad_local_sgd_config_is_one_line_and_exit_2(override, names):
+    assert names in refusal("local_sgd", "--set", override)

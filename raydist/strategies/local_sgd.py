@@ -7,6 +7,7 @@ Train reports) happens there, and every rank reaches each sync point at the same
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from typing import Any
@@ -123,9 +124,8 @@ def run(cfg: Config, ctx: WorkerContext) -> dict[str, Any]:
             lcfg.averaging == "allreduce" or at_end or progress.step <= lcfg.warmup_sync_steps)
         if identical:
             return model
-        mean = build_model(cfg.model, data).to(ctx.device)
+        mean = copy.deepcopy(model)  # not build_model: that would draw from the RNG a resumed run restores
         flat, _ = flatten_(mean, ctx.device)
-        flat.copy_(params)
         average_allreduce(flat, W)
         return mean
 
@@ -220,7 +220,7 @@ def run(cfg: Config, ctx: WorkerContext) -> dict[str, Any]:
             last_report = time.perf_counter()
             metrics = {**record, "loss": (shared[0] / shared[1]).item(), "samples_per_s": speed.window_rate(),
                        "strategy": STRATEGY}
-            if eval_due or at_end:
+            if eval_due or at_end or stopping:
                 scores = evaluate(averaged_model(), data, cfg, ctx)
                 metrics.update(scores)
                 log.write({"eval_at_step": progress.step, "time_s": record["time_s"], **scores})
