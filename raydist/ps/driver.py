@@ -18,9 +18,9 @@ from raydist.config import Config
 from raydist.data import Splits, load_splits
 from raydist.errors import RaydistError, exits_cleanly
 from raydist.evaluation import evaluate
+from raydist.flat import as_tensor, flatten_, slice_bounds
 from raydist.metrics import MetricsLog
 from raydist.models import build_model
-from raydist.flat import as_tensor, flatten_, slice_bounds
 
 STRATEGY = "async"
 STATE_FILE = "ps_state.pt"

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 from raydist.config import Config
-from raydist.optim import build_optimizer, lr_factor
 from raydist.flat import as_tensor
+from raydist.optim import build_optimizer, lr_factor
 
 
 class ParameterShard:

@@ -15,8 +15,8 @@ from raydist.commstats import CommStats
 from raydist.config import Config
 from raydist.data import load_splits
 from raydist.evaluation import autocast
-from raydist.models import build_model
 from raydist.flat import as_tensor, flatten_
+from raydist.models import build_model
 from raydist.sampler import ResumableDistributedSampler
 from raydist.straggler import Straggler
 
@@ -75,12 +75,11 @@ class DownpourWorker:
                     replies = ray.get([s.pull.remote(n_fetch - grant if i == 0 else 0) for i, s in enumerate(self.shards)])
                     dropped += ray.get(pending).count(False)
                 pending = []
-                for i, (version, array, granted, shard_lr) in enumerate(replies):
-                    a, b = self.bounds[i]
+                for i, ((a, b), (version, array, _, _)) in enumerate(zip(self.bounds, replies)):
                     self.params[a:b].copy_(as_tensor(array))
                     versions[i] = version
-                grant += replies[0][2]
-                lr = replies[0][3]
+                _, _, granted, lr = replies[0]
+                grant += granted
                 comm.add(self.nbytes)
                 since_fetch, fetch_due = 0, False
                 if grant == 0:  # the budget is spent
