@@ -44,8 +44,9 @@ def connect(cfg: Config) -> str:
     needed = cfg.scaling.num_workers * cfg.scaling.cpus_per_worker
     # The embedded default: a private instance that ends with this process; oversubscribing a small
     # machine is fine for CPU training, refusing to start is not.
+    # address="local": a new instance even when /tmp/ray/ray_current_cluster names another (maybe dead) one.
     # Loopback only: nothing outside this machine can reach (or needs) a private instance.
-    ray.init(num_cpus=max(os.cpu_count() or 1, int(needed + 0.999)), include_dashboard=False,
+    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(needed + 0.999)), include_dashboard=False,
              _node_ip_address="127.0.0.1")
     return "local"
 
