@@ -447,5 +447,6 @@ def reference_markdown(cls: type = Config) -> str:
             tname = " \\| ".join(map(str, get_args(typ))) if get_origin(typ) is Literal else typ.__name__
             default = getattr(sub, f.name)
             shown = "''" if default == "" else str(default).lower() if isinstance(default, bool) else str(default)
-            rows.append(f"| `{section.name}.{f.name}` | {tname} | `{shown}` | {f.metadata.get('help', '')} |")
+            help_text = f.metadata.get("help", "").replace("<", "&lt;").replace("|", "\\|")
+            rows.append(f"| `{section.name}.{f.name}` | {tname} | `{shown}` | {help_text} |")
     return "\n".join(rows) + "\n"
