@@ -25,6 +25,13 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def shared_tmp_paths() -> list[Path]:
+    """The repo and the venv when they live under /tmp, outermost only: every host sees them at the same path."""
+    paths = {REPO, Path(sys.prefix).resolve()}
+    under_tmp = sorted(p for p in paths if p.is_relative_to("/tmp") and p != Path("/tmp"))
+    return [p for p in under_tmp if not any(p != q and p.is_relative_to(q) for q in under_tmp)]
 APT_PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", "iproute2", "util-linux", "procps"]
 REQUIRED_BINARIES = ["slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "munged", "ip", "nsenter", "unshare",
                      "runuser", "ps", "ss"]
@@ -366,6 +373,13 @@ MessageTimeout=10
         if r.returncode != 0:
             raise ClusterUnavailable(f"setting up {pid_or_host} failed: {r.stderr.strip()}")
 
+    @staticmethod
+    def _keep_visible(hd: Path) -> str:
+        """Shell that re-mounts, over the host's private /tmp, the paths of the machine's /tmp that every host
+        needs at the same place: the repo and its venv (a CI clone may well live in /tmp)."""
+        return "\n".join(f"mkdir -p {p} && mount --bind {hd}/machine-tmp/{p.relative_to('/tmp')} {p}"
+                         for p in shared_tmp_paths())
+
     def _start_namespaces(self) -> None:
         # The bridge (the "switch") lives in a namespace of its own so that no host owns it.
         self.init_pids["bridge"] = self._anchor(["--net", "--fork", "--kill-child"], "bridge")
@@ -380,7 +394,10 @@ MessageTimeout=10
             w = self.workdir
             self._sh(h.name, f"""
                 hostname {h.name}
+                mkdir -p {hd}/machine-tmp && mount --bind /tmp {hd}/machine-tmp
                 mount --bind {hd}/tmp /tmp
+                {self._keep_visible(hd)}
+                umount -l {hd}/machine-tmp
                 mount -t tmpfs -o size=2g,mode=1777 tmpfs /dev/shm
                 mount -t tmpfs -o mode=755 tmpfs /run
                 install -d -o munge -g munge -m 755 /run/munge

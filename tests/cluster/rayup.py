@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from emucluster import REPO, EmulatedCluster
+from emucluster import REPO, EmulatedCluster, shared_tmp_paths
 
 DAEMONS = ("munged", "slurmd", "slurmctld", ": slurmscriptd")
 SLURM_PORTS = {6817, 6818}
@@ -74,13 +74,18 @@ def submit(cluster: EmulatedCluster, config: Path, *sbatch_args: str, nodes: int
     return RayUpJob(cluster, job, config, Path(str(output).replace("%j", str(job))), t)
 
 
+# Where the repo is mounted into a host's private /tmp (when it lives under /tmp): not a leftover.
+MOUNT_POINTS = {p.relative_to('/tmp').parts[0] for p in shared_tmp_paths()}
+
+
 def leftovers(cluster: EmulatedCluster, job_id: int) -> dict[str, list[str]]:
     """Anything of job `job_id` still on a host: processes beyond the SLURM daemons, temp dirs, listening ports."""
     found: dict[str, list[str]] = {}
     for host in cluster.hosts:
         issues = [f"process {pid}: {args[:120]}" for pid, args in cluster.processes(host)
                   if not args.startswith(DAEMONS)]
-        issues += [f"temp dir /tmp/{p.name}" for p in (cluster.host_dir(host) / "tmp").iterdir()]
+        issues += [f"temp dir /tmp/{p.name}" for p in (cluster.host_dir(host) / "tmp").iterdir()
+                   if p.name not in MOUNT_POINTS]
         issues += [f"port {p} listening" for p in sorted(cluster.listening_ports(host) - SLURM_PORTS)]
         if issues:
             found[host] = issues
