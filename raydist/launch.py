@@ -11,7 +11,9 @@ from typing import Any, Callable
 
 from raydist.cli import OneLineParser
 from raydist.config import Config, job_defaults, load_config
+from raydist.data import load_splits
 from raydist.errors import RaydistError, exits_cleanly
+from raydist.sharding import check_fits
 
 
 def parse_job_args(job: str, argv: list[str] | None, doc: str | None = None) -> Config:
@@ -97,6 +99,7 @@ def run_job(strategy: str, cfg: Config, train_fn: Callable[[dict[str, Any]], Non
     # Without this Ray Train echoes every worker print a second time through its logger.
     os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
     start = time.perf_counter()
+    check_fits(cfg, len(load_splits(cfg.data).train))  # a bad batch size is exit 2 here, not a failed worker later
     where = connect(cfg)
     trainer = build_trainer(cfg, train_fn)
     from ray.train import TrainingFailedError

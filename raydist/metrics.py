@@ -69,3 +69,14 @@ class Throughput:
             "samples_per_s": self.session_samples / elapsed,
             "steps_per_s": self.session_steps / elapsed,
         }
+
+
+SHOWN = ("step", "epoch", "loss", "grad_norm", "lr", "samples_per_s", "test_loss", "test_accuracy")
+
+
+def progress_line(metrics: dict[str, Any]) -> str:
+    """The line rank 0 prints at each report: the metrics a person watches, in a fixed order."""
+    def fmt(key: str, value: Any) -> str:
+        return f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
+
+    return "[raydist] " + " ".join(fmt(k, metrics[k]) for k in SHOWN if k in metrics)

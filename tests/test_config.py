@@ -101,3 +101,10 @@ def test_unreachable_cluster_is_one_line_and_exit_2_within_seconds():
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and f"cannot reach Ray at 127.0.0.1:{port}" in lines[0], proc.stderr[-2000:]
+
+
+def test_batch_larger_than_a_workers_shard_is_refused_before_ray_starts():
+    proc = _run_sync("--set", "train.batch_size=1000")  # 1437 training digits over 2 workers: 718 each
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "train.batch_size=1000" in lines[0] and "718" in lines[0], proc.stderr

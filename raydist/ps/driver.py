@@ -16,11 +16,13 @@ import torch
 from raydist.commstats import per_worker_summary
 from raydist.config import Config
 from raydist.data import Splits, load_splits
-from raydist.errors import RaydistError, exits_cleanly
+from raydist import sharding
+from raydist.errors import ConfigError, RaydistError, exits_cleanly
 from raydist.evaluation import evaluate
 from raydist.flat import as_tensor, flatten_, slice_bounds
 from raydist.metrics import MetricsLog
 from raydist.models import build_model
+from raydist.sharding import check_fits
 
 STRATEGY = "async"
 STATE_FILE = "ps_state.pt"
@@ -103,10 +105,10 @@ def train(cfg: Config, where: str = "local", start: float | None = None) -> dict
     if K > init.numel():
         raise RaydistError(f"async_ps.num_servers={K} exceeds the model's {init.numel()} parameters")
     bounds = slice_bounds(init.numel(), K)
-    steps_per_epoch = (len(data.train) // W) // cfg.train.batch_size  # per worker, as sync's sampler shards it
-    if steps_per_epoch == 0:
-        raise RaydistError(f"train.batch_size={cfg.train.batch_size} exceeds the {len(data.train) // W} training "
-                           f"samples per worker")
+    if cfg.train.grad_accum != 1:
+        raise ConfigError("train.grad_accum: the async PS pushes every batch's gradient as it comes; set it to 1")
+    check_fits(cfg, len(data.train))
+    steps_per_epoch = sharding.steps_per_epoch(len(data.train), W, cfg.train.batch_size)  # per worker, as sync's
     # The same sample budget as sync DDP: there a step takes one batch from every worker, here one worker's.
     budget = W * (cfg.train.max_steps or cfg.train.epochs * steps_per_epoch)
     grant_limit = min(budget, cfg.train.stop_at_step) if cfg.train.stop_at_step else budget

@@ -9,7 +9,6 @@ from typing import Any
 import ray
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader
 
 from raydist.commstats import CommStats
 from raydist.config import Config
@@ -17,7 +16,7 @@ from raydist.data import load_splits
 from raydist.evaluation import autocast
 from raydist.flat import as_tensor, flatten_
 from raydist.models import build_model
-from raydist.sampler import ResumableDistributedSampler
+from raydist.sharding import worker_shard
 from raydist.straggler import Straggler
 
 
@@ -38,11 +37,8 @@ class DownpourWorker:
         """Train until shard 0 grants no more steps; `start_step` is this worker's position in its data (resume)."""
         cfg, rank = self.cfg, self.rank
         bs, n_fetch = cfg.train.batch_size, cfg.async_ps.n_fetch
-        sampler = ResumableDistributedSampler(self.data.train, num_replicas=self.world_size, rank=rank, shuffle=True,
-                                              seed=cfg.train.seed, drop_last=True)
-        loader = DataLoader(self.data.train, batch_size=bs, sampler=sampler, drop_last=True,
-                            generator=torch.Generator().manual_seed(cfg.train.seed + rank))
-        steps_per_epoch = sampler.num_samples // bs
+        shard = worker_shard(self.data.train, cfg, rank, self.world_size, loader_seed=cfg.train.seed + rank)
+        sampler, loader, steps_per_epoch = shard.sampler, shard.loader, shard.steps_per_epoch
         epoch, offset = divmod(start_step, steps_per_epoch)
         sampler.set_epoch(epoch, start=offset * bs)
         batches = iter(loader)

@@ -11,7 +11,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader
 
 from raydist.checkpoint import Progress, load_state, rng_state, save_state, set_rng_state
 from raydist.commstats import CommStats, allreduce_bytes, tensor_bytes
@@ -19,19 +18,13 @@ from raydist.config import Config
 from raydist.context import RayTrainContext, WorkerContext, new_checkpoint_dir
 from raydist.data import load_splits
 from raydist.evaluation import autocast, evaluate
-from raydist.metrics import MetricsLog, Throughput
+from raydist.metrics import MetricsLog, Throughput, progress_line
 from raydist.models import build_model
 from raydist.optim import build_optimizer, build_scheduler
-from raydist.sampler import ResumableDistributedSampler
+from raydist.sharding import total_steps as run_length, worker_shard
 from raydist.straggler import Straggler
 
 STRATEGY = "sync"
-SHOWN = ("step", "epoch", "loss", "grad_norm", "lr", "samples_per_s", "test_loss", "test_accuracy")
-
-
-def _fmt(key: str, value: Any) -> str:
-    return f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
-
 
 def run(cfg: Config, ctx: WorkerContext) -> dict[str, Any]:
     """Train until the configured step count (or stop_at_step); returns the last metrics reported."""
@@ -42,19 +35,9 @@ def run(cfg: Config, ctx: WorkerContext) -> dict[str, Any]:
     optimizer = build_optimizer(model.parameters(), cfg.optim)
 
     bs, accum = cfg.train.batch_size, cfg.train.grad_accum
-    sampler = ResumableDistributedSampler(
-        data.train, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=cfg.train.seed, drop_last=True
-    )
-    # A generator of its own: otherwise each iter(loader) draws a seed from the global RNG, and a run
-    # resumed mid-epoch (one more iter) would see different dropout masks from an uninterrupted one.
-    loader = DataLoader(data.train, batch_size=bs, sampler=sampler, drop_last=True,
-                        generator=torch.Generator().manual_seed(cfg.train.seed))
-    steps_per_epoch = (sampler.num_samples // bs) // accum
-    if steps_per_epoch == 0:
-        raise ValueError(
-            f"train.batch_size={bs} x train.grad_accum={accum} exceeds the {sampler.num_samples} training samples per worker"
-        )
-    total_steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
+    shard = worker_shard(data.train, cfg, ctx.rank, ctx.world_size, loader_seed=cfg.train.seed)
+    sampler, loader, steps_per_epoch = shard.sampler, shard.loader, shard.steps_per_epoch
+    total_steps = run_length(cfg, steps_per_epoch)
     scheduler = build_scheduler(optimizer, total_steps, cfg.schedule)
 
     progress = Progress()
@@ -167,7 +150,7 @@ def run(cfg: Config, ctx: WorkerContext) -> dict[str, Any]:
                 metrics["resumed_from_step"] = resumed_from
             metrics.update(speed.session())
             if ctx.rank == 0:
-                print("[raydist] " + " ".join(_fmt(k, metrics[k]) for k in SHOWN if k in metrics), flush=True)
+                print(progress_line(metrics), flush=True)
             if ckpt_due or at_end or (epoch_end and not cfg.checkpoint.every_steps):
                 checkpoint(metrics)
             else:
