@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from raydist.checkpoint import Progress
 from raydist.config import Config
 from raydist.errors import ConfigError
 from raydist.sampler import ResumableDistributedSampler
@@ -36,6 +38,22 @@ class Shard:
     sampler: ResumableDistributedSampler
     loader: DataLoader
     steps_per_epoch: int
+
+    def steps(self, progress: Progress, accum: int, finished: Callable[[], bool]) -> Iterator[list]:
+        """Each optimizer step's `accum` micro-batches, from where `progress` stands, epoch after epoch.
+
+        The caller advances progress.step and progress.micro_in_epoch after each step; the epoch rolls over here,
+        after the caller is done with an epoch's last step (and its checkpoint, which so records the epoch's end).
+        """
+        per_epoch = self.steps_per_epoch * accum
+        while not finished():
+            self.sampler.set_epoch(progress.epoch, start=progress.micro_in_epoch * self.loader.batch_size)
+            batches = iter(self.loader)
+            while not finished() and progress.micro_in_epoch < per_epoch:
+                yield [next(batches) for _ in range(accum)]
+            if progress.micro_in_epoch >= per_epoch:
+                progress.epoch += 1
+                progress.micro_in_epoch = 0
 
 
 def worker_shard(dataset: Dataset, cfg: Config, rank: int, world_size: int, loader_seed: int) -> Shard:

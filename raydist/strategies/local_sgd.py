@@ -67,7 +67,7 @@ def run(cfg: Config, ctx: WorkerContext) -> dict[str, Any]:
 
     bs, accum = cfg.train.batch_size, cfg.train.grad_accum
     shard = worker_shard(data.train, cfg, ctx.rank, W, loader_seed=cfg.train.seed)
-    sampler, loader, steps_per_epoch = shard.sampler, shard.loader, shard.steps_per_epoch
+    steps_per_epoch = shard.steps_per_epoch
     total_steps = run_length(cfg, steps_per_epoch)
     scheduler = build_scheduler(optimizer, total_steps, cfg.schedule)
 
@@ -140,93 +140,86 @@ def run(cfg: Config, ctx: WorkerContext) -> dict[str, Any]:
     def finished() -> bool:
         return progress.step >= total_steps or bool(stop_at and progress.step >= stop_at)
 
-    while not finished():
-        sampler.set_epoch(progress.epoch, start=progress.micro_in_epoch * bs)
-        batches = iter(loader)
-        while not finished() and progress.micro_in_epoch < micro_per_epoch:
-            t0 = time.perf_counter()
-            loss_sum = torch.zeros((), device=ctx.device)
-            for _ in range(accum):
-                x, y = next(batches)
-                x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
-                with autocast(cfg, ctx.device):
-                    loss = F.cross_entropy(model(x).float(), y) / accum
-                loss.backward()
-                loss_sum += loss.detach()
-            warm = progress.step < lcfg.warmup_sync_steps
-            if warm and W > 1:  # post-local SGD's first phase: plain synchronous SGD, gradients averaged
-                with comm.waiting():
-                    average_allreduce(grads, W)
-                comm.add(allreduce_bytes(nbytes, W))
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-            lr = scheduler.get_last_lr()[0]
-            optimizer.step()
-            scheduler.step()
-            grads.zero_()  # not zero_grad(set_to_none): the gradients must stay views of the flat buffer
-            straggler.after_step(progress.step + 1, time.perf_counter() - t0)
-            progress.step += 1
-            progress.micro_in_epoch += accum
-            speed.add(global_batch)
-            since_sync = 0 if warm else since_sync + 1
-            loss_acc += torch.stack([loss_sum.float(), torch.ones((), device=ctx.device)])
-            record = {
-                "step": progress.step,
-                "epoch": progress.epoch,
-                "loss": loss_sum.item(),  # this worker's: between sync points there is no global loss
-                "grad_norm": grad_norm.item(),
-                "lr": lr,
-                "step_time_s": time.perf_counter() - t0,
-                "time_s": time.perf_counter() - speed.session_start,
-            }
-            log.write(record)
-            eval_due |= progress.micro_in_epoch >= micro_per_epoch
-            at_end = progress.step >= total_steps
-            stopping = bool(stop_at and progress.step >= stop_at)
-            if not (warm or since_sync >= lcfg.sync_every or at_end or stopping):
-                continue
-
-            # A sync point: every rank is here at this step.
-            due = ctx.rank == 0 and time.perf_counter() - last_report >= cfg.train.report_every_s
+    for micro_batches in shard.steps(progress, accum, finished):
+        t0 = time.perf_counter()
+        loss_sum = torch.zeros((), device=ctx.device)
+        for x, y in micro_batches:
+            x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
+            with autocast(cfg, ctx.device):
+                loss = F.cross_entropy(model(x).float(), y) / accum
+            loss.backward()
+            loss_sum += loss.detach()
+        warm = progress.step < lcfg.warmup_sync_steps
+        if warm and W > 1:  # post-local SGD's first phase: plain synchronous SGD, gradients averaged
             with comm.waiting():
-                if since_sync >= lcfg.sync_every or (at_end and since_sync > 0):
-                    if lcfg.averaging == "ring" and not at_end:
-                        ring_polyak(params, lcfg.alpha, ctx.rank, W)
-                        comm.add(2 * nbytes if W > 1 else 0)
-                    else:  # the end always takes the full mean: one final model
-                        average_allreduce(params, W)
-                        comm.add(allreduce_bytes(nbytes, W))
-                    since_sync = 0
-                shared = torch.cat([loss_acc, torch.tensor([float(due)], device=ctx.device)])
-                if W > 1:
-                    dist.all_reduce(shared)
-            loss_acc.zero_()
-            ckpt_due = (progress.step - last_ckpt_step >= cfg.checkpoint.every_steps if cfg.checkpoint.every_steps
-                        else eval_due)
-            if not (shared[2].item() > 0 or eval_due or ckpt_due or at_end or stopping):
-                continue
-            last_report = time.perf_counter()
-            metrics = {**record, "loss": (shared[0] / shared[1]).item(), "samples_per_s": speed.window_rate(),
-                       "strategy": STRATEGY}
-            if eval_due or at_end or stopping:
-                scores = evaluate(averaged_model(), data, cfg, ctx)
-                metrics.update(scores)
-                log.write({"eval_at_step": progress.step, "time_s": record["time_s"], **scores})
-                eval_due = False
-            if at_end or stopping:
-                metrics["summary_extra"] = comm.gather(W)
-            if resumed_from is not None:
-                metrics["resumed_from_step"] = resumed_from
-            metrics.update(speed.session())
-            if ctx.rank == 0:
-                print(progress_line(metrics), flush=True)
-            if ckpt_due or at_end or stopping:
-                checkpoint(metrics)
-            else:
-                ctx.report(metrics, None, progress.step)
-            last = metrics
-        if progress.micro_in_epoch >= micro_per_epoch:
-            progress.epoch += 1
-            progress.micro_in_epoch = 0
+                average_allreduce(grads, W)
+            comm.add(allreduce_bytes(nbytes, W))
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        grads.zero_()  # not zero_grad(set_to_none): the gradients must stay views of the flat buffer
+        straggler.after_step(progress.step + 1, time.perf_counter() - t0)
+        progress.step += 1
+        progress.micro_in_epoch += accum
+        speed.add(global_batch)
+        since_sync = 0 if warm else since_sync + 1
+        loss_acc += torch.stack([loss_sum.float(), torch.ones((), device=ctx.device)])
+        record = {
+            "step": progress.step,
+            "epoch": progress.epoch,
+            "loss": loss_sum.item(),  # this worker's: between sync points there is no global loss
+            "grad_norm": grad_norm.item(),
+            "lr": lr,
+            "step_time_s": time.perf_counter() - t0,
+            "time_s": time.perf_counter() - speed.session_start,
+        }
+        log.write(record)
+        eval_due |= progress.micro_in_epoch >= micro_per_epoch
+        at_end = progress.step >= total_steps
+        stopping = bool(stop_at and progress.step >= stop_at)
+        if not (warm or since_sync >= lcfg.sync_every or at_end or stopping):
+            continue
+
+        # A sync point: every rank is here at this step.
+        due = ctx.rank == 0 and time.perf_counter() - last_report >= cfg.train.report_every_s
+        with comm.waiting():
+            if since_sync >= lcfg.sync_every or (at_end and since_sync > 0):
+                if lcfg.averaging == "ring" and not at_end:
+                    ring_polyak(params, lcfg.alpha, ctx.rank, W)
+                    comm.add(2 * nbytes if W > 1 else 0)
+                else:  # the end always takes the full mean: one final model
+                    average_allreduce(params, W)
+                    comm.add(allreduce_bytes(nbytes, W))
+                since_sync = 0
+            shared = torch.cat([loss_acc, torch.tensor([float(due)], device=ctx.device)])
+            if W > 1:
+                dist.all_reduce(shared)
+        loss_acc.zero_()
+        ckpt_due = (progress.step - last_ckpt_step >= cfg.checkpoint.every_steps if cfg.checkpoint.every_steps
+                    else eval_due)
+        if not (shared[2].item() > 0 or eval_due or ckpt_due or at_end or stopping):
+            continue
+        last_report = time.perf_counter()
+        metrics = {**record, "loss": (shared[0] / shared[1]).item(), "samples_per_s": speed.window_rate(),
+                   "strategy": STRATEGY}
+        if eval_due or at_end or stopping:
+            scores = evaluate(averaged_model(), data, cfg, ctx)
+            metrics.update(scores)
+            log.write({"eval_at_step": progress.step, "time_s": record["time_s"], **scores})
+            eval_due = False
+        if at_end or stopping:
+            metrics["summary_extra"] = comm.gather(W)
+        if resumed_from is not None:
+            metrics["resumed_from_step"] = resumed_from
+        metrics.update(speed.session())
+        if ctx.rank == 0:
+            print(progress_line(metrics), flush=True)
+        if ckpt_due or at_end or stopping:
+            checkpoint(metrics)
+        else:
+            ctx.report(metrics, None, progress.step)
+        last = metrics
 
     if last_ckpt_step != progress.step or not last:  # resumed at the very end: still report and checkpoint
         at_end = True

@@ -36,7 +36,7 @@ def run(cfg: Config, ctx: WorkerContext) -> dict[str, Any]:
 
     bs, accum = cfg.train.batch_size, cfg.train.grad_accum
     shard = worker_shard(data.train, cfg, ctx.rank, ctx.world_size, loader_seed=cfg.train.seed)
-    sampler, loader, steps_per_epoch = shard.sampler, shard.loader, shard.steps_per_epoch
+    steps_per_epoch = shard.steps_per_epoch
     total_steps = run_length(cfg, steps_per_epoch)
     scheduler = build_scheduler(optimizer, total_steps, cfg.schedule)
 
@@ -90,75 +90,68 @@ def run(cfg: Config, ctx: WorkerContext) -> dict[str, Any]:
     def finished() -> bool:
         return progress.step >= total_steps or bool(stop_at and progress.step >= stop_at)
 
-    while not finished():
-        sampler.set_epoch(progress.epoch, start=progress.micro_in_epoch * bs)
-        batches = iter(loader)
-        while not finished() and progress.micro_in_epoch < micro_per_epoch:
-            t0 = time.perf_counter()
-            loss_sum = torch.zeros((), device=ctx.device)
-            for micro in range(accum):
-                x, y = next(batches)
-                x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
-                # Only the last micro-step all-reduces: the others accumulate gradients locally.
-                sync = contextlib.nullcontext() if micro == accum - 1 else ddp.no_sync()
-                with sync:
-                    with autocast(cfg, ctx.device):
-                        loss = F.cross_entropy(ddp(x).float(), y) / accum
-                    loss.backward()
-                loss_sum += loss.detach()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-            lr = scheduler.get_last_lr()[0]
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            straggler.after_step(progress.step + 1, time.perf_counter() - t0)
-            # One all-reduce carries the global loss and rank 0's "time to report" vote, so all ranks agree
-            # on when to call ray.train.report (a barrier) without a clock of their own.
-            due = ctx.rank == 0 and time.perf_counter() - last_report >= cfg.train.report_every_s
-            shared = torch.stack([loss_sum.float(), torch.tensor(float(due), device=ctx.device)])
-            with comm.waiting():  # where the others wait for a straggler
-                dist.all_reduce(shared)
-            comm.add(step_bytes)
-            progress.step += 1
-            progress.micro_in_epoch += accum
-            speed.add(global_batch)
-            record = {
-                "step": progress.step,
-                "epoch": progress.epoch,
-                "loss": shared[0].item() / ctx.world_size,
-                "grad_norm": grad_norm.item(),
-                "lr": lr,
-                "step_time_s": time.perf_counter() - t0,
-                "time_s": time.perf_counter() - speed.session_start,
-            }
-            log.write(record)
+    for micro_batches in shard.steps(progress, accum, finished):
+        t0 = time.perf_counter()
+        loss_sum = torch.zeros((), device=ctx.device)
+        for micro, (x, y) in enumerate(micro_batches):
+            x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
+            # Only the last micro-step all-reduces: the others accumulate gradients locally.
+            sync = contextlib.nullcontext() if micro == accum - 1 else ddp.no_sync()
+            with sync:
+                with autocast(cfg, ctx.device):
+                    loss = F.cross_entropy(ddp(x).float(), y) / accum
+                loss.backward()
+            loss_sum += loss.detach()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        straggler.after_step(progress.step + 1, time.perf_counter() - t0)
+        # One all-reduce carries the global loss and rank 0's "time to report" vote, so all ranks agree
+        # on when to call ray.train.report (a barrier) without a clock of their own.
+        due = ctx.rank == 0 and time.perf_counter() - last_report >= cfg.train.report_every_s
+        shared = torch.stack([loss_sum.float(), torch.tensor(float(due), device=ctx.device)])
+        with comm.waiting():  # where the others wait for a straggler
+            dist.all_reduce(shared)
+        comm.add(step_bytes)
+        progress.step += 1
+        progress.micro_in_epoch += accum
+        speed.add(global_batch)
+        record = {
+            "step": progress.step,
+            "epoch": progress.epoch,
+            "loss": shared[0].item() / ctx.world_size,
+            "grad_norm": grad_norm.item(),
+            "lr": lr,
+            "step_time_s": time.perf_counter() - t0,
+            "time_s": time.perf_counter() - speed.session_start,
+        }
+        log.write(record)
 
-            at_end = finished()
-            epoch_end = progress.micro_in_epoch >= micro_per_epoch
-            ckpt_due = bool(cfg.checkpoint.every_steps) and progress.step % cfg.checkpoint.every_steps == 0
-            if not (shared[1].item() > 0 or ckpt_due or at_end or epoch_end):
-                continue
-            last_report = time.perf_counter()
-            metrics = {**record, "samples_per_s": speed.window_rate(), "strategy": STRATEGY}
-            if epoch_end or at_end:
-                scores = evaluate(ddp, data, cfg, ctx)
-                metrics.update(scores)
-                log.write({"eval_at_step": progress.step, "time_s": record["time_s"], **scores})
-            if at_end:
-                metrics["summary_extra"] = comm.gather(ctx.world_size)
-            if resumed_from is not None:
-                metrics["resumed_from_step"] = resumed_from
-            metrics.update(speed.session())
-            if ctx.rank == 0:
-                print(progress_line(metrics), flush=True)
-            if ckpt_due or at_end or (epoch_end and not cfg.checkpoint.every_steps):
-                checkpoint(metrics)
-            else:
-                ctx.report(metrics, None, progress.step)
-            last = metrics
-        if progress.micro_in_epoch >= micro_per_epoch:
-            progress.epoch += 1
-            progress.micro_in_epoch = 0
+        at_end = finished()
+        epoch_end = progress.micro_in_epoch >= micro_per_epoch
+        ckpt_due = bool(cfg.checkpoint.every_steps) and progress.step % cfg.checkpoint.every_steps == 0
+        if not (shared[1].item() > 0 or ckpt_due or at_end or epoch_end):
+            continue
+        last_report = time.perf_counter()
+        metrics = {**record, "samples_per_s": speed.window_rate(), "strategy": STRATEGY}
+        if epoch_end or at_end:
+            scores = evaluate(ddp, data, cfg, ctx)
+            metrics.update(scores)
+            log.write({"eval_at_step": progress.step, "time_s": record["time_s"], **scores})
+        if at_end:
+            metrics["summary_extra"] = comm.gather(ctx.world_size)
+        if resumed_from is not None:
+            metrics["resumed_from_step"] = resumed_from
+        metrics.update(speed.session())
+        if ctx.rank == 0:
+            print(progress_line(metrics), flush=True)
+        if ckpt_due or at_end or (epoch_end and not cfg.checkpoint.every_steps):
+            checkpoint(metrics)
+        else:
+            ctx.report(metrics, None, progress.step)
+        last = metrics
 
     if last_ckpt_step != progress.step:  # e.g. resumed at the very end: still leave a final checkpoint
         last = {"step": progress.step, "epoch": progress.epoch, "strategy": STRATEGY, **evaluate(ddp, data, cfg, ctx),
