@@ -48,7 +48,8 @@ def connect(cfg: Config) -> str:
     # machine is fine for CPU training, refusing to start is not.
     # address="local": a new instance even when /tmp/ray/ray_current_cluster names another (maybe dead) one.
     # Loopback only: nothing outside this machine can reach (or needs) a private instance.
-    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(needed + 0.999)), include_dashboard=False,
+    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(needed + 0.999)), include_dashboard=True,
+             dashboard_host="127.0.0.1",
              _node_ip_address="127.0.0.1")
     return "local"
 
