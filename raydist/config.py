@@ -373,9 +373,10 @@ def _apply(obj: Any, data: dict[str, Any], prefix: str = "") -> None:
             setattr(obj, name, _coerce(value, hints[name], key))
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def read_yaml(path: Path, what: str = "sections (model, data, ...)", kind: str = "config") -> dict[str, Any]:
+    """A YAML file that must hold a mapping; every way it can fail is one ConfigError naming the file."""
     if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
+        raise ConfigError(f"{kind} file not found: {path}")
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
@@ -388,7 +389,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: must be a mapping of sections (model, data, ...), got {type(data).__name__}")
+        raise ConfigError(f"{path}: must be a mapping of {what}, got {type(data).__name__}")
     return data
 
 
@@ -421,7 +422,7 @@ def load_config(
     cfg = cls()
     sources: list[Path] = ([Path(defaults)] if defaults else []) + [Path(f) for f in files]
     for path in sources:
-        _apply(cfg, _read_yaml(path))
+        _apply(cfg, read_yaml(path))
     for text in overrides:
         _apply(cfg, parse_override(text))
     return cfg.validate()

@@ -10,8 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from raydist.config import read_yaml
 from raydist.errors import ConfigError
 from raydist.slurm.nodes import expand_hostlist
 
@@ -164,18 +163,7 @@ def load(explicit: str | None = None) -> ClusterConfig:
     path = config_path(explicit)
     if path is None:
         return ClusterConfig()
-    if not path.is_file():
-        raise ConfigError(f"cluster config not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"cannot parse {path}{at}: {getattr(e, 'problem', None) or 'invalid YAML'}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: must be a mapping of settings (interfaces, ports, ...)")
+    data = read_yaml(path, what="settings (interfaces, ports, ...)", kind="cluster config")
     try:
         return from_dict(data, source=str(path))
     except ConfigError as e:
