@@ -108,7 +108,7 @@ def run_job(strategy: str, cfg: Config, train_fn: Callable[[dict[str, Any]], Non
     try:
         result = trainer.fit()
     except TrainingFailedError as e:
-        raise RaydistError(f"training failed: {_first_line(e)}") from None
+        raise RaydistError(f"training failed: {last_error_line(e)}") from None
     metrics = result.metrics or {}
     return {
         "strategy": strategy,
@@ -130,7 +130,8 @@ def run_job(strategy: str, cfg: Config, train_fn: Callable[[dict[str, Any]], Non
     }
 
 
-def _first_line(e: BaseException) -> str:
+def last_error_line(e: BaseException) -> str:
+    """The line of a (possibly wrapped) remote error that says what went wrong: the innermost cause's last."""
     cause = e
     while cause.__cause__ is not None:
         cause = cause.__cause__

@@ -13,13 +13,14 @@ from typing import Any
 
 import torch
 
+from raydist import sharding
 from raydist.commstats import per_worker_summary
 from raydist.config import Config
 from raydist.data import Splits, load_splits
-from raydist import sharding
 from raydist.errors import ConfigError, RaydistError, exits_cleanly
 from raydist.evaluation import evaluate
 from raydist.flat import as_tensor, flatten_, slice_bounds
+from raydist.launch import connect, last_error_line, parse_job_args
 from raydist.metrics import MetricsLog
 from raydist.models import build_model
 from raydist.sharding import check_fits
@@ -225,7 +226,7 @@ def _watch(cfg: Config, where: str, start: float, shards: list, bounds: list, wo
                 checkpoint_now()
         per_worker = ray.get(runs)
     except ray.exceptions.RayError as e:
-        raise RaydistError(f"training failed: {_last_line(e)}") from None
+        raise RaydistError(f"training failed: {last_error_line(e)}") from None
     train_time = time.time() - t0
     collect()
     scores = evaluate_now()
@@ -264,14 +265,8 @@ def _watch(cfg: Config, where: str, start: float, shards: list, bounds: list, wo
     }
 
 
-def _last_line(e: BaseException) -> str:
-    lines = [ln for ln in str(e).splitlines() if ln.strip()]
-    return lines[-1] if lines else type(e).__name__
-
-
 @exits_cleanly
 def main(doc: str | None = None, argv: list[str] | None = None) -> int:
-    from raydist.launch import connect, parse_job_args
 
     cfg = parse_job_args("async", argv, doc)
     start = time.perf_counter()
