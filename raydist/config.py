@@ -1,29 +1,94 @@
-"""The one typed run configuration: dataclasses with help text, loaded from YAML, overridden by --set, validated."""
+"""The one typed config system: dataclasses whose fields carry their help and bounds, loaded from YAML and --set.
+
+The run config (`Config`, below) and the SLURM cluster config (`raydist.slurm.settings.ClusterConfig`) are both
+declared with `opt(...)`, read by `_apply`, checked by `validate` and documented by `reference_markdown`: a bound
+or a help text is written once, and the loader, the error messages and docs/configuration.md all follow it.
+"""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
+import operator
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin, get_type_hints
+from typing import Any, Callable, Iterable, Literal, get_args, get_origin, get_type_hints
 
 import yaml
 
+from raydist import registry
 from raydist.errors import ConfigError
 
-CONFIG_DIR = Path(__file__).parent / "configs"
+CONFIG_DIR = registry.CONFIG_DIR
+_BOUNDS = ("ge", "gt", "le", "lt")
+_COMPARE = {"ge": operator.ge, "gt": operator.gt, "le": operator.le, "lt": operator.lt}
+_SYMBOL = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
 
 
-def opt(default: Any, help: str) -> Any:
-    """A config field: its default and the one-line help shown in the config reference."""
-    return field(default=default, metadata={"help": help})
+def opt(
+    default: Any,
+    help: str,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    special: dict[Any, str] | None = None,
+    parse: Callable[[Any, str], Any] | None = None,
+    shown: str = "",
+) -> Any:
+    """A config field: its default, its one-line help, and what values it takes.
+
+    ge/gt/le/lt: bounds `validate` enforces on numbers; special: values allowed outside them, with their meaning
+    ({-1: "unbounded"}); parse: (value, key) -> value, for fields a plain type cannot describe (sizes, host maps),
+    run on every value read from YAML or --set; shown: the type as the reference names it, for parsed fields.
+    """
+    bounds = {name: value for name, value in zip(_BOUNDS, (ge, gt, le, lt)) if value is not None}
+    metadata = {"help": help, "bounds": bounds, "special": special or {}, "parse": parse, "shown": shown}
+    if isinstance(default, (dict, list)):  # mutable: each instance gets its own copy
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def internal(default: Any) -> Any:
+    """A field the program sets, not the user: refused as a key, left out of the reference."""
+    return field(default=default, metadata={"internal": True})
 
 
 def _check(ok: bool, key: str, message: str) -> None:
     if not ok:
         raise ConfigError(f"{key}: {message}")
+
+
+# ---- per-field parsers: rules a bound cannot say --------------------------------------------------------
+
+
+def _run_name(value: str, key: str) -> str:
+    # The name is a directory under storage_path: a '/' would put the run somewhere else.
+    _check("/" not in value, key, f"must not contain '/' (got {value!r})")
+    return value
+
+
+def _shared_path(value: str, key: str) -> str:
+    _check(bool(value.strip()), key, "must not be empty")
+    # Workers on other nodes open it as a path; a URL would need a filesystem layer raydist does not set up.
+    _check("://" not in value, key, f"must be a local or shared filesystem path (got {value!r})")
+    return value
+
+
+def _strategy_names(value: str, key: str) -> str:
+    names = [s.strip() for s in value.split(",") if s.strip()]
+    known = registry.names()
+    _check(bool(names), key, "must name at least one strategy")
+    for name in names:
+        _check(name in known, key, f"unknown strategy {name!r} (choose from {', '.join(known)})")
+    _check(len(set(names)) == len(names), key, f"names a strategy twice ({value!r})")
+    return value
+
+
+# ---- the run config ------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -33,14 +98,9 @@ class ModelConfig:
     name: Literal["simple", "mlp", "cnn"] = opt(
         "mlp", "simple: the seeds' SimpleModel (in -> 50 -> out); mlp: `depth` hidden layers; cnn: small CNN (image data only)"
     )
-    hidden: int = opt(128, "width of the MLP's hidden layers")
-    depth: int = opt(2, "number of hidden layers of the MLP")
-    dropout: float = opt(0.0, "dropout probability after each hidden layer (mlp, cnn)")
-
-    def validate(self, key: str) -> None:
-        _check(self.hidden >= 1, f"{key}.hidden", f"must be >= 1 (got {self.hidden})")
-        _check(self.depth >= 1, f"{key}.depth", f"must be >= 1 (got {self.depth})")
-        _check(0.0 <= self.dropout < 1.0, f"{key}.dropout", f"must be in [0, 1) (got {self.dropout})")
+    hidden: int = opt(128, "width of the MLP's hidden layers", ge=1)
+    depth: int = opt(2, "number of hidden layers of the MLP", ge=1)
+    dropout: float = opt(0.0, "dropout probability after each hidden layer (mlp, cnn)", ge=0, lt=1)
 
 
 @dataclass
@@ -50,17 +110,13 @@ class DataConfig:
     name: Literal["digits", "synthetic"] = opt(
         "digits", "digits: scikit-learn's 8x8 handwritten digits (1797 images, 10 classes, ships in the wheel); synthetic: random features labelled by a fixed random teacher"
     )
-    test_fraction: float = opt(0.2, "share of the data held out as the test split (stratified, fixed by `split_seed`)")
+    test_fraction: float = opt(
+        0.2, "share of the data held out as the test split (stratified, fixed by `split_seed`)", gt=0, lt=1
+    )
     split_seed: int = opt(0, "seed of the train/test split (kept apart from train.seed so runs compare on one split)")
-    synthetic_samples: int = opt(20000, "synthetic: number of samples")
-    synthetic_features: int = opt(10, "synthetic: input features")
-    synthetic_classes: int = opt(2, "synthetic: number of classes")
-
-    def validate(self, key: str) -> None:
-        _check(0.0 < self.test_fraction < 1.0, f"{key}.test_fraction", f"must be in (0, 1) (got {self.test_fraction})")
-        _check(self.synthetic_samples >= 10, f"{key}.synthetic_samples", f"must be >= 10 (got {self.synthetic_samples})")
-        _check(self.synthetic_features >= 1, f"{key}.synthetic_features", f"must be >= 1 (got {self.synthetic_features})")
-        _check(self.synthetic_classes >= 2, f"{key}.synthetic_classes", f"must be >= 2 (got {self.synthetic_classes})")
+    synthetic_samples: int = opt(20000, "synthetic: number of samples", ge=10)
+    synthetic_features: int = opt(10, "synthetic: input features", ge=1)
+    synthetic_classes: int = opt(2, "synthetic: number of classes", ge=2)
 
 
 @dataclass
@@ -68,14 +124,9 @@ class OptimConfig:
     """The optimizer each worker steps (sync DDP, local SGD) or the parameter server applies (async)."""
 
     name: Literal["sgd", "adam", "adamw", "adagrad"] = opt("adamw", "optimizer")
-    lr: float = opt(0.003, "peak learning rate")
-    momentum: float = opt(0.9, "momentum (sgd only)")
-    weight_decay: float = opt(0.0, "weight decay")
-
-    def validate(self, key: str) -> None:
-        _check(self.lr > 0, f"{key}.lr", f"must be > 0 (got {self.lr})")
-        _check(0.0 <= self.momentum < 1.0, f"{key}.momentum", f"must be in [0, 1) (got {self.momentum})")
-        _check(self.weight_decay >= 0, f"{key}.weight_decay", f"must be >= 0 (got {self.weight_decay})")
+    lr: float = opt(0.003, "peak learning rate", gt=0)
+    momentum: float = opt(0.9, "momentum (sgd only)", ge=0, lt=1)
+    weight_decay: float = opt(0.0, "weight decay", ge=0)
 
 
 @dataclass
@@ -83,61 +134,46 @@ class ScheduleConfig:
     """Learning-rate schedule over the run's optimizer steps."""
 
     name: Literal["constant", "cosine", "linear"] = opt("cosine", "shape after warm-up: constant, cosine decay or linear decay")
-    warmup_steps: int = opt(0, "linear warm-up steps from 0 to optim.lr")
-    min_lr_ratio: float = opt(0.0, "final learning rate as a fraction of optim.lr (cosine, linear)")
-
-    def validate(self, key: str) -> None:
-        _check(self.warmup_steps >= 0, f"{key}.warmup_steps", f"must be >= 0 (got {self.warmup_steps})")
-        _check(0.0 <= self.min_lr_ratio <= 1.0, f"{key}.min_lr_ratio", f"must be in [0, 1] (got {self.min_lr_ratio})")
+    warmup_steps: int = opt(10, "linear warm-up steps from 0 to optim.lr", ge=0)
+    min_lr_ratio: float = opt(0.0, "final learning rate as a fraction of optim.lr (cosine, linear)", ge=0, le=1)
 
 
 @dataclass
 class TrainConfig:
     """The training loop: batch, length, precision, clipping, accumulation, logging."""
 
-    batch_size: int = opt(32, "samples per worker per micro-step")
-    epochs: int = opt(10, "passes over the training split (ignored when max_steps > 0)")
-    max_steps: int = opt(0, "optimizer steps in total; 0 lets `epochs` decide")
-    grad_accum: int = opt(1, "micro-steps per optimizer step; the all-reduce runs on the last one only")
-    grad_clip: float = opt(0.0, "clip the global gradient norm to this value; 0 = off (the norm is still reported)")
+    batch_size: int = opt(32, "samples per worker per micro-step", ge=1)
+    epochs: int = opt(20, "passes over the training split (ignored when max_steps > 0)", ge=1)
+    max_steps: int = opt(0, "optimizer steps in total; 0 lets `epochs` decide", ge=0)
+    grad_accum: int = opt(1, "micro-steps per optimizer step; the all-reduce runs on the last one only", ge=1)
+    grad_clip: float = opt(0.0, "clip the global gradient norm to this value; 0 = off (the norm is still reported)", ge=0)
     mixed_precision: Literal["auto", "bf16", "off"] = opt(
         "auto", "auto: bf16 autocast on GPU, fp32 on CPU; bf16: autocast always; off: fp32"
     )
     seed: int = opt(0, "seed of model init, data order and dropout")
     report_every_s: float = opt(
-        1.0, "report step metrics to Ray Train (and print them on rank 0) about this often, in seconds; every step goes to metrics.jsonl"
+        1.0, "report step metrics to Ray Train (and print them on rank 0) about this often, in seconds; every step goes to metrics.jsonl", ge=0
     )
-    stop_at_step: int = opt(0, "end the run after this step and its checkpoint, as a preemption would; 0 = off (for resume tests)")
-
-    def validate(self, key: str) -> None:
-        _check(self.batch_size >= 1, f"{key}.batch_size", f"must be >= 1 (got {self.batch_size})")
-        _check(self.epochs >= 1, f"{key}.epochs", f"must be >= 1 (got {self.epochs})")
-        _check(self.max_steps >= 0, f"{key}.max_steps", f"must be >= 0 (got {self.max_steps})")
-        _check(self.grad_accum >= 1, f"{key}.grad_accum", f"must be >= 1 (got {self.grad_accum})")
-        _check(self.grad_clip >= 0, f"{key}.grad_clip", f"must be >= 0 (got {self.grad_clip})")
-        _check(self.report_every_s >= 0, f"{key}.report_every_s", f"must be >= 0 (got {self.report_every_s})")
-        _check(self.stop_at_step >= 0, f"{key}.stop_at_step", f"must be >= 0 (got {self.stop_at_step})")
+    stop_at_step: int = opt(
+        0, "end the run after this step and its checkpoint, as a preemption would; 0 = off (for resume tests)", ge=0
+    )
 
 
 @dataclass
 class ScalingConfig:
     """How many workers, on what hardware, talking over which collective backend."""
 
-    num_workers: int = opt(2, "training workers (one process each)")
+    num_workers: int = opt(2, "training workers (one process each)", ge=1)
     use_gpu: bool = opt(False, "one GPU per worker")
     backend: Literal["auto", "nccl", "gloo"] = opt("auto", "torch.distributed backend; auto: nccl with GPUs, gloo without")
-    cpus_per_worker: float = opt(1.0, "Ray CPUs reserved per worker")
-    max_failures: int = opt(3, "worker-group restarts from the latest checkpoint before the run fails; -1 = unlimited")
+    cpus_per_worker: float = opt(1.0, "Ray CPUs reserved per worker", gt=0)
+    max_failures: int = opt(
+        3, "worker-group restarts from the latest checkpoint before the run fails; -1 = unlimited", ge=0, special={-1: "unlimited"}
+    )
 
-    def validate(self, key: str) -> None:
-        _check(self.num_workers >= 1, f"{key}.num_workers", f"must be >= 1 (got {self.num_workers})")
-        _check(self.cpus_per_worker > 0, f"{key}.cpus_per_worker", f"must be > 0 (got {self.cpus_per_worker})")
-        _check(self.max_failures >= -1, f"{key}.max_failures", f"must be >= -1 (got {self.max_failures})")
-        _check(
-            not (self.backend == "nccl" and not self.use_gpu),
-            f"{key}.backend",
-            "nccl needs GPUs: set scaling.use_gpu=true or backend=gloo",
-        )
+    def check(self, prefix: str) -> None:
+        _check(not (self.backend == "nccl" and not self.use_gpu), f"{prefix}backend",
+               "nccl needs GPUs: set scaling.use_gpu=true or backend=gloo")
 
     @property
     def resolved_backend(self) -> str:
@@ -150,36 +186,26 @@ class ScalingConfig:
 class CheckpointConfig:
     """When to checkpoint, how many to keep, and how to upload."""
 
-    every_steps: int = opt(0, "checkpoint every N optimizer steps; 0 = at the end of each epoch")
-    keep: int = opt(2, "checkpoints kept in storage (the newest)")
+    every_steps: int = opt(0, "checkpoint every N optimizer steps; 0 = at the end of each epoch", ge=0)
+    keep: int = opt(2, "checkpoints kept in storage (the newest)", ge=1)
     async_upload: bool = opt(False, "upload checkpoints in the background while training goes on")
-
-    def validate(self, key: str) -> None:
-        _check(self.every_steps >= 0, f"{key}.every_steps", f"must be >= 0 (got {self.every_steps})")
-        _check(self.keep >= 1, f"{key}.keep", f"must be >= 1 (got {self.keep})")
 
 
 @dataclass
 class RunConfig:
     """Where a run lives: its name, its storage, the Ray cluster it uses."""
 
-    name: str = opt("sync-digits", "run name; re-running with the same name and storage_path resumes from its latest checkpoint")
+    name: str = opt(
+        "", "run name; '' = <job>-<data.name>, e.g. sync-digits; re-running with the same name and storage_path resumes from its latest checkpoint",
+        parse=_run_name,
+    )
     storage_path: str = opt(
-        "~/raydist_runs", "directory for checkpoints and metrics, on a filesystem every node shares (absolute or ~)"
+        "~/raydist_runs", "directory for checkpoints and metrics, on a filesystem every node shares (absolute or ~)",
+        parse=_shared_path,
     )
     address: str = opt(
         "", "Ray cluster to use: '' = RAY_ADDRESS if set (as under `ray job submit`), else start a local Ray instance"
     )
-
-    def validate(self, key: str) -> None:
-        _check(bool(self.name.strip()), f"{key}.name", "must not be empty")
-        _check("/" not in self.name, f"{key}.name", f"must not contain '/' (got {self.name!r})")
-        _check(bool(self.storage_path.strip()), f"{key}.storage_path", "must not be empty")
-        _check(
-            "://" not in self.storage_path,
-            f"{key}.storage_path",
-            f"must be a local or shared filesystem path (got {self.storage_path!r})",
-        )
 
     @property
     def storage_dir(self) -> str:
@@ -195,79 +221,65 @@ class RunConfig:
 class StragglerConfig:
     """Slow one worker down on purpose, the same way in every strategy (for experiments)."""
 
-    worker: int = opt(-1, "rank of the worker to slow down; -1 = none")
+    worker: int = opt(-1, "rank of the worker to slow down; -1 = none", ge=0, special={-1: "none"})
     slowdown: float = opt(
-        1.0, "that worker runs this many times slower: after each step it sleeps (slowdown - 1) x its own step time"
+        1.0, "that worker runs this many times slower: after each step it sleeps (slowdown - 1) x its own step time", ge=1
     )
-    pause_at_step: int = opt(0, "that worker pauses once, after its own step N; 0 = never")
-    pause_s: float = opt(0.0, "length of that pause in seconds")
-
-    def validate(self, key: str) -> None:
-        _check(self.worker >= -1, f"{key}.worker", f"must be a worker rank or -1 (got {self.worker})")
-        _check(self.slowdown >= 1.0, f"{key}.slowdown", f"must be >= 1 (got {self.slowdown})")
-        _check(self.pause_at_step >= 0, f"{key}.pause_at_step", f"must be >= 0 (got {self.pause_at_step})")
-        _check(self.pause_s >= 0, f"{key}.pause_s", f"must be >= 0 (got {self.pause_s})")
+    pause_at_step: int = opt(0, "that worker pauses once, after its own step N; 0 = never", ge=0)
+    pause_s: float = opt(0.0, "length of that pause in seconds", ge=0)
 
 
 @dataclass
 class LocalSGDConfig:
     """jobs/local_sgd.py: workers step on their own and average parameters every `sync_every` steps."""
 
-    sync_every: int = opt(8, "local steps between two averagings (H)")
+    sync_every: int = opt(8, "local steps between two averagings (H)", ge=1)
     averaging: Literal["allreduce", "ring"] = opt(
         "allreduce", "allreduce: every worker takes the mean of all; ring: each mixes in its left neighbour's parameters (Polyak, `alpha`)"
     )
-    alpha: float = opt(0.5, "ring: weight of the neighbour's parameters, p <- (1 - alpha) p + alpha p_left")
-    warmup_sync_steps: int = opt(0, "fully synchronous steps (gradients all-reduced every step) before local SGD starts (post-local SGD)")
-
-    def validate(self, key: str) -> None:
-        _check(self.sync_every >= 1, f"{key}.sync_every", f"must be >= 1 (got {self.sync_every})")
-        _check(0.0 < self.alpha <= 1.0, f"{key}.alpha", f"must be in (0, 1] (got {self.alpha})")
-        _check(self.warmup_sync_steps >= 0, f"{key}.warmup_sync_steps", f"must be >= 0 (got {self.warmup_sync_steps})")
+    alpha: float = opt(0.5, "ring: weight of the neighbour's parameters, p <- (1 - alpha) p + alpha p_left", gt=0, le=1)
+    warmup_sync_steps: int = opt(
+        0, "fully synchronous steps (gradients all-reduced every step) before local SGD starts (post-local SGD)", ge=0
+    )
 
 
 @dataclass
 class AsyncPSConfig:
     """jobs/async.py: Downpour SGD against parameter-server actors."""
 
-    num_servers: int = opt(1, "parameter-server actors; the flat parameter vector is split into this many contiguous slices")
-    n_fetch: int = opt(1, "a worker fetches fresh parameters every this many of its steps (in between it applies its own gradients locally)")
-    max_staleness: int = opt(-1, "bound on an update's staleness (server versions); -1 = unbounded")
+    num_servers: int = opt(
+        1, "parameter-server actors; the flat parameter vector is split into this many contiguous slices", ge=1
+    )
+    n_fetch: int = opt(
+        1, "a worker fetches fresh parameters every this many of its steps (in between it applies its own gradients locally)", ge=1
+    )
+    max_staleness: int = opt(
+        -1, "bound on an update's staleness (server versions); -1 = unbounded", ge=0, special={-1: "unbounded"}
+    )
     on_stale: Literal["wait", "drop"] = opt(
         "wait", "with a bound: wait = a worker waits before a step that could exceed it; drop = the server discards gradients past it"
     )
     staleness_lr: bool = opt(False, "divide the learning rate of each update by max(1, its staleness)")
-    cpus_per_server: float = opt(0.0, "Ray CPUs reserved per server actor; 0 = none (a server mostly waits for messages)")
-
-    def validate(self, key: str) -> None:
-        _check(self.num_servers >= 1, f"{key}.num_servers", f"must be >= 1 (got {self.num_servers})")
-        _check(self.n_fetch >= 1, f"{key}.n_fetch", f"must be >= 1 (got {self.n_fetch})")
-        _check(self.max_staleness >= -1, f"{key}.max_staleness", f"must be >= 0, or -1 for unbounded (got {self.max_staleness})")
-        _check(self.cpus_per_server >= 0, f"{key}.cpus_per_server", f"must be >= 0 (got {self.cpus_per_server})")
-
-
-COMPARED = ("sync", "local_sgd", "async")
+    cpus_per_server: float = opt(
+        0.0, "Ray CPUs reserved per server actor; 0 = none (a server mostly waits for messages)", ge=0
+    )
 
 
 @dataclass
 class CompareConfig:
     """jobs/compare.py: run several strategies on one setting and report them side by side."""
 
-    strategies: str = opt("sync,local_sgd,async", "comma-separated strategies to run, in this order: sync, local_sgd, async")
-    target_accuracy: float = opt(0.95, "test accuracy whose first reaching is timed (the table's time-to-target)")
+    strategies: str = opt(
+        ",".join(registry.names()),
+        f"comma-separated strategies to run, in this order; any of: {', '.join(registry.names())}",
+        parse=_strategy_names,
+    )
+    target_accuracy: float = opt(
+        0.95, "test accuracy whose first reaching is timed (the table's time-to-target)", gt=0, le=1
+    )
     output_dir: str = opt("", "where results.json, results.md and plot.png go; '' = <run.storage_path>/<run.name>")
-    plot_width: int = opt(1200, "width of plot.png in pixels")
-    plot_height: int = opt(500, "height of plot.png in pixels")
-
-    def validate(self, key: str) -> None:
-        names = [s.strip() for s in self.strategies.split(",") if s.strip()]
-        _check(bool(names), f"{key}.strategies", "must name at least one strategy")
-        for name in names:
-            _check(name in COMPARED, f"{key}.strategies", f"unknown strategy {name!r} (choose from {', '.join(COMPARED)})")
-        _check(len(set(names)) == len(names), f"{key}.strategies", f"names a strategy twice ({self.strategies!r})")
-        _check(0.0 < self.target_accuracy <= 1.0, f"{key}.target_accuracy", f"must be in (0, 1] (got {self.target_accuracy})")
-        _check(self.plot_width >= 200, f"{key}.plot_width", f"must be >= 200 (got {self.plot_width})")
-        _check(self.plot_height >= 150, f"{key}.plot_height", f"must be >= 150 (got {self.plot_height})")
+    plot_width: int = opt(1200, "width of plot.png in pixels", ge=200)
+    plot_height: int = opt(500, "height of plot.png in pixels", ge=150)
 
     @property
     def strategy_list(self) -> list[str]:
@@ -291,20 +303,14 @@ class Config:
     async_ps: AsyncPSConfig = field(default_factory=AsyncPSConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
 
+    def check(self, prefix: str) -> None:
+        _check(not (self.model.name == "cnn" and self.data.name != "digits"), "model.name",
+               "cnn needs image data: set data.name=digits")
+        _check(self.straggler.worker < self.scaling.num_workers, "straggler.worker",
+               f"must be below scaling.num_workers={self.scaling.num_workers} (got {self.straggler.worker})")
+
     def validate(self) -> "Config":
-        for f in dataclasses.fields(self):
-            getattr(self, f.name).validate(f.name)
-        _check(
-            not (self.model.name == "cnn" and self.data.name != "digits"),
-            "model.name",
-            "cnn needs image data: set data.name=digits",
-        )
-        _check(
-            self.straggler.worker < self.scaling.num_workers,
-            "straggler.worker",
-            f"must be below scaling.num_workers={self.scaling.num_workers} (got {self.straggler.worker})",
-        )
-        return self
+        return validate(self)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -313,7 +319,52 @@ class Config:
     def from_dict(cls, data: dict[str, Any]) -> "Config":
         cfg = cls()
         _apply(cfg, data)
-        return cfg.validate()
+        return validate(cfg)
+
+
+# ---- validation ----------------------------------------------------------------------------------------
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def _within(value: float, bounds: dict[str, float]) -> bool:
+    return all(_COMPARE[name](value, limit) for name, limit in bounds.items())
+
+
+def _range_text(bounds: dict[str, float]) -> str:
+    """'>= 1', '> 0', 'in [0, 1)': how messages and the reference state a field's bounds."""
+    low = {name: v for name, v in bounds.items() if name in ("ge", "gt")}
+    high = {name: v for name, v in bounds.items() if name in ("le", "lt")}
+    if low and high:
+        (lo_name, lo), (hi_name, hi) = *low.items(), *high.items()
+        return f"in {'[' if lo_name == 'ge' else '('}{_num(lo)}, {_num(hi)}{']' if hi_name == 'le' else ')'}"
+    return " and ".join(f"{_SYMBOL[name]} {_num(v)}" for name, v in bounds.items())
+
+
+def _check_bounds(value: Any, meta: Any, key: str) -> None:
+    bounds, special = meta.get("bounds"), meta.get("special", {})
+    if not bounds or value is None or value in special:
+        return
+    if not _within(value, bounds):
+        notes = "".join(f", or {_num(v)} for {why}" for v, why in special.items())
+        raise ConfigError(f"{key}: must be {_range_text(bounds)}{notes} (got {value})")
+
+
+def validate(obj: Any, prefix: str = "") -> Any:
+    """Check every field's declared bounds, depth first, then each dataclass's own `check(prefix)` hook.
+
+    Hooks are for rules across fields (nccl needs GPUs); a rule on one field belongs in its `opt(...)`."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            validate(value, f"{prefix}{f.name}.")
+        else:
+            _check_bounds(value, f.metadata, f"{prefix}{f.name}")
+    if hasattr(obj, "check"):
+        obj.check(prefix)
+    return obj
 
 
 # ---- loading ---------------------------------------------------------------------------------
@@ -347,30 +398,43 @@ def _coerce(value: Any, typ: Any, key: str) -> Any:
     if typ is str:
         _check(isinstance(value, str), key, f"must be a string (got {value!r})")
         return value
-    raise TypeError(f"unsupported config type {typ} for {key}")  # a bug in this file, not user input
+    raise TypeError(f"unsupported config type {typ} for {key}: give the field a parse=")  # a bug, not user input
+
+
+def _plain(typ: Any) -> bool:
+    return typ in (bool, int, float, str) or get_origin(typ) is Literal
+
+
+def _settable(obj: Any) -> list[str]:
+    return [f.name for f in dataclasses.fields(obj) if not f.metadata.get("internal")]
 
 
 def _unknown(key: str, known: list[str]) -> ConfigError:
-    leaf = key.rsplit(".", 1)[-1]
+    section, _, leaf = key.rpartition(".")
     close = difflib.get_close_matches(leaf, known, n=1)
-    hint = f" (did you mean '{key.rsplit('.', 1)[0] + '.' if '.' in key else ''}{close[0]}'?)" if close else ""
-    return ConfigError(f"unknown key '{key}'{hint}")
+    if close:
+        return ConfigError(f"unknown key '{key}' (did you mean '{section + '.' if section else ''}{close[0]}'?)")
+    return ConfigError(f"unknown key '{key}'; known: {', '.join(known)}")
 
 
 def _apply(obj: Any, data: dict[str, Any], prefix: str = "") -> None:
-    """Merge a nested mapping into dataclass `obj`, checking each key and type."""
+    """Merge a nested mapping into dataclass `obj`, checking each key and type (bounds wait for `validate`)."""
     hints = get_type_hints(type(obj))
-    names = [f.name for f in dataclasses.fields(obj)]
+    known = _settable(obj)
+    fields = {f.name: f for f in dataclasses.fields(obj)}
     for name, value in data.items():
         key = f"{prefix}{name}"
-        if name not in names:
-            raise _unknown(key, names)
+        if name not in known:
+            raise _unknown(key, known)
         current = getattr(obj, name)
         if dataclasses.is_dataclass(current):
-            _check(isinstance(value, dict), key, f"must be a mapping of {', '.join(f.name for f in dataclasses.fields(current))}")
+            _check(isinstance(value, dict), key, f"must be a mapping of {', '.join(_settable(current))}")
             _apply(current, value, key + ".")
-        else:
-            setattr(obj, name, _coerce(value, hints[name], key))
+            continue
+        typ, parse = hints[name], fields[name].metadata.get("parse")
+        if _plain(typ) or not parse:  # a parser of a plain-typed field gets the typed value
+            value = _coerce(value, typ, key)
+        setattr(obj, name, parse(value, key) if parse else value)
 
 
 def read_yaml(path: Path, what: str = "sections (model, data, ...)", kind: str = "config") -> dict[str, Any]:
@@ -412,42 +476,86 @@ def parse_override(text: str) -> dict[str, Any]:
     return nested
 
 
-def load_config(
-    defaults: str | Path | None = None,
-    files: list[str | Path] = (),  # type: ignore[assignment]
-    overrides: list[str] = (),  # type: ignore[assignment]
-    cls: type = Config,
-) -> Any:
-    """Build a config: dataclass defaults, then the job's default YAML, each --config file, each --set; validate."""
-    cfg = cls()
-    sources: list[Path] = ([Path(defaults)] if defaults else []) + [Path(f) for f in files]
-    for path in sources:
-        _apply(cfg, read_yaml(path))
+def merge(cfg: Any, files: Iterable[str | Path] = (), overrides: Iterable[str] = (), *,
+          what: str = "sections (model, data, ...)", kind: str = "config") -> Any:
+    """Apply each YAML file, then each --set, to dataclass `cfg` in order (later wins); not yet validated.
+
+    A file's errors start with its path: with several files and overrides, the key alone would not say where."""
+    for path in map(Path, files):
+        data = read_yaml(path, what, kind)
+        try:
+            _apply(cfg, data)
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
     for text in overrides:
         _apply(cfg, parse_override(text))
-    return cfg.validate()
+    return cfg
 
 
-def job_defaults(job: str) -> Path:
-    """The YAML of defaults a job ships with (raydist/configs/<job>.yaml)."""
-    return CONFIG_DIR / f"{job}.yaml"
+def load_config(
+    defaults: str | Path | None = None,
+    files: Iterable[str | Path] = (),
+    overrides: Iterable[str] = (),
+    job: str | None = None,
+) -> Config:
+    """Build a run config: dataclass defaults, then the job's default YAML, each --config file, each --set; validate.
+
+    An empty run.name becomes '<job>-<data.name>' when `job` is given, after every override, so that
+    `--set data.name=synthetic` names the run sync-synthetic."""
+    cfg = merge(Config(), ([defaults] if defaults else []) + list(files), overrides)
+    if job and not cfg.run.name:
+        cfg.run.name = f"{job}-{cfg.data.name}"
+    return validate(cfg)
+
+
+def job_defaults(job: str) -> Path | None:
+    """The YAML holding the keys where `job`'s defaults differ from the dataclass defaults; None if they do not."""
+    if job in registry.names():
+        return registry.get(job).defaults
+    path = CONFIG_DIR / f"{job}.yaml"  # a job that is not a strategy (registry.OTHER_JOBS)
+    return path if path.is_file() else None
 
 
 # ---- reference ---------------------------------------------------------------------------------
 
 
+def _type_text(typ: Any, meta: Any) -> str:
+    name = meta.get("shown") or (" | ".join(map(str, get_args(typ))) if get_origin(typ) is Literal else typ.__name__)
+    limits = _range_text(meta.get("bounds") or {})
+    extra = "".join(f" or {_num(v)}" for v in meta.get("special", {}))
+    return f"{name} {limits}{extra}" if limits else name
+
+
+def _default_text(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value == "":
+        return "''"
+    return str(value)
+
+
+def _cell(text: str) -> str:
+    """Text safe in a markdown table cell: '|' escaped; '<' too, outside `code` (where markdown would show '&lt;')."""
+    parts = text.split("`")
+    return "`".join(p if i % 2 else p.replace("<", "&lt;") for i, p in enumerate(parts)).replace("|", "\\|")
+
+
+def _rows(obj: Any, prefix: str = "") -> Iterable[str]:
+    hints = get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if f.metadata.get("internal"):
+            continue
+        if dataclasses.is_dataclass(value):
+            yield from _rows(value, f"{prefix}{f.name}.")
+            continue
+        yield (f"| `{prefix}{f.name}` | {_cell(_type_text(hints[f.name], f.metadata))} | `{_default_text(value)}` "
+               f"| {_cell(f.metadata.get('help', ''))} |")
+
+
 def reference_markdown(cls: type = Config) -> str:
-    """The config reference as a markdown table, generated from the dataclasses (README embeds it)."""
-    rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
-    root = cls()
-    for section in dataclasses.fields(root):
-        sub = getattr(root, section.name)
-        sub_hints = get_type_hints(type(sub))
-        for f in dataclasses.fields(sub):
-            typ = sub_hints[f.name]
-            tname = " \\| ".join(map(str, get_args(typ))) if get_origin(typ) is Literal else typ.__name__
-            default = getattr(sub, f.name)
-            shown = "''" if default == "" else str(default).lower() if isinstance(default, bool) else str(default)
-            help_text = f.metadata.get("help", "").replace("<", "&lt;").replace("|", "\\|")
-            rows.append(f"| `{section.name}.{f.name}` | {tname} | `{shown}` | {help_text} |")
+    """The reference of config class `cls` as a markdown table, generated from its fields (docs/configuration.md)."""
+    rows = ["| key | type | default | meaning |", "|---|---|---|---|", *_rows(cls())]
     return "\n".join(rows) + "\n"

@@ -8,6 +8,8 @@ import sys
 import pytest
 
 from jobutil import REPO, clean_env
+from raydist import registry
+from raydist.commands.config_cmd import refreshed
 from raydist.config import Config, job_defaults, load_config, reference_markdown
 from raydist.errors import ConfigError
 
@@ -52,6 +54,62 @@ def test_bad_overrides_are_refused_by_name(override, message):
         load_config(job_defaults("sync"), [], [override])
 
 
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.batch_size=0", "train.batch_size: must be >= 1 (got 0)"),
+        ("model.dropout=1.5", "model.dropout: must be in [0, 1) (got 1.5)"),
+        ("optim.lr=-0.1", "optim.lr: must be > 0 (got -0.1)"),
+        ("async_ps.max_staleness=-2", "async_ps.max_staleness: must be >= 0, or -1 for unbounded (got -2)"),
+        ("straggler.worker=2", "straggler.worker: must be below scaling.num_workers=2 (got 2)"),
+        ("run.name=a/b", "run.name: must not contain '/'"),
+        ("compare.strategies=sync,bogus", "compare.strategies: unknown strategy 'bogus' (choose from sync, local_sgd, async)"),
+    ],
+)
+def test_declared_bounds_and_checks_give_one_message(override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [], [override])
+    assert str(e.value).startswith(message)
+
+
+def test_special_values_pass_their_bounds():
+    cfg = load_config(None, [], ["async_ps.max_staleness=-1", "scaling.max_failures=-1", "straggler.worker=-1"])
+    assert cfg.async_ps.max_staleness == -1 and cfg.scaling.max_failures == -1
+
+
+def test_file_errors_name_the_file(tmp_path):
+    f = tmp_path / "mine.yaml"
+    f.write_text("train:\n  epochz: 3\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f])
+    assert str(e.value) == f"{f}: unknown key 'train.epochz' (did you mean 'train.epochs'?)"
+
+
+def test_run_name_defaults_to_job_and_data():
+    assert load_config(job_defaults("local_sgd"), job="local_sgd").run.name == "local_sgd-digits"
+    assert load_config(None, [], ["data.name=synthetic"], job="sync").run.name == "sync-synthetic"
+    assert load_config(None, [], ["run.name=mine"], job="sync").run.name == "mine"
+    assert load_config().run.name == ""  # no job: left for the caller
+
+
+def test_job_yamls_hold_only_what_differs_from_the_defaults():
+    import yaml
+
+    defaults = Config().to_dict()
+    for job in registry.jobs():
+        path = job_defaults(job)
+        if path is None:
+            continue
+        for section, keys in yaml.safe_load(path.read_text()).items():
+            for key, value in keys.items():
+                assert defaults[section][key] != value, f"{path}: {section}.{key} repeats the default {value!r}"
+
+
+def test_jobs_without_a_yaml_get_none():
+    assert job_defaults("sync") is None and job_defaults("compare") is None
+    assert job_defaults("async") == registry.get("async").defaults
+
+
 def test_cnn_on_synthetic_data_is_refused():
     with pytest.raises(ConfigError, match="cnn needs image data"):
         load_config(job_defaults("sync"), [], ["data.name=synthetic", "model.name=cnn"])
@@ -88,9 +146,19 @@ def test_job_refuses_bad_config_with_one_line_and_exit_2(tmp_path, args, names):
     assert proc.stdout == ""
 
 
-def test_readme_config_reference_matches_the_dataclasses():
-    readme = (REPO / "README.md").read_text()
-    assert reference_markdown() in readme, "README's config reference is stale: paste `raydist config reference`"
+def test_docs_config_references_match_the_dataclasses():
+    from raydist.slurm.settings import ClusterConfig
+
+    docs = (REPO / "docs" / "configuration.md").read_text()
+    assert reference_markdown(Config) in docs and reference_markdown(ClusterConfig) in docs
+    assert refreshed(docs) == docs, "docs/configuration.md's config references are stale: run `raydist config reference --write`"
+
+
+def test_reference_leaves_out_what_users_cannot_set():
+    from raydist.slurm.settings import ClusterConfig
+
+    assert "source" not in reference_markdown(ClusterConfig)
+    assert "`ports.block` | int >= 18 |" in reference_markdown(ClusterConfig)
 
 
 def test_unreachable_cluster_is_one_line_and_exit_2_within_seconds():

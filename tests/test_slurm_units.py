@@ -194,6 +194,9 @@ def test_config_expands_hostlists_and_sizes():
     ({"ports": {"blok": 4}}, "unknown key 'ports.blok'"),
     ({"timeouts": {"ready": -1}}, "timeouts.ready: must be > 0"),
     ({"temp_dir": "tmp"}, "absolute"),
+    ({"ports": {"block": 4}}, "ports.block: must be >= 18 \\(got 4\\)"),
+    ({"ports": {"base": 30000, "end": 30009}}, "ports.block: must be at most the size of the range"),
+    ({"source": "me"}, "unknown key 'source'"),  # set by the loader, not the user
 ])
 def test_config_errors_are_one_line(data, message):
     with pytest.raises(ConfigError, match=message) as e:
@@ -208,6 +211,16 @@ def test_config_file_errors_name_the_file(tmp_path):
         settings.load(str(p))
     with pytest.raises(ConfigError, match="not found"):
         settings.load(str(tmp_path / "missing.yaml"))
+    p.write_text("ports:\n  base: 50000\n  end: 40000\n")
+    with pytest.raises(ConfigError, match=f"^{p}: ports: need base < end"):
+        settings.load(str(p))
+
+
+def test_cluster_config_takes_overrides_like_the_run_config(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("timeouts:\n  ready: 60\n")
+    cfg = settings.load(str(p), ["timeouts.ready=90", "object_store_memory=1GiB"])
+    assert cfg.timeouts.ready == 90.0 and cfg.object_store_memory == 2**30 and cfg.source == str(p)
 
 
 # ---- job dir, connection file ---------------------------------------------------------------------------

@@ -1,16 +1,19 @@
-"""The SLURM cluster's config (cluster/cluster.yaml): a typed dataclass loaded from YAML and validated on load."""
+"""The SLURM cluster's config (cluster/cluster.yaml): declared, loaded and checked like the run config.
+
+Every key's help, bounds and parser live in its `opt(...)` below; docs/configuration.md's table is generated from
+them (`raydist config reference --cluster`).
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import ipaddress
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
-from raydist.config import read_yaml
+from raydist.config import _apply, _check, internal, merge, opt, validate
 from raydist.errors import ConfigError
 from raydist.slurm.nodes import expand_hostlist
 
@@ -21,42 +24,7 @@ MIN_OBJECT_STORE = 75 * 1024 * 1024
 _IFNAME = re.compile(r"^[^\s/:]{1,15}$")  # Linux: at most 15 bytes, no '/', ':' or whitespace
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-@dataclasses.dataclass
-class Ports:
-    base: int = 20000       # first port of the range the job blocks come from
-    end: int = 31999        # last port; kept below Linux's ephemeral range (32768+) so outgoing sockets never hold ours
-    block: int = 400        # ports per job: 9 services + the rest for Ray workers
-
-
-@dataclasses.dataclass
-class Timeouts:
-    ready: float = 300.0          # seconds from sbatch's bring-up until every node has joined
-    head_reachable: float = 120.0  # seconds a worker waits for the head's GCS port to answer
-    teardown: float = 15.0        # seconds Ray gets to stop on a node before its leftovers are killed
-
-
-@dataclasses.dataclass
-class ClusterConfig:
-    interfaces: dict[str, str] = dataclasses.field(default_factory=dict)  # node -> interface (hostlists allowed)
-    object_store_memory: int | None = None  # bytes; None: Ray's default (30% of the node's memory)
-    dashboard_host: str = "cluster"  # "cluster": the head's cluster address; or an address such as 0.0.0.0
-    job_dir: str = "~/.raydist/slurm"  # shared by all nodes and the login node: <job_dir>/<job id>/
-    temp_dir: str = "/tmp"  # node-local: Ray's per-job temp dir is <temp_dir>/raydist-<job id>
-    login_host: str = ""  # login node for the printed `ssh -L` line; "": the host sbatch ran on
-    ports: Ports = dataclasses.field(default_factory=Ports)
-    timeouts: Timeouts = dataclasses.field(default_factory=Timeouts)
-    source: str = "built-in defaults"  # where it was loaded from, for messages
-
-    def interface_for(self, node: str) -> str | None:
-        return self.interfaces.get(node)
-
-    def job_path(self, job_id: int) -> Path:
-        return Path(os.path.expanduser(self.job_dir)) / str(job_id)
-
-    def temp_path(self, job_id: int) -> Path:
-        return Path(self.temp_dir) / f"raydist-{job_id}"
+_WHAT = "settings (interfaces, ports, ...)"
 
 
 def parse_size(value: Any, key: str) -> int:
@@ -71,83 +39,119 @@ def parse_size(value: Any, key: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
-def _unknown(key: str, known: list[str]) -> ConfigError:
-    close = difflib.get_close_matches(key.rsplit(".", 1)[-1], known, n=1)
-    return ConfigError(f"unknown key '{key}'" + (f" (did you mean '{close[0]}'?)" if close else "")
-                       + f"; known: {', '.join(known)}")
+# ---- per-field parsers ------------------------------------------------------------------------------------
 
 
-def _number(value: Any, key: str, kind: type) -> Any:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and isinstance(value, float)):
-        raise ConfigError(f"{key}: must be {'an integer' if kind is int else 'a number'} (got {value!r})")
-    return kind(value)
-
-
-def _section(obj: Any, data: Any, key: str) -> None:
-    if not isinstance(data, dict):
-        raise ConfigError(f"{key}: must be a mapping (got {data!r})")
-    known = [f.name for f in dataclasses.fields(obj)]
-    for name, value in data.items():
-        if name not in known:
-            raise _unknown(f"{key}.{name}", known)
-        setattr(obj, name, _number(value, f"{key}.{name}", type(getattr(obj, name))))
-
-
-def _interfaces(data: Any) -> dict[str, str]:
+def _interfaces(data: Any, key: str) -> dict[str, str]:
+    """{hostlist: interface} -> {node: interface}: one line of YAML names a whole rack."""
     if data is None:
         return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"interfaces: must map node names to interface names (got {data!r})")
+    _check(isinstance(data, dict), key, f"must map node names to interface names (got {data!r})")
     out: dict[str, str] = {}
     for nodes, iface in data.items():
-        if not isinstance(iface, str) or not _IFNAME.match(iface):
-            raise ConfigError(f"interfaces.{nodes}: {iface!r} is not an interface name")
+        _check(isinstance(iface, str) and bool(_IFNAME.match(iface)), f"{key}.{nodes}",
+               f"{iface!r} is not an interface name")
         for node in expand_hostlist(str(nodes)):
             out[node] = iface
     return out
 
 
-def from_dict(data: dict[str, Any], source: str = "<dict>") -> ClusterConfig:
-    cfg = ClusterConfig(source=source)
-    known = [f.name for f in dataclasses.fields(cfg) if f.name != "source"]
-    for name, value in data.items():
-        if name not in known:
-            raise _unknown(name, known)
-        if name == "interfaces":
-            cfg.interfaces = _interfaces(value)
-        elif name == "object_store_memory":
-            cfg.object_store_memory = None if value is None else parse_size(value, name)
-        elif name in ("ports", "timeouts"):
-            _section(getattr(cfg, name), value, name)
-        else:
-            if not isinstance(value, str):
-                raise ConfigError(f"{name}: must be a string (got {value!r})")
-            setattr(cfg, name, value)
-    return validate(cfg)
+def _object_store(value: Any, key: str) -> int | None:
+    if value is None:
+        return None
+    size = parse_size(value, key)
+    _check(size >= MIN_OBJECT_STORE, key, f"Ray needs at least 75MiB (got {size} bytes)")
+    return size
 
 
-def validate(cfg: ClusterConfig) -> ClusterConfig:
-    if cfg.object_store_memory is not None and cfg.object_store_memory < MIN_OBJECT_STORE:
-        raise ConfigError(f"object_store_memory: Ray needs at least 75MiB (got {cfg.object_store_memory} bytes)")
-    if cfg.dashboard_host != "cluster":
+def _dashboard_host(value: str, key: str) -> str:
+    if value != "cluster":
         try:
-            ipaddress.IPv4Address(cfg.dashboard_host)
+            ipaddress.IPv4Address(value)
         except ValueError:
-            raise ConfigError(f"dashboard_host: must be 'cluster' or an IPv4 address such as 0.0.0.0 "
-                              f"(got {cfg.dashboard_host!r})") from None
-    if not Path(cfg.temp_dir).is_absolute():
-        raise ConfigError(f"temp_dir: must be an absolute path (got {cfg.temp_dir!r})")
-    if not cfg.job_dir:
-        raise ConfigError("job_dir: must not be empty")
-    p = cfg.ports
-    if not 1024 <= p.base < p.end <= 65535:
-        raise ConfigError(f"ports: need 1024 <= base < end <= 65535 (got base={p.base}, end={p.end})")
-    if p.block < 18 or p.block > p.end - p.base + 1:
-        raise ConfigError(f"ports.block: must be between 18 and the size of the range (got {p.block})")
-    for f in dataclasses.fields(cfg.timeouts):
-        if getattr(cfg.timeouts, f.name) <= 0:
-            raise ConfigError(f"timeouts.{f.name}: must be > 0 (got {getattr(cfg.timeouts, f.name)})")
-    return cfg
+            raise ConfigError(f"{key}: must be 'cluster' or an IPv4 address such as 0.0.0.0 (got {value!r})") from None
+    return value
+
+
+def _absolute(value: str, key: str) -> str:
+    _check(Path(value).is_absolute(), key, f"must be an absolute path (got {value!r})")
+    return value
+
+
+def _not_empty(value: str, key: str) -> str:
+    _check(bool(value), key, "must not be empty")
+    return value
+
+
+# ---- the cluster config -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Ports:
+    """The port range every job's block of Ray ports comes from."""
+
+    base: int = opt(20000, "first port of the range port blocks come from", ge=1024)
+    end: int = opt(31999, "last port of the range; below Linux's ephemeral ports (32768+), so outgoing sockets never "
+                          "hold ours", le=65535)
+    block: int = opt(400, "ports per job: GCS, dashboard, client, node manager, object manager, 4 agent/metrics "
+                          "ports, the rest Ray workers", ge=18)
+
+    def check(self, prefix: str) -> None:
+        _check(self.base < self.end, prefix.rstrip("."), f"need base < end (got base={self.base}, end={self.end})")
+        _check(self.block <= self.end - self.base + 1, f"{prefix}block",
+               f"must be at most the size of the range, end - base + 1 = {self.end - self.base + 1} (got {self.block})")
+
+
+@dataclasses.dataclass
+class Timeouts:
+    """How long bring-up and teardown wait, in seconds."""
+
+    ready: float = opt(300.0, "seconds from sbatch's bring-up until every node must have joined", gt=0)
+    head_reachable: float = opt(120.0, "seconds a worker waits for the head's GCS port to answer", gt=0)
+    teardown: float = opt(15.0, "seconds per node for Ray to stop and leftovers to be killed; keep below SLURM's "
+                                "KillWait", gt=0)
+
+
+@dataclasses.dataclass
+class ClusterConfig:
+    """What `sbatch cluster/ray_up.slurm` needs to know about the cluster beyond what SLURM tells it."""
+
+    interfaces: dict[str, str] = opt(
+        {}, "node -> network interface Ray, NCCL and gloo use on it; keys may be SLURM hostlists (`gpu[01-04]: ib0`); "
+            "nodes not listed use the interface that carries their route to the head",
+        parse=_interfaces, shown="map")
+    object_store_memory: int | None = opt(
+        None, "Ray's object store per node: bytes or `200MB`, `2GiB`, ... (null: Ray's default, 30% of RAM; min 75MiB)",
+        parse=_object_store, shown="size or null")
+    dashboard_host: str = opt(
+        "cluster", "where the dashboard and jobs API listen: `cluster` = the head's cluster address; `0.0.0.0` only "
+                   "if you ask", parse=_dashboard_host, shown="`cluster` or IPv4")
+    job_dir: str = opt(
+        "~/.raydist/slurm", "shared dir; each job gets `<job_dir>/<job id>/` with `token`, `plan.json`, `nodes/`, "
+                            "`connection.env`", parse=_not_empty)
+    temp_dir: str = opt(
+        "/tmp", "node-local disk; Ray's per-job temp dir is `<temp_dir>/raydist-<job id>` (also the job's `TMPDIR`)",
+        parse=_absolute, shown="absolute path")
+    login_host: str = opt("", "login node for the printed `ssh -L` line ('': the host sbatch ran on)")
+    ports: Ports = dataclasses.field(default_factory=Ports)
+    timeouts: Timeouts = dataclasses.field(default_factory=Timeouts)
+    source: str = internal("built-in defaults")  # where it was loaded from, for messages
+
+    def interface_for(self, node: str) -> str | None:
+        return self.interfaces.get(node)
+
+    def job_path(self, job_id: int) -> Path:
+        return Path(os.path.expanduser(self.job_dir)) / str(job_id)
+
+    def temp_path(self, job_id: int) -> Path:
+        return Path(self.temp_dir) / f"raydist-{job_id}"
+
+
+def from_dict(data: dict[str, Any], source: str = "<dict>") -> ClusterConfig:
+    """A cluster config from a parsed mapping, checked."""
+    cfg = ClusterConfig(source=source)
+    _apply(cfg, data)
+    return validate(cfg)
 
 
 def config_path(explicit: str | None = None) -> Path | None:
@@ -159,12 +163,12 @@ def config_path(explicit: str | None = None) -> Path | None:
     return DEFAULT_PATH if DEFAULT_PATH.is_file() else None
 
 
-def load(explicit: str | None = None) -> ClusterConfig:
+def load(explicit: str | None = None, overrides: Iterable[str] = ()) -> ClusterConfig:
+    """The cluster config: defaults, then the file `config_path` finds, then each --set key=value; checked."""
     path = config_path(explicit)
-    if path is None:
-        return ClusterConfig()
-    data = read_yaml(path, what="settings (interfaces, ports, ...)", kind="cluster config")
+    cfg = ClusterConfig(source=str(path) if path else "built-in defaults")
+    merge(cfg, [path] if path else [], overrides, what=_WHAT, kind="cluster config")
     try:
-        return from_dict(data, source=str(path))
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
+        return validate(cfg)
+    except ConfigError as e:  # a rule across keys, e.g. ports.base < ports.end: still the file's fault
+        raise ConfigError(f"{path}: {e}" if path else str(e)) from None
