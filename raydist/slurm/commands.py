@@ -7,25 +7,11 @@ import json
 import os
 from pathlib import Path
 
-from raydist.errors import ConfigError, RaydistError, fail
+from raydist.errors import RaydistError
 
 
 def _say(msg: str) -> None:
     print(f"raydist: {msg}", flush=True)
-
-
-def _runtime(func):
-    """Bring-up failures exit 1 with their one line (config mistakes keep exit 2, like every usage error)."""
-
-    def wrapper(args: argparse.Namespace) -> int:
-        try:
-            return func(args)
-        except ConfigError:
-            raise
-        except RaydistError as e:
-            fail(str(e), code=1)
-
-    return wrapper
 
 
 def _load(args):
@@ -40,7 +26,6 @@ def _alloc():
     return Allocation.from_env()
 
 
-@_runtime
 def _plan(args) -> int:
     from raydist.slurm.bringup import make_plan
 
@@ -52,14 +37,12 @@ def _plan(args) -> int:
     return 0
 
 
-@_runtime
 def _node(args) -> int:
     from raydist.slurm.bringup import run_node
 
     return run_node(_load(args), _alloc(), log=_say)
 
 
-@_runtime
 def _wait(args) -> int:
     from raydist.slurm.jobdir import JobDir
     from raydist.slurm.readiness import wait_ready
@@ -75,7 +58,6 @@ def _wait(args) -> int:
     return 0
 
 
-@_runtime
 def _down(args) -> int:
     from raydist.slurm import teardown
     from raydist.slurm.jobdir import JobDir
@@ -91,7 +73,6 @@ def _down(args) -> int:
     return 0
 
 
-@_runtime
 def _iface(args) -> int:
     from raydist.slurm import netif
 
@@ -114,14 +95,12 @@ def _connection(args):
     return path, connection.read(path)
 
 
-@_runtime
 def _env(args) -> int:
     path, conn = _connection(args)
     print(conn.export_lines(path), end="")
     return 0
 
 
-@_runtime
 def _status(args) -> int:
     from raydist.slurm import api
 
