@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/sync_vs_torchrun.py --rounds 3 --workers 2
 
-Both run raydist.strategies.sync_ddp.run with gloo on CPU; only the launcher differs. `loop` is the
+Both run the shared loop (raydist.train.Trainer with SyncDDP) with gloo on CPU; only the launcher differs. `loop` is the
 steps/s the training loop measures itself (set-up excluded); `wall` is the whole command, start to exit.
 """
 

@@ -13,7 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from raydist.context import TorchrunContext  # noqa: E402
 from raydist.errors import exits_cleanly  # noqa: E402
 from raydist.launch import parse_job_args  # noqa: E402
-from raydist.strategies import sync_ddp  # noqa: E402
+from raydist.strategies.sync_ddp import SyncDDP  # noqa: E402
+from raydist.train import Trainer  # noqa: E402
 
 
 @exits_cleanly
@@ -21,7 +22,7 @@ def main() -> int:
     start = time.perf_counter()
     cfg = parse_job_args("sync", None, __doc__)
     ctx = TorchrunContext(cfg.run.run_dir)
-    last = sync_ddp.run(cfg, ctx)
+    last = Trainer(cfg, ctx, SyncDDP).fit()
     if ctx.rank == 0:
         print(json.dumps({"strategy": "torchrun-sync", "steps": last.get("step"), "wall_s": time.perf_counter() - start,
                           "test_accuracy": last.get("test_accuracy"), "steps_per_s": last.get("steps_per_s"),

@@ -5,27 +5,16 @@ Locally (each strategy's job starts a Ray instance of its own):
 On a Ray cluster (e.g. one booted by `sbatch cluster/ray_up.slurm`; `eval "$(raydist env)"` first):
     ray job submit --working-dir . -- python jobs/compare.py --set scaling.num_workers=3 --set run.storage_path=/shared/runs
 Writes results.json, results.md (the table) and plot.png (test accuracy and loss against wall-clock time) into
-compare.output_dir (default <run.storage_path>/<run.name>), prints the table, and ends with one JSON line.
+compare.output_dir (default <run.storage_path>/<run.name>), prints the table, writes summary.json there and prints it as its last line.
 """
 
-import json
 import sys
 from pathlib import Path
 
 # Under `ray job submit --working-dir .` the package travels as source, not installed.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from raydist.compare import compare  # noqa: E402
-from raydist.errors import exits_cleanly  # noqa: E402
-from raydist.launch import parse_job_args  # noqa: E402
-
-
-@exits_cleanly
-def main(argv=None) -> int:
-    cfg = parse_job_args("compare", argv, __doc__)
-    print(json.dumps(compare(cfg)), flush=True)
-    return 0
-
+from raydist.launch import job_main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(job_main("compare", doc=__doc__))

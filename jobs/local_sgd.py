@@ -5,7 +5,7 @@ Locally (starts a Ray instance of its own; CPU workers, gloo):
 On a Ray cluster (e.g. one booted by `sbatch cluster/ray_up.slurm`; `eval "$(raydist env)"` first):
     ray job submit --working-dir . -- python jobs/local_sgd.py --set scaling.num_workers=3
 Re-running with the same run.name and run.storage_path resumes from the latest checkpoint.
-Ends with one JSON line: strategy, steps, wall_s, test_accuracy, checkpoint, ..., bytes_per_worker, wait_s_per_worker.
+Writes <run.storage_path>/<run.name>/summary.json (fields: docs/strategies.md) and prints it as its last line.
 """
 
 import sys
@@ -15,7 +15,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from raydist.launch import job_main  # noqa: E402
-from raydist.strategies.local_sgd import STRATEGY, train_worker  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(job_main(STRATEGY, "local_sgd", train_worker, __doc__))
+    sys.exit(job_main("local_sgd", doc=__doc__))

@@ -1,4 +1,8 @@
-"""The driver side of a job: parse its command line, connect to Ray (local or a cluster), run the trainer, print the summary."""
+"""The driver side of every job: parse its command line, connect to Ray, run the strategy's driver, hand over the summary.
+
+    python -m raydist.launch <job> [--config FILE] [--set key=value] ...
+jobs/<job>.py are the same entry point with the job's name filled in.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +10,25 @@ import json
 import os
 import socket
 import sys
+import tempfile
 import time
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any
 
+from raydist import registry
 from raydist.cli import OneLineParser
 from raydist.config import Config, job_defaults, load_config
-from raydist.data import load_splits
-from raydist.errors import RaydistError, exits_cleanly
-from raydist.sharding import check_fits
+from raydist.errors import ConfigError, RaydistError, UsageError, exits_cleanly
+from raydist.summary import JobSummary
+
+
+@dataclass
+class Session:
+    """What a driver needs to know about how its job was started."""
+
+    job: str
+    started: float  # time.perf_counter() at the job's start: wall_s counts Ray start-up too
+    ray: str = ""  # 'local' or the cluster address, once connected
 
 
 def parse_job_args(job: str, argv: list[str] | None, doc: str | None = None) -> Config:
@@ -22,13 +37,24 @@ def parse_job_args(job: str, argv: list[str] | None, doc: str | None = None) -> 
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides", help="override one key, e.g. --set optim.lr=0.01 (repeatable)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     args = parser.parse_args(argv)
-    cfg = load_config(job_defaults(job), args.config, args.overrides)
+    cfg = load_config(job_defaults(job), args.config, args.overrides, job=job)
     if args.print_config:
         import yaml
 
         print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
         sys.exit(0)
     return cfg
+
+
+def prepare_ray_environment() -> None:
+    """Ray settings raydist relies on; each can still be overridden from the environment."""
+    os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+    # Ray Train holds one pending report per worker and drains it on each controller poll (2 s by
+    # default), so a report every epoch of a small model would stall training; poll faster instead
+    # (at 0.1 s the loop runs at 0.98x the steps/s of plain torchrun, 0.54x at 0.2 s; see benchmarks/).
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
+    # Without this Ray Train echoes every worker print a second time through its logger.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
 
 
 def connect(cfg: Config) -> str:
@@ -61,20 +87,42 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
     hostport = address.split("://", 1)[-1].rstrip("/")
     host, sep, port = hostport.rpartition(":")
     if not sep or not port.isdigit():
-        raise RaydistError(f"Ray address must be host:port or ray://host:port (got {address!r})")
+        raise UsageError(f"Ray address must be host:port or ray://host:port (got {address!r})")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except OSError as e:
         raise RaydistError(f"cannot reach Ray at {address}: {e.strerror or e}") from None
 
 
-def build_trainer(cfg: Config, train_fn: Callable[[dict[str, Any]], None]):
+def last_error_line(e: BaseException) -> str:
+    """The line of a (possibly wrapped) remote error that says what went wrong: the innermost cause's last."""
+    cause = e
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    lines = [ln for ln in str(cause).splitlines() if ln.strip()]
+    return lines[-1] if lines else type(cause).__name__
+
+
+# ---- strategies that run the shared loop on Ray Train ---------------------------------------------------------
+
+
+def train_worker(config: dict[str, Any]) -> None:
+    """Ray Train's train_loop_per_worker for every loop strategy: the registry names the `Strategy` class."""
+    from raydist.context import RayTrainContext
+    from raydist.train import Trainer
+
+    cfg = Config.from_dict(config["config"])
+    strategy = registry.get(config["strategy"]).load("worker")
+    Trainer(cfg, RayTrainContext(async_upload=cfg.checkpoint.async_upload), strategy).fit()
+
+
+def build_trainer(cfg: Config, spec: registry.StrategySpec):
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     return TorchTrainer(
-        train_loop_per_worker=train_fn,
-        train_loop_config=cfg.to_dict(),
+        train_loop_per_worker=train_worker,
+        train_loop_config={"config": cfg.to_dict(), "strategy": spec.name},
         scaling_config=ScalingConfig(
             num_workers=cfg.scaling.num_workers,
             use_gpu=cfg.scaling.use_gpu,
@@ -90,59 +138,77 @@ def build_trainer(cfg: Config, train_fn: Callable[[dict[str, Any]], None]):
     )
 
 
-def run_job(strategy: str, cfg: Config, train_fn: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-    """Fit on Ray and return the job's summary (the JSON line every job ends with)."""
-    os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
-    # Ray Train holds one pending report per worker and drains it on each controller poll (2 s by
-    # default), so a report every epoch of a small model would stall training; poll faster instead
-    # (at 0.1 s the loop runs at 0.98x the steps/s of plain torchrun, 0.54x at 0.2 s; see benchmarks/).
-    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
-    # Without this Ray Train echoes every worker print a second time through its logger.
-    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
-    start = time.perf_counter()
-    check_fits(cfg, len(load_splits(cfg.data).train))  # a bad batch size is exit 2 here, not a failed worker later
-    where = connect(cfg)
-    trainer = build_trainer(cfg, train_fn)
+def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session) -> JobSummary:
+    """Run a loop strategy on Ray Train; its summary comes from the final checkpoint's report."""
     from ray.train import TrainingFailedError
 
+    from raydist.data import load_splits
+    from raydist.sharding import check_fits
+
+    check_fits(cfg, len(load_splits(cfg.data).train))  # a bad batch size is exit 2 here, not a failed worker later
+    session.ray = connect(cfg)
+    trainer = build_trainer(cfg, spec)
     try:
         result = trainer.fit()
-    except TrainingFailedError as e:
+    except (TrainingFailedError, Exception) as e:  # the controller's own failures arrive as other types
         raise RaydistError(f"training failed: {last_error_line(e)}") from None
-    metrics = result.metrics or {}
-    return {
-        "strategy": strategy,
-        "run_name": cfg.run.name,
-        "ray": where,
-        "workers": cfg.scaling.num_workers,
-        "steps": metrics.get("step"),
-        "wall_s": round(time.perf_counter() - start, 3),
-        "test_accuracy": metrics.get("test_accuracy"),
-        "test_loss": metrics.get("test_loss"),
-        "final_loss": metrics.get("loss"),
-        "samples_per_s": metrics.get("samples_per_s"),
-        "steps_per_s": metrics.get("steps_per_s"),
-        "resumed_from_step": metrics.get("resumed_from_step"),
-        "checkpoint": result.checkpoint.path if result.checkpoint else None,
-        "metrics_file": os.path.join(cfg.run.run_dir, "metrics.jsonl"),
-        # A strategy's own summary fields (e.g. bytes_per_worker, wait_s_per_worker), from its final report.
-        **(metrics.get("summary_extra") or {}),
-    }
+    m = result.metrics or {}
+    comm = m.get("comm") or {}
+    total = m.get("total_steps")
+    return JobSummary(
+        strategy=spec.name, run_name=cfg.run.name, run_dir=cfg.run.run_dir, ray=session.ray,
+        workers=cfg.scaling.num_workers,
+        status="completed" if total is not None and m.get("step") == total else "stopped",
+        steps=m.get("step", 0), total_steps=total if total is not None else 0,
+        resumed_from_step=m.get("resumed_from_step"),
+        wall_s=round(time.perf_counter() - session.started, 3), train_time_s=m.get("train_time_s"),
+        test_accuracy=m.get("test_accuracy"), test_loss=m.get("test_loss"), final_loss=m.get("loss"),
+        samples_per_s=m.get("samples_per_s"), steps_per_s=m.get("steps_per_s"),
+        checkpoint=result.checkpoint.path if result.checkpoint else None,
+        metrics_file=os.path.join(cfg.run.run_dir, "metrics.jsonl"),
+        bytes_per_worker=comm.get("bytes_per_worker", []), wait_s_per_worker=comm.get("wait_s_per_worker", []),
+    )
 
 
-def last_error_line(e: BaseException) -> str:
-    """The line of a (possibly wrapped) remote error that says what went wrong: the innermost cause's last."""
-    cause = e
-    while cause.__cause__ is not None:
-        cause = cause.__cause__
-    lines = [ln for ln in str(cause).splitlines() if ln.strip()]
-    return lines[-1] if lines else type(cause).__name__
+# ---- every job ------------------------------------------------------------------------------------------------
+
+
+def check_writable(directory: str) -> None:
+    """Refuse, before Ray starts, a run directory this process cannot create or write (Ray would fail later,
+    with a traceback)."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".raydist-probe"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"run.storage_path: cannot write {directory}: {e.strerror or e}") from None
+
+
+def run_job(job: str, cfg: Config, started: float | None = None) -> Any:
+    """Run `job` (a registry name) on `cfg`; writes its summary.json and returns the summary."""
+    check_writable(cfg.run.run_dir)
+    prepare_ray_environment()
+    session = Session(job=job, started=time.perf_counter() if started is None else started)
+    spec = registry.get(job)
+    summary = spec.load("driver")(cfg, spec, session)
+    summary.write()
+    return summary
 
 
 @exits_cleanly
-def job_main(strategy: str, job: str, train_fn: Callable[[dict[str, Any]], None], doc: str | None = None,
-             argv: list[str] | None = None) -> int:
-    cfg = parse_job_args(job, argv, doc)
-    summary = run_job(strategy, cfg, train_fn)
-    print(json.dumps(summary), flush=True)
+def job_main(job: str, argv: list[str] | None = None, doc: str | None = None) -> int:
+    started = time.perf_counter()
+    if job not in registry.jobs():
+        raise UsageError(f"unknown job {job!r} (choose from {', '.join(registry.jobs())})")
+    cfg = parse_job_args(job, argv, doc or registry.get(job).summary)
+    summary = run_job(job, cfg, started)
+    print(json.dumps(summary.to_dict()), flush=True)
     return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
+        from raydist.errors import fail
+
+        fail(f"usage: python -m raydist.launch JOB [--config FILE] [--set KEY=VALUE]... (JOB: {', '.join(registry.jobs())})")
+    sys.exit(job_main(sys.argv[1], sys.argv[2:]))

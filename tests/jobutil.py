@@ -26,22 +26,24 @@ def run_job(job: str, *overrides: str, env: dict[str, str] | None = None, timeou
 
 
 def summary(proc: subprocess.CompletedProcess) -> dict:
-    """The job's closing JSON line; fails with the job's output tail when there is none."""
+    """The job's summary.json, which must equal its closing JSON line; fails with the job's output tail otherwise."""
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     last = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     assert last, f"no JSON summary\n{proc.stdout[-3000:]}"
-    return json.loads(last[-1])
+    line = json.loads(last[-1])
+    written = json.loads((Path(line["run_dir"]) / "summary.json").read_text())
+    assert written == line, (written, line)
+    return written
 
 
-def refusal(job: str, *args: str, timeout: float = 120, started: bool = False) -> str:
-    """Run a job that must fail with one `raydist: error:` line on stderr and exit 2; returns that line.
-
-    Unless it `started` (and printed progress), its stdout must be empty too.
+def refusal(job: str, *args: str, timeout: float = 120, started: bool = False, code: int = 2) -> str:
+    """Run a job that must fail with one `raydist: error:` line on stderr and exit `code` (2: bad input, 1: a
+    runtime failure); returns that line. Unless it `started` (and printed progress), its stdout must be empty too.
     """
     proc = subprocess.run([sys.executable, str(REPO / "jobs" / f"{job}.py"), *args], cwd=REPO, env=clean_env(),
                           capture_output=True, text=True, timeout=timeout)
     lines = proc.stderr.strip().splitlines()
     quiet = started or proc.stdout.strip() == ""
-    assert proc.returncode == 2 and quiet and len(lines) == 1, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert proc.returncode == code and quiet and len(lines) == 1, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
     assert lines[0].startswith("raydist: error:"), lines[0]
     return lines[0]

@@ -161,12 +161,12 @@ def test_reference_leaves_out_what_users_cannot_set():
     assert "`ports.block` | int >= 18 |" in reference_markdown(ClusterConfig)
 
 
-def test_unreachable_cluster_is_one_line_and_exit_2_within_seconds():
+def test_unreachable_cluster_is_a_runtime_failure_one_line_and_exit_1_within_seconds():
     from rayhead import free_ports
 
     (port,) = free_ports(1)  # nothing listens there
     proc = _run_sync("--set", f"run.address=127.0.0.1:{port}")
-    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.returncode == 1, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and f"cannot reach Ray at 127.0.0.1:{port}" in lines[0], proc.stderr[-2000:]
 

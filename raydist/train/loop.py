@@ -1,0 +1,219 @@
+"""The one worker-side training loop: every Ray Train strategy (sync DDP, local SGD, ...) runs this `Trainer`.
+
+The loop owns the run's shape: data shard, progress and resume, the report / evaluation / checkpoint schedule,
+metrics, the straggler hook, and the step boundary at which a run stops. A `Strategy` supplies only how the
+model is wrapped and what it exchanges, and when (its sync points).
+
+Everything collective happens at sync points, where every rank is at the same step: one small all-reduce
+carries the loss, rank 0's "time to report" vote and every rank's stop vote, so all ranks take the same
+decisions without clocks of their own. Sync DDP is at a sync point every step; local SGD every H steps.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from raydist.checkpoint import Progress, load_state, rng_state, save_state, set_rng_state
+from raydist.commstats import CommStats
+from raydist.config import Config
+from raydist.context import WorkerContext, new_checkpoint_dir
+from raydist.data import load_splits
+from raydist.evaluation import evaluate
+from raydist.metrics import MetricsLog, Throughput, progress_line
+from raydist.models import build_model
+from raydist.optim import build_optimizer, build_scheduler
+from raydist.seeding import reseed
+from raydist.sharding import total_steps as run_length, worker_shard
+from raydist.straggler import Straggler
+from raydist.train.step import compute_gradients
+from raydist.train.strategy import Strategy
+
+# Slots of the all-reduce every sync point runs.
+_LOSS_SUM, _LOSS_STEPS, _STEP_LOSS, _REPORT_VOTE, _STOP_VOTE = range(5)
+
+
+class Trainer:
+    """Train one strategy on this worker from the latest checkpoint to the configured step count."""
+
+    def __init__(self, cfg: Config, ctx: WorkerContext, strategy: type[Strategy]):
+        self.cfg, self.ctx = cfg, ctx
+        self.comm = CommStats()
+        torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
+        self.data = load_splits(cfg.data)
+        self.model = build_model(cfg.model, self.data).to(ctx.device)
+        self.strategy = strategy(cfg, ctx, self.comm)
+        self.forward_model = self.strategy.wrap(self.model)
+        self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
+        self.shard = worker_shard(self.data.train, cfg, ctx.rank, ctx.world_size, loader_seed=cfg.train.seed)
+        self.total_steps = run_length(cfg, self.shard.steps_per_epoch)
+        self.scheduler = build_scheduler(self.optimizer, self.total_steps, cfg.schedule)
+        self.progress = Progress()
+        self.resumed_from = self._restore()
+        self.last_checkpoint_step = self.progress.step
+        self.stop_requests: list[Callable[[], bool]] = []
+        """Polled on every rank at each sync point; if any is true on any rank, the run checkpoints there and stops."""
+        self._stopped = False
+        self.log = MetricsLog(cfg.run.run_dir, enabled=ctx.rank == 0)
+        self.speed = Throughput()
+        self.straggler = Straggler(cfg.straggler, ctx.rank)
+
+    # ---- resume ----------------------------------------------------------------------------------
+
+    def _restore(self) -> int | None:
+        """Load the latest checkpoint if the run has one; returns the step it resumes from, or None."""
+        with self.ctx.latest_checkpoint() as directory:
+            if directory is None:
+                return None
+            state = load_state(directory)
+        extra = state["extra"]
+        rank, same_world = self.ctx.rank, extra["world_size"] == self.ctx.world_size
+        if self.strategy.per_rank_state:  # each rank takes back its own; with another world size, rank 0's
+            mine = extra["per_rank"][rank if same_world else 0]
+            self.model.load_state_dict(mine["model"])
+            self.optimizer.load_state_dict(mine["optimizer"])
+        else:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.strategy.load_state_dict(extra.get("strategy", {}), same_world)
+        self.progress = state["progress"]
+        if same_world:
+            set_rng_state(state["rng_per_rank"][rank])
+        else:  # a different worker count changes the sample order anyway: only reseed
+            reseed(self.cfg.train.seed, rank, self.progress.step)
+        return self.progress.step
+
+    def _checkpoint(self, metrics: dict[str, Any]) -> None:
+        """Every rank calls it at the same sync point; rank 0 writes, then all report it to Ray Train together."""
+        W = self.ctx.world_size
+        mine: dict[str, Any] = {"rng": rng_state()}
+        if self.strategy.per_rank_state:
+            mine.update(model=self.model.state_dict(), optimizer=self.optimizer.state_dict())
+        every: list[Any] = [mine]
+        if dist.is_initialized() and W > 1:
+            every = [None] * W
+            dist.all_gather_object(every, mine)
+        directory = None
+        if self.ctx.rank == 0:
+            directory = new_checkpoint_dir()
+            extra = {"config": self.cfg.to_dict(), "world_size": W, "strategy_name": self.strategy.name,
+                     "strategy": self.strategy.state_dict()}
+            if self.strategy.per_rank_state:
+                extra["per_rank"] = [{"model": r["model"], "optimizer": r["optimizer"]} for r in every]
+            save_state(directory, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+                       progress=self.progress, rng_per_rank=[r["rng"] for r in every], extra=extra)
+        self.ctx.report(metrics, directory, self.progress.step)
+        self.last_checkpoint_step = self.progress.step
+
+    # ---- the loop ----------------------------------------------------------------------------------
+
+    def _finished(self) -> bool:
+        stop_at = self.cfg.train.stop_at_step
+        return self._stopped or self.progress.step >= self.total_steps or bool(stop_at and self.progress.step >= stop_at)
+
+    def _announce(self) -> None:
+        if self.ctx.rank != 0:
+            return
+        p, W = self.progress, self.ctx.world_size
+        where = f"resuming at step {p.step}" if self.resumed_from is not None else "starting"
+        backend = dist.get_backend() if dist.is_initialized() else "none"
+        global_batch = self.cfg.train.batch_size * self.cfg.train.grad_accum * W
+        extra = self.strategy.describe()
+        print(f"[raydist] {self.strategy.name}: {where}; {self.total_steps} steps, {self.shard.steps_per_epoch}/epoch, "
+              f"{W} workers, global batch {global_batch}, backend {backend}{'; ' + extra if extra else ''}", flush=True)
+
+    def fit(self) -> dict[str, Any]:
+        """Train to the end (or a stop); returns the last metrics reported."""
+        cfg, ctx, p, strategy = self.cfg, self.ctx, self.progress, self.strategy
+        self._announce()
+        accum, W = cfg.train.grad_accum, ctx.world_size
+        micro_per_epoch = self.shard.steps_per_epoch * accum
+        global_batch = cfg.train.batch_size * accum * W
+        clip = cfg.train.grad_clip if cfg.train.grad_clip > 0 else math.inf
+        every = cfg.checkpoint.every_steps
+        window = torch.zeros(2, device=ctx.device)  # loss sum and steps since the last report
+        eval_due = False
+        last_report = time.perf_counter()
+        last: dict[str, Any] = {}
+
+        for micro_batches in self.shard.steps(p, accum, self._finished):
+            t0 = time.perf_counter()
+            loss_sum = compute_gradients(self.forward_model, micro_batches, cfg, ctx.device, strategy.micro_step)
+            strategy.after_backward(p.step)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+            lr = self.scheduler.get_last_lr()[0]
+            self.optimizer.step()
+            self.scheduler.step()
+            strategy.zero_grad(self.optimizer)
+            self.straggler.after_step(p.step + 1, time.perf_counter() - t0)
+            p.step += 1
+            p.micro_in_epoch += accum
+            self.speed.add(global_batch)
+            strategy.after_step(p.step)
+            window += torch.stack([loss_sum.float(), torch.ones((), device=ctx.device)])
+            eval_due |= p.micro_in_epoch >= micro_per_epoch
+            at_end = p.step >= self.total_steps
+            stop_at = bool(cfg.train.stop_at_step and p.step >= cfg.train.stop_at_step)
+            record = {
+                "step": p.step,
+                "epoch": p.epoch,
+                "loss": loss_sum.item(),  # this rank's; replaced by the global loss where there is one
+                "grad_norm": grad_norm.item(),
+                "lr": lr,
+                "step_time_s": time.perf_counter() - t0,
+                "time_s": time.perf_counter() - self.speed.session_start,
+            }
+            if not strategy.is_sync_point(p.step, final=at_end or stop_at):
+                self.log.write(record)
+                continue
+
+            # A sync point: every rank is here, at this step.
+            votes = torch.zeros(5, device=ctx.device)
+            votes[_LOSS_SUM], votes[_LOSS_STEPS] = window[0], window[1]
+            votes[_STEP_LOSS] = loss_sum.float()
+            votes[_REPORT_VOTE] = float(ctx.rank == 0 and time.perf_counter() - last_report >= cfg.train.report_every_s)
+            votes[_STOP_VOTE] = float(any(request() for request in self.stop_requests))
+            with self.comm.waiting():  # where the others wait for a straggler
+                strategy.synchronize(final=at_end)
+                if dist.is_initialized() and W > 1:
+                    dist.all_reduce(votes)
+            if strategy.global_step_loss():
+                record["loss"] = votes[_STEP_LOSS].item() / W
+            self.log.write(record)
+            stopping = not at_end and (stop_at or votes[_STOP_VOTE].item() > 0)
+            self._stopped = stopping
+            checkpoint_due = p.step // every > self.last_checkpoint_step // every if every else eval_due
+            if not (votes[_REPORT_VOTE].item() > 0 or eval_due or checkpoint_due or at_end or stopping):
+                continue
+
+            last_report = time.perf_counter()
+            metrics = {**record, "loss": (votes[_LOSS_SUM] / votes[_LOSS_STEPS]).item(),
+                       "samples_per_s": self.speed.window_rate(), "strategy": strategy.name}
+            window.zero_()
+            if eval_due or at_end or stopping:
+                scores = evaluate(strategy.eval_model(final=at_end), self.data, cfg, ctx)
+                metrics.update(scores)
+                self.log.write({"eval_at_step": p.step, "time_s": record["time_s"], **scores})
+                eval_due = False
+            if at_end or stopping:
+                metrics["comm"] = self.comm.gather(W)
+                metrics["total_steps"] = self.total_steps
+            if self.resumed_from is not None:
+                metrics["resumed_from_step"] = self.resumed_from
+            metrics.update(self.speed.session())
+            if ctx.rank == 0:
+                print(progress_line(metrics), flush=True)
+            if checkpoint_due or at_end or stopping:
+                self._checkpoint(metrics)
+            else:
+                ctx.report(metrics, None, p.step)
+            last = metrics
+        # A run resumed at its very end takes no step and reports nothing: its last checkpoint already holds the
+        # final metrics, which Ray Train returns as the result.
+        self.log.close()
+        return last

@@ -1,0 +1,73 @@
+"""What a data-parallel strategy supplies to the shared training loop: only what differs between strategies.
+
+The loop (raydist/train/loop.py) owns everything else: data, progress, resume, the report / evaluation /
+checkpoint schedule, metrics, the straggler hook and the step boundary where a run can be stopped.
+The base class is the plainest strategy: one model, no communication.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from raydist.commstats import CommStats
+from raydist.config import Config
+from raydist.context import WorkerContext
+
+
+class Strategy:
+    name = "base"
+    per_rank_state = False
+    """True when ranks' models and optimizers differ between sync points: the checkpoint then keeps each rank's."""
+
+    def __init__(self, cfg: Config, ctx: WorkerContext, comm: CommStats):
+        self.cfg, self.ctx, self.comm = cfg, ctx, comm
+        self.world_size = ctx.world_size
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Prepare the (already seeded, on-device) model; returns the module the forward pass runs through."""
+        self.model = model
+        return model
+
+    def micro_step(self, last: bool) -> contextlib.AbstractContextManager:
+        """Context of one micro-batch's forward and backward; `last` is the step's final micro-batch."""
+        return contextlib.nullcontext()
+
+    def after_backward(self, step: int) -> None:
+        """Gradients of step `step` (0-based) are complete on this rank; runs before clipping and the optimizer."""
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.zero_grad(set_to_none=True)
+
+    def after_step(self, step: int) -> None:
+        """The optimizer has taken step `step` (1-based) on this rank."""
+
+    def is_sync_point(self, step: int, final: bool) -> bool:
+        """May every rank meet here? Collectives (reports, evaluation, checkpoints, stop votes) run only at sync
+        points, and every rank must answer the same for the same step. `final`: the run ends at this step."""
+        return True
+
+    def synchronize(self, final: bool) -> None:
+        """At a sync point, before the loop's own collective: the strategy's exchange (e.g. averaging)."""
+
+    def global_step_loss(self) -> bool:
+        """Whether the loss all-reduced at this sync point is the model's loss for this step (sync) rather than
+        a mix of diverged local models."""
+        return True
+
+    def eval_model(self, final: bool) -> torch.nn.Module:
+        """The model evaluation scores; every rank calls it at the same sync point."""
+        return self.model
+
+    def state_dict(self) -> dict[str, Any]:
+        """The strategy's own state to checkpoint (rank 0's; ranks agree on it at sync points)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any], same_world: bool) -> None:
+        """Restore `state_dict()`; `same_world` is False when the worker count changed since the checkpoint."""
+
+    def describe(self) -> str:
+        """Extra words for the start line, e.g. the averaging period."""
+        return ""

@@ -1,0 +1,82 @@
+"""The strategy registry: every entry is runnable, every job starts the same way, exit statuses mean one thing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from jobutil import REPO, clean_env
+from raydist import registry
+from raydist.config import Config, job_defaults, load_config
+from raydist.train import Strategy
+
+
+@pytest.mark.parametrize("name", registry.jobs())
+def test_every_job_has_a_driver_a_script_and_valid_defaults(name):
+    spec = registry.get(name)
+    assert callable(spec.load("driver"))
+    if spec.worker:
+        assert issubclass(spec.load("worker"), Strategy) and spec.load("worker").name == name
+    assert (REPO / "jobs" / f"{name}.py").is_file()
+    cfg = load_config(job_defaults(name), job=name)
+    assert cfg.run.name == f"{name}-{cfg.data.name}"
+
+
+def test_compare_accepts_exactly_the_registered_strategies():
+    cfg = load_config(None, [], [f"compare.strategies={','.join(registry.names())}"])
+    assert cfg.compare.strategy_list == registry.names()
+
+
+def test_job_yamls_hold_only_what_differs_from_the_defaults():
+    import yaml
+
+    defaults = Config().to_dict()
+    for path in registry.CONFIG_DIR.glob("*.yaml"):
+        assert path.stem in registry.jobs(), f"{path.name} belongs to no job"
+        for section, keys in (yaml.safe_load(path.read_text()) or {}).items():
+            for key, value in keys.items():
+                assert defaults[section][key] != value, f"{path.name}: {section}.{key} repeats the default"
+
+
+def _launch(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "raydist.launch", *args], cwd=REPO, env=clean_env(),
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args, names", [(["fedavg"], "unknown job 'fedavg'"), ([], "usage"),
+                                         (["sync", "--set", "train.epochs=0"], "train.epochs")])
+def test_bad_input_is_one_line_and_exit_2(args, names):
+    proc = _launch(*args)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and names in lines[0], proc.stderr
+    assert proc.stdout == ""
+
+
+def test_an_unwritable_storage_path_is_refused_before_ray_starts(tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    proc = _launch("sync", "--set", f"run.storage_path={blocker}")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "run.storage_path: cannot write" in lines[0], proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_training_failure_is_one_line_and_exit_1(tmp_path):
+    from jobutil import run_job, summary
+
+    common = [f"run.storage_path={tmp_path}", "run.name=torn", "train.max_steps=4"]
+    stopped = summary(run_job("sync", *common, "train.stop_at_step=2"))
+    (tmp_path / "torn" / "checkpoint_step00000002" / "train_state.pt").write_bytes(b"torn")  # a damaged checkpoint
+    proc = run_job("sync", *common, "scaling.max_failures=0")
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("raydist: error:")]
+    assert proc.returncode == 1 and len(lines) == 1 and "training failed" in lines[0], proc.stderr[-3000:]
+    assert stopped["checkpoint"].endswith("checkpoint_step00000002")
+
+
+def test_docs_summary_field_table_matches_the_dataclass():
+    from raydist.summary import fields_markdown
+
+    docs = (REPO / "docs" / "strategies.md").read_text()
+    assert fields_markdown() in docs, "docs/strategies.md's summary table is stale: paste `python -m raydist.summary`"
