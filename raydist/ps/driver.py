@@ -3,27 +3,27 @@
 from __future__ import annotations
 
 import glob
-import json
 import os
 import shutil
 import time
 from collections import Counter
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
-from raydist import sharding
+from raydist import registry, sharding
 from raydist.commstats import per_worker_summary
 from raydist.config import Config
-from raydist.data import Splits, load_splits
-from raydist.errors import ConfigError, RaydistError, exits_cleanly
+from raydist.data import load_splits
+from raydist.errors import ConfigError, RaydistError, UsageError
 from raydist.evaluation import evaluate
 from raydist.flat import as_tensor, flatten_, slice_bounds
-from raydist.launch import connect, last_error_line, parse_job_args
 from raydist.metrics import MetricsLog
 from raydist.models import build_model
-from raydist.sharding import check_fits
+from raydist.ps.messages import Drained, PullReply, WorkerReport
+from raydist.summary import JobSummary
 
 STRATEGY = "async"
 STATE_FILE = "ps_state.pt"
@@ -53,10 +53,33 @@ def _save(run_dir: str, steps: int, state: dict[str, Any], keep: int) -> str:
     return directory
 
 
+@dataclass(frozen=True)
+class Budget:
+    """The run's length in steps; a step is one worker's gradient update, so the sample budget matches sync DDP's,
+    where one step takes a batch from every worker."""
+
+    total: int
+    """Steps the whole run takes (the LR schedule spans them)."""
+    session: int
+    """Steps shard 0 grants in this session: `total`, or fewer when the run stops early (train.stop_at_step)."""
+    per_epoch: int
+    """An epoch's worth of steps, spread over the workers: the evaluation period."""
+    checkpoint_every: int
+
+    @classmethod
+    def of(cls, cfg: Config, num_train: int) -> "Budget":
+        W = cfg.scaling.num_workers
+        per_worker_epoch = sharding.steps_per_epoch(num_train, W, cfg.train.batch_size)  # as sync's, per worker
+        total = W * (cfg.train.max_steps or cfg.train.epochs * per_worker_epoch)
+        session = min(total, cfg.train.stop_at_step) if cfg.train.stop_at_step else total
+        per_epoch = W * per_worker_epoch
+        return cls(total, session, per_epoch, cfg.checkpoint.every_steps or per_epoch)
+
+
 class _Evaluator:
     """Scores the servers' current parameters on the test split, here in the driver."""
 
-    def __init__(self, cfg: Config, data: Splits):
+    def __init__(self, cfg: Config, data):
         self.cfg, self.data = cfg, data
         self.model = build_model(cfg.model, data)
         self.params, _ = flatten_(self.model)
@@ -65,85 +88,79 @@ class _Evaluator:
     def __call__(self, shards: list, bounds: list[tuple[int, int]]) -> dict[str, float]:
         import ray
 
-        for (a, b), (_, array, _, _) in zip(bounds, ray.get([s.pull.remote() for s in shards])):
-            self.params[a:b].copy_(as_tensor(array))
+        replies: list[PullReply] = ray.get([s.pull.remote() for s in shards])
+        for (a, b), reply in zip(bounds, replies):
+            self.params[a:b].copy_(as_tensor(reply.params))
         return evaluate(self.model, self.data, self.cfg, self.ctx)
 
 
-def _check_resources(cfg: Config) -> None:
-    import ray
+class AsyncPSRun:
+    """One session of an async PS run: check, place, restore, train to the session's budget, checkpoint, summarise."""
 
-    need = cfg.scaling.num_workers * cfg.scaling.cpus_per_worker + cfg.async_ps.num_servers * cfg.async_ps.cpus_per_server
-    have = ray.cluster_resources().get("CPU", 0)
-    if need > have:
-        raise RaydistError(
-            f"the async job needs {need:g} CPUs (scaling.num_workers x scaling.cpus_per_worker + async_ps.num_servers x "
-            f"async_ps.cpus_per_server) but the Ray cluster has {have:g}"
-        )
-    if cfg.scaling.use_gpu and ray.cluster_resources().get("GPU", 0) < cfg.scaling.num_workers:
-        raise RaydistError(f"scaling.use_gpu needs {cfg.scaling.num_workers} GPUs; the Ray cluster has "
-                           f"{ray.cluster_resources().get('GPU', 0):g}")
+    def __init__(self, cfg: Config, ray_address: str = "local", started: float | None = None):
+        self.cfg, self.ray_address = cfg, ray_address
+        self.started = time.perf_counter() if started is None else started
+        K = cfg.async_ps.num_servers
+        if cfg.train.grad_accum != 1:
+            raise ConfigError("train.grad_accum: the async PS pushes every batch's gradient as it comes; set it to 1")
+        self.data = load_splits(cfg.data)
+        sharding.check_fits(cfg, len(self.data.train))
+        torch.manual_seed(cfg.train.seed)  # the same initial weights as sync DDP's
+        self.init, _ = flatten_(build_model(cfg.model, self.data))
+        if K > self.init.numel():
+            raise ConfigError(f"async_ps.num_servers={K} exceeds the model's {self.init.numel()} parameters")
+        self.bounds = slice_bounds(self.init.numel(), K)
+        self.budget = Budget.of(cfg, len(self.data.train))
+        self.resume_dir = latest_checkpoint(cfg.run.run_dir)
+        self.resumed: dict[str, Any] | None = None
+        if self.resume_dir:
+            self.resumed = torch.load(os.path.join(self.resume_dir, STATE_FILE), map_location="cpu", weights_only=False)
+            if len(self.resumed["shards"]) != K:
+                raise UsageError(f"{self.resume_dir} holds {len(self.resumed['shards'])} server shards but "
+                                 f"async_ps.num_servers={K}: keep the shard count or use a new run.name")
+        self.steps = self.last_checkpoint_at = self.resumed["steps"] if self.resumed else 0
+        self.window: list[dict[str, Any]] = []  # update records since the last progress line
+        self.last_losses: list[float] = []  # the newest loss of up to one step per worker
+        self.scores = {"test_loss": float("nan"), "test_accuracy": float("nan")}
 
+    # ---- placing the actors ------------------------------------------------------------------------
 
-def train(cfg: Config, where: str = "local", start: float | None = None) -> dict[str, Any]:
-    """Run Downpour SGD to the sample budget (or train.stop_at_step) on the connected Ray cluster; returns the summary.
+    def _check_resources(self) -> None:
+        import ray
 
-    `start` (a perf_counter reading) is when the job began, so wall_s counts connecting to Ray as sync's does.
-    """
-    import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        cfg = self.cfg
+        need = cfg.scaling.num_workers * cfg.scaling.cpus_per_worker + cfg.async_ps.num_servers * cfg.async_ps.cpus_per_server
+        have = ray.cluster_resources().get("CPU", 0)
+        if need > have:
+            raise UsageError(
+                f"the async job needs {need:g} CPUs (scaling.num_workers x scaling.cpus_per_worker + async_ps.num_servers"
+                f" x async_ps.cpus_per_server) but the Ray cluster has {have:g}")
+        gpus = ray.cluster_resources().get("GPU", 0)
+        if cfg.scaling.use_gpu and gpus < cfg.scaling.num_workers:
+            raise UsageError(f"scaling.use_gpu needs {cfg.scaling.num_workers} GPUs; the Ray cluster has {gpus:g}")
 
-    from raydist.ps.gate import StalenessGate
-    from raydist.ps.server import ParameterShard
-    from raydist.ps.worker import DownpourWorker
+    def _start_actors(self, pg, actors: list) -> tuple[list, list, dict[int, int]]:
+        """Server shards (restored when resuming), the staleness gate if any, and workers; returns (shards,
+        workers, each worker's completed steps)."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    start = time.perf_counter() if start is None else start
-    W, K, ps = cfg.scaling.num_workers, cfg.async_ps.num_servers, cfg.async_ps
-    data = load_splits(cfg.data)
-    torch.manual_seed(cfg.train.seed)  # the same initial weights as sync DDP's
-    init, _ = flatten_(build_model(cfg.model, data))
-    if K > init.numel():
-        raise RaydistError(f"async_ps.num_servers={K} exceeds the model's {init.numel()} parameters")
-    bounds = slice_bounds(init.numel(), K)
-    if cfg.train.grad_accum != 1:
-        raise ConfigError("train.grad_accum: the async PS pushes every batch's gradient as it comes; set it to 1")
-    check_fits(cfg, len(data.train))
-    steps_per_epoch = sharding.steps_per_epoch(len(data.train), W, cfg.train.batch_size)  # per worker, as sync's
-    # The same sample budget as sync DDP: there a step takes one batch from every worker, here one worker's.
-    budget = W * (cfg.train.max_steps or cfg.train.epochs * steps_per_epoch)
-    grant_limit = min(budget, cfg.train.stop_at_step) if cfg.train.stop_at_step else budget
-    epoch_steps = W * steps_per_epoch  # an epoch's worth of samples, spread over the workers
-    ckpt_every = cfg.checkpoint.every_steps or epoch_steps
-    config = cfg.to_dict()
+        from raydist.ps.gate import StalenessGate
+        from raydist.ps.server import ParameterShard
+        from raydist.ps.worker import DownpourWorker
 
-    resume_dir = latest_checkpoint(cfg.run.run_dir)
-    resumed = None
-    if resume_dir:
-        resumed = torch.load(os.path.join(resume_dir, STATE_FILE), map_location="cpu", weights_only=False)
-        if len(resumed["shards"]) != K:
-            raise RaydistError(f"{resume_dir} holds {len(resumed['shards'])} server shards but async_ps.num_servers={K}: "
-                               f"keep the shard count or use a new run.name")
-    _check_resources(cfg)
-
-    # One bundle per worker, spread over the nodes as far as the cluster allows.
-    pg = placement_group([{"CPU": cfg.scaling.cpus_per_worker, **({"GPU": 1} if cfg.scaling.use_gpu else {})}] * W,
-                         strategy="SPREAD")
-    actors: list = []
-    try:
-        try:
-            ray.get(pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
-        except ray.exceptions.GetTimeoutError:
-            raise RaydistError(f"could not place {W} workers within {PLACEMENT_TIMEOUT_S} s (free CPUs/GPUs?)") from None
+        cfg, ps, W = self.cfg, self.cfg.async_ps, self.cfg.scaling.num_workers
+        config = cfg.to_dict()
         Shard = ray.remote(ParameterShard).options(num_cpus=ps.cpus_per_server)
-        shards = [Shard.remote(i, init[a:b].numpy(), config, budget, grant_limit) for i, (a, b) in enumerate(bounds)]
+        shards = [Shard.remote(i, self.init[a:b].numpy(), config, self.budget.total, self.budget.session)
+                  for i, (a, b) in enumerate(self.bounds)]
         actors += shards
         done: dict[int, int] = {}
-        if resumed:
-            done = {int(k): v for k, v in resumed["shards"][0]["done"].items()}
-            if resumed["workers"] != W:  # other shards of the data now: each worker starts at the average position
+        if self.resumed:
+            done = {int(k): v for k, v in self.resumed["shards"][0]["done"].items()}
+            if self.resumed["workers"] != W:  # other shards of the data now: each worker starts at the average position
                 done = {k: sum(done.values()) // W for k in range(W)}
-            ray.get([s.load_state_dict.remote(st, done) for s, st in zip(shards, resumed["shards"])])
+            ray.get([s.load_state_dict.remote(st, done) for s, st in zip(shards, self.resumed["shards"])])
         gate = None
         if ps.on_stale == "wait" and ps.max_staleness >= 0:
             gate = ray.remote(StalenessGate).options(num_cpus=0).remote(ps.max_staleness)
@@ -152,124 +169,147 @@ def train(cfg: Config, where: str = "local", start: float | None = None) -> dict
             ray.remote(DownpourWorker).options(
                 num_cpus=cfg.scaling.cpus_per_worker, num_gpus=1 if cfg.scaling.use_gpu else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=k),
-            ).remote(config, k, W, shards, bounds, gate)
+            ).remote(config, k, W, shards, self.bounds, gate)
             for k in range(W)
         ]
         actors += workers
         ray.get([w.__ray_ready__.remote() for w in workers])  # data loaded: start the clock together
-        return _watch(cfg, where, start, shards, bounds, workers, data, budget, epoch_steps, ckpt_every, done,
-                      resumed["steps"] if resumed else None)
-    finally:
-        for actor in actors:
-            ray.kill(actor)
-        remove_placement_group(pg)
+        return shards, workers, done
 
+    def run(self) -> JobSummary:
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
 
-def _watch(cfg: Config, where: str, start: float, shards: list, bounds: list, workers: list, data: Splits, budget: int,
-           epoch_steps: int, ckpt_every: int, done: dict[int, int], resumed_from: int | None) -> dict[str, Any]:
-    """Start the workers, then until they finish: log their steps, evaluate every epoch's worth of steps (as sync
-    does at its epoch ends), print progress about every train.report_every_s, checkpoint every interval."""
-    import ray
+        from raydist.launch import last_error_line
 
-    log = MetricsLog(cfg.run.run_dir, enabled=True)
-    score = _Evaluator(cfg, data)
-    t0 = time.time()
-    runs = [w.run.remote(done.get(k, 0), t0) for k, w in enumerate(workers)]
-    steps = last_ckpt_at = resumed_from or 0
-    window: list[dict[str, Any]] = []  # update records since the last progress line
-    last_losses: list[float] = []
+        self._check_resources()
+        W = self.cfg.scaling.num_workers
+        # One bundle per worker, spread over the nodes as far as the cluster allows.
+        bundle = {"CPU": self.cfg.scaling.cpus_per_worker, **({"GPU": 1} if self.cfg.scaling.use_gpu else {})}
+        pg = placement_group([bundle] * W, strategy="SPREAD")
+        actors: list = []
+        try:
+            try:
+                ray.get(pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
+            except ray.exceptions.GetTimeoutError:
+                raise RaydistError(f"could not place {W} workers within {PLACEMENT_TIMEOUT_S} s (free CPUs/GPUs?)") from None
+            self.shards, workers, done = self._start_actors(pg, actors)
+            try:
+                reports = self._watch(workers, done)
+            except ray.exceptions.RayError as e:
+                raise RaydistError(f"training failed: {last_error_line(e)}") from None
+            return self._finish(reports)
+        finally:
+            for actor in actors:
+                ray.kill(actor)
+            remove_placement_group(pg)
 
-    def collect() -> None:
-        nonlocal steps, last_losses
-        records, steps = ray.get(shards[0].drain.remote())
-        for r in records:
-            log.write(r)
-        window.extend(records)
-        last_losses = ([r["loss"] for r in records] + last_losses)[: len(workers)] if records else last_losses
+    # ---- watching the run --------------------------------------------------------------------------
 
-    def checkpoint_now() -> str:
-        nonlocal last_ckpt_at
-        states = ray.get([s.state_dict.remote() for s in shards])
-        last_ckpt_at = sum(states[0]["done"].values())  # shard 0's count of each worker's steps: where data resumes
-        return _save(cfg.run.run_dir, last_ckpt_at, {"shards": states, "workers": len(workers), "steps": last_ckpt_at,
-                                                     "config": cfg.to_dict()}, cfg.checkpoint.keep)
+    def _watch(self, workers: list, done: dict[int, int]) -> list[WorkerReport]:
+        """Start the workers, then until they finish: log their steps, evaluate every epoch's worth of steps (as
+        sync does at its epoch ends), print progress about every train.report_every_s, checkpoint every interval."""
+        import ray
 
-    def evaluate_now() -> dict[str, float]:
-        scores = score(shards, bounds)
-        log.write({"eval_at_step": steps, "time_s": time.time() - t0, **scores})
-        return scores
-
-    def report(scores: dict[str, float], final: bool) -> None:
-        applied = [r["staleness"] for r in window if "step" in r]
-        loss = f"{sum(r['loss'] for r in window) / len(window):.4g}" if window else "-"
-        print(f"[raydist] async: step {steps}/{budget} loss {loss} "
-              f"staleness {sum(applied) / max(1, len(applied)):.3g} test_loss {scores['test_loss']:.4g} "
-              f"test_accuracy {scores['test_accuracy']:.4g}{' (final)' if final else ''}", flush=True)
-        window.clear()
-
-    scores = {"test_loss": float("nan"), "test_accuracy": float("nan")}
-    evaluated_at, reported = steps, time.perf_counter()
-    try:
+        cfg = self.cfg
+        self.log = MetricsLog(cfg.run.run_dir, enabled=True)
+        self.evaluator = _Evaluator(cfg, self.data)
+        self.t0 = time.time()
+        runs = [w.run.remote(done.get(k, 0), self.t0) for k, w in enumerate(workers)]
+        evaluated_at, reported = self.steps, time.perf_counter()
         pending = list(runs)
         while pending:
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
             ray.get(ready)  # a failed worker fails the run now, not when the others are done
-            collect()
+            self._collect()
             if not pending:
                 break
-            if steps // epoch_steps > evaluated_at // epoch_steps:
-                scores, evaluated_at = evaluate_now(), steps
+            if self.steps // self.budget.per_epoch > evaluated_at // self.budget.per_epoch:
+                self._evaluate()
+                evaluated_at = self.steps
             if time.perf_counter() - reported >= cfg.train.report_every_s:
-                report(scores, final=False)
+                self._print_progress(final=False)
                 reported = time.perf_counter()
-            if steps - last_ckpt_at >= ckpt_every:
-                checkpoint_now()
-        per_worker = ray.get(runs)
-    except ray.exceptions.RayError as e:
-        raise RaydistError(f"training failed: {last_error_line(e)}") from None
-    train_time = time.time() - t0
-    collect()
-    scores = evaluate_now()
-    report(scores, final=True)
-    checkpoint = checkpoint_now()
-    log.close()
+            if self.steps - self.last_checkpoint_at >= self.budget.checkpoint_every:
+                self._checkpoint()
+        self.train_time_s = time.time() - self.t0
+        return ray.get(runs)
 
-    staleness: Counter = Counter()
-    dropped = 0
-    for st in ray.get([s.stats.remote() for s in shards]):
-        staleness.update({int(k): v for k, v in st["staleness"].items()})
-        dropped += st["dropped"]
-    updates = sum(staleness.values())
-    samples = sum(w["samples"] for w in per_worker)
-    return {
-        "strategy": STRATEGY,
-        "run_name": cfg.run.name,
-        "ray": where,
-        "workers": len(workers),
-        "steps": steps,
-        "wall_s": round(time.perf_counter() - start, 3),
-        "test_accuracy": scores["test_accuracy"],
-        "test_loss": scores["test_loss"],
-        "final_loss": sum(last_losses) / len(last_losses) if last_losses else None,
-        "samples_per_s": samples / train_time,
-        "steps_per_s": sum(w["steps"] for w in per_worker) / train_time,
-        "resumed_from_step": resumed_from,
-        "checkpoint": checkpoint,
-        "metrics_file": log.path,
-        "servers": len(shards),
-        "staleness_mean": sum(k * v for k, v in staleness.items()) / updates if updates else 0.0,
-        "staleness_max": max(staleness, default=0),
-        "dropped": dropped,
-        "steps_per_worker": [w["steps"] for w in per_worker],
-        **per_worker_summary(per_worker),
-    }
+    def _collect(self) -> None:
+        import ray
+
+        drained: Drained = ray.get(self.shards[0].drain.remote())
+        self.steps = drained.steps_done
+        for r in drained.records:
+            self.log.write(r)
+        self.window.extend(drained.records)
+        if drained.records:
+            self.last_losses = ([r["loss"] for r in drained.records] + self.last_losses)[: self.cfg.scaling.num_workers]
+
+    def _evaluate(self) -> None:
+        self.scores = self.evaluator(self.shards, self.bounds)
+        self.log.write({"eval_at_step": self.steps, "time_s": time.time() - self.t0, **self.scores})
+
+    def _checkpoint(self) -> str:
+        import ray
+
+        states = ray.get([s.state_dict.remote() for s in self.shards])
+        self.last_checkpoint_at = sum(states[0]["done"].values())  # shard 0's count of each worker's steps: where data resumes
+        state = {"shards": states, "workers": self.cfg.scaling.num_workers, "steps": self.last_checkpoint_at,
+                 "config": self.cfg.to_dict()}
+        return _save(self.cfg.run.run_dir, self.last_checkpoint_at, state, self.cfg.checkpoint.keep)
+
+    def _print_progress(self, final: bool) -> None:
+        applied = [r["staleness"] for r in self.window if "step" in r]
+        loss = f"{sum(r['loss'] for r in self.window) / len(self.window):.4g}" if self.window else "-"
+        print(f"[raydist] async: step {self.steps}/{self.budget.total} loss {loss} "
+              f"staleness {sum(applied) / max(1, len(applied)):.3g} test_loss {self.scores['test_loss']:.4g} "
+              f"test_accuracy {self.scores['test_accuracy']:.4g}{' (final)' if final else ''}", flush=True)
+        self.window.clear()
+
+    def _finish(self, reports: list[WorkerReport]) -> JobSummary:
+        import ray
+
+        self._collect()
+        self._evaluate()
+        self._print_progress(final=True)
+        checkpoint = self._checkpoint()
+        self.log.close()
+        staleness: Counter = Counter()
+        dropped = 0
+        for st in ray.get([s.stats.remote() for s in self.shards]):
+            staleness.update({int(k): v for k, v in st["staleness"].items()})
+            dropped += st["dropped"]
+        updates = sum(staleness.values())
+        cfg = self.cfg
+        return JobSummary(
+            strategy=STRATEGY, run_name=cfg.run.name, run_dir=cfg.run.run_dir, ray=self.ray_address,
+            workers=len(reports), status="completed" if self.steps >= self.budget.total else "stopped",
+            steps=self.steps, total_steps=self.budget.total,
+            resumed_from_step=self.resumed["steps"] if self.resumed else None,
+            wall_s=round(time.perf_counter() - self.started, 3), train_time_s=self.train_time_s,
+            test_accuracy=self.scores["test_accuracy"], test_loss=self.scores["test_loss"],
+            final_loss=sum(self.last_losses) / len(self.last_losses) if self.last_losses else None,
+            samples_per_s=sum(r.samples for r in reports) / self.train_time_s,
+            steps_per_s=sum(r.steps for r in reports) / self.train_time_s,
+            checkpoint=checkpoint, metrics_file=self.log.path,
+            **per_worker_summary([{"bytes": r.bytes, "wait_s": r.wait_s} for r in reports]),
+            servers=len(self.shards),
+            staleness_mean=sum(k * v for k, v in staleness.items()) / updates if updates else 0.0,
+            staleness_max=max(staleness, default=0), dropped=dropped,
+            steps_per_worker=[r.steps for r in reports],
+        )
 
 
-@exits_cleanly
-def main(doc: str | None = None, argv: list[str] | None = None) -> int:
+def train(cfg: Config, ray_address: str = "local", started: float | None = None) -> JobSummary:
+    """One session on the already connected Ray (tests call this directly)."""
+    return AsyncPSRun(cfg, ray_address, started).run()
 
-    cfg = parse_job_args("async", argv, doc)
-    start = time.perf_counter()
-    where = connect(cfg)
-    print(json.dumps(train(cfg, where, start)), flush=True)
-    return 0
+
+def run(cfg: Config, spec: registry.StrategySpec, session) -> JobSummary:
+    """The registry's driver: everything checkable is checked before Ray starts."""
+    from raydist.launch import connect
+
+    job = AsyncPSRun(cfg, started=session.started)
+    job.ray_address = session.ray = connect(cfg)
+    return job.run()

@@ -15,12 +15,15 @@ import torch
 from raydist.config import Config
 from raydist.flat import as_tensor
 from raydist.optim import build_optimizer, lr_factor
+from raydist.ps.messages import Drained, PullReply
 
 
 class ParameterShard:
     """Applies each gradient as it arrives (Downpour); a plain actor, so calls run one at a time in arrival order."""
 
-    def __init__(self, index: int, init: np.ndarray, config: dict[str, Any], total_updates: int, budget: int):
+    def __init__(self, index: int, init: np.ndarray, config: dict[str, Any], schedule_steps: int, grant_limit: int):
+        """`schedule_steps`: the run's length in updates, which the LR schedule spans; `grant_limit`: the steps
+        shard 0 may grant in this session (the run's length, or less when the run stops early)."""
         torch.set_num_threads(1)
         cfg = Config.from_dict(config)
         self.index = index
@@ -28,7 +31,7 @@ class ParameterShard:
         self.optimizer = build_optimizer([self.param], cfg.optim)
         self.base_lr = cfg.optim.lr
         self.schedule = cfg.schedule
-        self.total_updates = total_updates
+        self.schedule_steps = schedule_steps
         ps = cfg.async_ps
         # The server enforces the bound only for `drop`; `wait` is enforced before the gradient exists (gate.py).
         self.drop_past = ps.max_staleness if ps.on_stale == "drop" else -1
@@ -37,13 +40,13 @@ class ParameterShard:
         self.staleness = Counter()  # staleness -> updates applied with it
         self.dropped = 0
         # shard 0 only
-        self.budget = budget
+        self.grant_limit = grant_limit
         self.granted = 0
         self.done = Counter()  # worker rank -> its steps this shard has received (applied or dropped)
         self.records: list[dict[str, Any]] = []
 
     def lr(self) -> float:
-        return self.base_lr * lr_factor(self.version, self.total_updates, self.schedule)
+        return self.base_lr * lr_factor(self.version, self.schedule_steps, self.schedule)
 
     def push(self, grad: np.ndarray, base_version: int, worker: int, meta: dict[str, Any] | None = None) -> bool:
         """Apply one gradient computed on parameters of version `base_version`; False if dropped as too stale."""
@@ -68,22 +71,22 @@ class ParameterShard:
             self.records.append(record)
         return applied
 
-    def pull(self, want: int = 0) -> tuple[int, np.ndarray, int, float]:
-        """(version, parameters, steps granted, current lr); shard 0 grants up to `want` more steps of the budget.
+    def pull(self, want: int = 0) -> PullReply:
+        """This slice now; shard 0 also grants up to `want` more steps of the session's budget.
 
         The array is a view of the live parameters: Ray serializes it when this call returns, before the
         actor runs the next one, so the caller gets a consistent snapshot with a single copy.
         """
         granted = 0
         if want:
-            granted = max(0, min(want, self.budget - self.granted))
+            granted = max(0, min(want, self.grant_limit - self.granted))
             self.granted += granted
-        return self.version, self.param.detach().numpy(), granted, self.lr()
+        return PullReply(self.version, self.param.detach().numpy(), granted, self.lr())
 
-    def drain(self) -> tuple[list[dict[str, Any]], int]:
+    def drain(self) -> Drained:
         """Shard 0: the update records since the last call, and the steps done in total."""
         records, self.records = self.records, []
-        return records, sum(self.done.values())
+        return Drained(records, sum(self.done.values()))
 
     def stats(self) -> dict[str, Any]:
         return {"version": self.version, "staleness": dict(self.staleness), "dropped": self.dropped}

@@ -8,16 +8,18 @@ from typing import Any
 
 import ray
 import torch
-import torch.nn.functional as F
 
+from raydist.checkpoint import Progress
 from raydist.commstats import CommStats
 from raydist.config import Config
 from raydist.data import load_splits
-from raydist.evaluation import autocast
 from raydist.flat import as_tensor, flatten_
 from raydist.models import build_model
+from raydist.ps.messages import PullReply, WorkerReport
+from raydist.seeding import reseed
 from raydist.sharding import worker_shard
 from raydist.straggler import Straggler
+from raydist.train.step import compute_gradients
 
 
 class DownpourWorker:
@@ -33,16 +35,23 @@ class DownpourWorker:
         self.params, self.grads = flatten_(self.model, self.device)
         self.nbytes = self.params.numel() * self.params.element_size()
 
-    def run(self, start_step: int, start_time: float) -> dict[str, Any]:
+    def _fetch(self, want: int) -> tuple[list[int], PullReply]:
+        """Every shard's slice into our parameters; shard 0 tops our grant up by `want`. Returns the versions
+        and shard 0's reply (grant and lr)."""
+        replies: list[PullReply] = ray.get([s.pull.remote(want if i == 0 else 0) for i, s in enumerate(self.shards)])
+        for (a, b), reply in zip(self.bounds, replies):
+            self.params[a:b].copy_(as_tensor(reply.params))
+        return [r.version for r in replies], replies[0]
+
+    def run(self, start_step: int, start_time: float) -> WorkerReport:
         """Train until shard 0 grants no more steps; `start_step` is this worker's position in its data (resume)."""
         cfg, rank = self.cfg, self.rank
-        bs, n_fetch = cfg.train.batch_size, cfg.async_ps.n_fetch
+        n_fetch = cfg.async_ps.n_fetch
         shard = worker_shard(self.data.train, cfg, rank, self.world_size, loader_seed=cfg.train.seed + rank)
-        sampler, loader, steps_per_epoch = shard.sampler, shard.loader, shard.steps_per_epoch
-        epoch, offset = divmod(start_step, steps_per_epoch)
-        sampler.set_epoch(epoch, start=offset * bs)
-        batches = iter(loader)
-        torch.manual_seed(cfg.train.seed * 1000 + rank + start_step)  # dropout differs per worker and per resume
+        epoch, offset = divmod(start_step, shard.steps_per_epoch)
+        progress = Progress(step=start_step, epoch=epoch, micro_in_epoch=offset)
+        batches = shard.steps(progress, 1, finished=lambda: False)  # this worker's batches, epoch after epoch
+        reseed(cfg.train.seed, rank, start_step)  # dropout differs per worker and per resume
 
         comm, straggler = CommStats(), Straggler(cfg.straggler, rank)
         clip = cfg.train.grad_clip if cfg.train.grad_clip > 0 else math.inf
@@ -52,7 +61,7 @@ class DownpourWorker:
         fetch_due = True
         ticket_base: int | None = None  # `wait` bound: how new our parameters are, in the gate's terms
         lr = cfg.optim.lr
-        step, began = start_step, time.perf_counter()
+        began = time.perf_counter()
         while True:
             if self.gate is not None:
                 with comm.waiting():
@@ -68,14 +77,11 @@ class DownpourWorker:
                 with comm.waiting():
                     # Shard 0 tops our grant up to n_fetch steps; a reply comes after our earlier pushes to that
                     # shard (one caller's calls to an actor run in order), so it also acknowledges them.
-                    replies = ray.get([s.pull.remote(n_fetch - grant if i == 0 else 0) for i, s in enumerate(self.shards)])
+                    versions, head = self._fetch(n_fetch - grant)
                     dropped += ray.get(pending).count(False)
                 pending = []
-                for i, ((a, b), (version, array, _, _)) in enumerate(zip(self.bounds, replies)):
-                    self.params[a:b].copy_(as_tensor(array))
-                    versions[i] = version
-                _, _, granted, lr = replies[0]
-                grant += granted
+                grant += head.granted
+                lr = head.lr
                 comm.add(self.nbytes)
                 since_fetch, fetch_due = 0, False
                 if grant == 0:  # the budget is spent
@@ -84,25 +90,16 @@ class DownpourWorker:
                     break
 
             t0 = time.perf_counter()
-            try:
-                x, y = next(batches)
-            except StopIteration:
-                epoch += 1
-                sampler.set_epoch(epoch)
-                batches = iter(loader)
-                x, y = next(batches)
-            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             self.grads.zero_()
-            with autocast(cfg, self.device):
-                loss = F.cross_entropy(self.model(x).float(), y)
-            loss.backward()
+            loss = compute_gradients(self.model, next(batches), cfg, self.device)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-            step += 1
+            progress.step += 1
+            progress.micro_in_epoch += 1
             step_time = time.perf_counter() - t0
-            straggler.after_step(step, step_time)  # a slow worker's gradient arrives late, as it would
+            straggler.after_step(progress.step, step_time)  # a slow worker's gradient arrives late, as it would
 
             grads = self.grads.cpu()  # a no-op on CPU
-            meta = {"worker": rank, "epoch": epoch, "loss": loss.item(), "grad_norm": grad_norm.item(),
+            meta = {"worker": rank, "epoch": progress.epoch, "loss": loss.item(), "grad_norm": grad_norm.item(),
                     "step_time_s": step_time, "time_s": time.time() - start_time}
             # Each slice is a view of the flat gradient; Ray copies it into the object store as it submits.
             pending += [s.push.remote(grads[a:b].numpy(), versions[i], rank, meta if i == 0 else None)
@@ -113,5 +110,6 @@ class DownpourWorker:
             fetch_due = grant == 0 or since_fetch >= n_fetch
             if not fetch_due:  # Downpour: keep descending locally until the next fetch
                 self.params.add_(self.grads, alpha=-lr)
-        return {"rank": rank, "steps": step - start_step, "samples": (step - start_step) * bs, "dropped": dropped,
-                "train_time_s": time.perf_counter() - began, **comm.as_dict()}
+        steps = progress.step - start_step
+        return WorkerReport(rank=rank, steps=steps, samples=steps * cfg.train.batch_size, dropped=dropped,
+                            train_time_s=time.perf_counter() - began, bytes=comm.bytes, wait_s=comm.wait_s)
