@@ -2,29 +2,33 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from raydist import registry
 from raydist.config import Config
 from raydist.errors import RaydistError
+from raydist.summary import SUMMARY_FILE, JobSummary, write_json_atomic
 
 REPO = Path(__file__).resolve().parents[1]
-JOBS = {"sync": "sync.py", "local_sgd": "local_sgd.py", "async": "async.py"}
-LABELS = {"sync": "sync DDP", "local_sgd": "local SGD", "async": "async PS"}
 # What every strategy shares; optim and schedule stay each job's own (its tuned defaults in raydist/configs/).
 SHARED_SECTIONS = ("model", "data", "train", "scaling", "checkpoint", "straggler", "local_sgd", "async_ps")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_RAY_PREFIX = re.compile(r"^\([^)]*\)\s*")  # Ray's "(RayTrainWorker pid=...)" on lines forwarded from workers
+PROGRESS_MARK = "[raydist] "  # a job's progress lines, echoed as they come
+
+
+def label(strategy: str) -> str:
+    return registry.get(strategy).label
 
 
 def output_dir(cfg: Config) -> Path:
@@ -39,35 +43,32 @@ def shared_config(cfg: Config) -> dict[str, Any]:
     return shared
 
 
-def run_strategy(strategy: str, shared_yaml: Path, runs_dir: Path, index: str) -> dict[str, Any]:
-    """Run one job as a user would, echo its progress lines, and return its JSON summary."""
+def run_strategy(strategy: str, shared_yaml: Path, runs_dir: Path, index: str) -> JobSummary:
+    """Run one strategy's job as a user would, echo its progress lines, and read the summary.json it writes."""
     run_dir = runs_dir / strategy
     shutil.rmtree(run_dir, ignore_errors=True)  # always a fresh run: a leftover checkpoint would resume instead
-    cmd = [sys.executable, str(REPO / "jobs" / JOBS[strategy]), "--config", str(shared_yaml),
+    cmd = [sys.executable, "-m", "raydist.launch", strategy, "--config", str(shared_yaml),
            "--set", f"run.storage_path={runs_dir}", "--set", f"run.name={strategy}"]
-    print(f"[compare] {index} {LABELS[strategy]}: starting", flush=True)
+    print(f"[compare] {index} {label(strategy)}: starting", flush=True)
     tail: deque[str] = deque(maxlen=40)
-    summary = None
-    with subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    with subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          bufsize=1) as proc:
         assert proc.stdout is not None
-        for raw in proc.stdout:
-            line = _RAY_PREFIX.sub("", _ANSI.sub("", raw.rstrip()))
-            tail.append(line)
-            if line.startswith("[raydist]"):
-                text = line[len("[raydist] "):]
-                text = text[len(strategy) + 2:] if text.startswith(f"{strategy}: ") else text
+        for line in proc.stdout:
+            tail.append(line.rstrip())
+            if PROGRESS_MARK in line:  # Ray may prefix a worker's line with "(RayTrainWorker pid=...)"
+                text = line.split(PROGRESS_MARK, 1)[1].rstrip()
+                text = text.removeprefix(f"{strategy}: ")
                 print(f"[compare] {strategy}: {text}", flush=True)
-            elif line.startswith("{"):
-                try:
-                    summary = json.loads(line)
-                except json.JSONDecodeError:
-                    pass
-    if proc.returncode != 0 or summary is None:
-        errors = [ln[len("raydist: error: "):] for ln in tail if ln.startswith("raydist: error: ")]
+    if proc.returncode != 0 or not (run_dir / SUMMARY_FILE).is_file():
+        # The job's own one-line error (`raydist: error: ...`), else its last words.
+        errors = [ln.split("raydist: error: ", 1)[1] for ln in tail if "raydist: error: " in ln]
         why = errors[-1] if errors else next((ln for ln in reversed(tail) if ln.strip()), "no output")
         raise RaydistError(f"{strategy} run failed (exit {proc.returncode}): {why}")
-    print(f"[compare] {index} {LABELS[strategy]}: done, test_accuracy {summary['test_accuracy']:.4f}, "
-          f"{summary['wall_s']:.1f} s", flush=True)
+    summary = JobSummary.read(run_dir)
+    print(f"[compare] {index} {label(strategy)}: done, test_accuracy {summary.test_accuracy:.4f}, "
+          f"{summary.wall_s:.1f} s", flush=True)
     return summary
 
 
@@ -101,26 +102,57 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def markdown_table(results: dict[str, dict[str, Any]], target: float) -> str:
+@dataclass
+class StrategyResult:
+    """One strategy's entry in results.json: its job summary, curves and time to the target accuracy."""
+
+    summary: JobSummary
+    time_to_target_s: float | None
+    curves: dict[str, list]
+
+
+@dataclass
+class CompareSummary:
+    """jobs/compare.py's outcome, written as summary.json in its output directory."""
+
+    strategy: str
+    run_name: str
+    run_dir: str
+    workers: int
+    wall_s: float
+    results: str
+    table: str
+    plot: str
+    test_accuracy: dict[str, float | None] = field(default_factory=dict)
+    time_to_target_s: dict[str, float | None] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def write(self) -> Path:
+        return write_json_atomic(Path(self.run_dir) / SUMMARY_FILE, self.to_dict())
+
+
+def markdown_table(results: dict[str, StrategyResult], target: float) -> str:
     rows = [
         f"| strategy | final test accuracy | time to {target:g} accuracy (s) | samples/s | MB sent+received per worker "
         f"| wait per worker (s) | staleness mean | staleness max | job wall (s) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
-        s = r["summary"]
-        reached = "not reached" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.2f}"
-        waits = " / ".join(f"{w:.2f}" for w in s.get("wait_s_per_worker", []))
+        s = r.summary
+        reached = "not reached" if r.time_to_target_s is None else f"{r.time_to_target_s:.2f}"
+        waits = " / ".join(f"{w:.2f}" for w in s.wait_s_per_worker)
         # Staleness is a parameter-server notion: sync and local SGD apply gradients to the weights they came from.
-        stale = (f"{s['staleness_mean']:.2f}", str(s["staleness_max"])) if name == "async" else ("-", "-")
+        stale = ("-", "-") if s.staleness_max is None else (f"{s.staleness_mean:.2f}", str(s.staleness_max))
         rows.append(
-            f"| {LABELS[name]} | {s['test_accuracy']:.4f} | {reached} | {s['samples_per_s']:.0f} "
-            f"| {_mean(s.get('bytes_per_worker', [])) / 1e6:.1f} | {waits} | {stale[0]} | {stale[1]} | {s['wall_s']:.1f} |"
+            f"| {label(name)} | {s.test_accuracy:.4f} | {reached} | {s.samples_per_s:.0f} "
+            f"| {_mean(s.bytes_per_worker) / 1e6:.1f} | {waits} | {stale[0]} | {stale[1]} | {s.wall_s:.1f} |"
         )
     return "\n".join(rows) + "\n"
 
 
-def plot(results: dict[str, dict[str, Any]], target: float, path: Path, width: int, height: int) -> None:
+def plot(results: dict[str, StrategyResult], target: float, path: Path, width: int, height: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -129,15 +161,15 @@ def plot(results: dict[str, dict[str, Any]], target: float, path: Path, width: i
     dpi = 100
     fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(width / dpi, height / dpi), dpi=dpi)
     for name, r in results.items():
-        curves = r["curves"]
+        curves, name_ = r.curves, label(name)
         line = None
         if curves["eval"]:
             t, acc, test_loss = zip(*curves["eval"])
-            (line,) = acc_ax.plot(t, acc, marker=".", label=LABELS[name])
-            loss_ax.plot(t, test_loss, linestyle="--", color=line.get_color(), label=f"{LABELS[name]} (test)")
+            (line,) = acc_ax.plot(t, acc, marker=".", label=name_)
+            loss_ax.plot(t, test_loss, linestyle="--", color=line.get_color(), label=f"{name_} (test)")
         if curves["train_loss"]:
             t, loss = zip(*curves["train_loss"])
-            loss_ax.plot(t, loss, color=line.get_color() if line else None, alpha=0.8, label=f"{LABELS[name]} (train)")
+            loss_ax.plot(t, loss, color=line.get_color() if line else None, alpha=0.8, label=f"{name_} (train)")
     acc_ax.axhline(target, color="grey", linewidth=0.8, linestyle=":")
     acc_ax.set(title="test accuracy", xlabel="wall-clock time since training started (s)", ylabel="accuracy")
     loss_ax.set(title="loss", xlabel="wall-clock time since training started (s)", ylabel="cross-entropy", yscale="log")
@@ -148,40 +180,40 @@ def plot(results: dict[str, dict[str, Any]], target: float, path: Path, width: i
     plt.close(fig)
 
 
-def compare(cfg: Config) -> dict[str, Any]:
+def compare(cfg: Config, started: float | None = None) -> CompareSummary:
     """Run the strategies one after another and write the three artefacts; returns the job's summary."""
-    start = time.perf_counter()
+    start = time.perf_counter() if started is None else started
     out = output_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
     shared_yaml = out / "shared.yaml"
     shared_yaml.write_text(yaml.safe_dump(shared_config(cfg), sort_keys=False))
     strategies = cfg.compare.strategy_list
     target = cfg.compare.target_accuracy
-    print(f"[compare] {', '.join(LABELS[s] for s in strategies)}: {cfg.scaling.num_workers} workers, "
+    print(f"[compare] {', '.join(label(s) for s in strategies)}: {cfg.scaling.num_workers} workers, "
           f"{cfg.train.epochs if not cfg.train.max_steps else cfg.train.max_steps} "
           f"{'epochs' if not cfg.train.max_steps else 'steps'}, straggler "
           f"{'none' if cfg.straggler.worker < 0 else f'worker {cfg.straggler.worker}'}; output in {out}", flush=True)
-    results: dict[str, dict[str, Any]] = {}
+    results: dict[str, StrategyResult] = {}
     for i, name in enumerate(strategies):
         summary = run_strategy(name, shared_yaml, out / "runs", f"({i + 1}/{len(strategies)})")
-        curves = read_curves(summary["metrics_file"])
-        results[name] = {"summary": summary, "time_to_target_s": time_to_target(curves["eval"], target), "curves": curves}
+        curves = read_curves(summary.metrics_file)
+        results[name] = StrategyResult(summary, time_to_target(curves["eval"], target), curves)
 
     table = markdown_table(results, target)
     (out / "results.md").write_text(table)
-    (out / "results.json").write_text(json.dumps(
-        {"target_accuracy": target, "shared_config": shared_config(cfg), "strategies": results}, indent=1))
+    write_json_atomic(out / "results.json", {"target_accuracy": target, "shared_config": shared_config(cfg),
+                                             "strategies": {k: dataclasses.asdict(v) for k, v in results.items()}})
     plot(results, target, out / "plot.png", cfg.compare.plot_width, cfg.compare.plot_height)
     print("\n" + table, flush=True)
-    return {
-        "strategy": "compare",
-        "run_name": cfg.run.name,
-        "workers": cfg.scaling.num_workers,
-        "wall_s": round(time.perf_counter() - start, 3),
-        "output_dir": str(out),
-        "results": str(out / "results.json"),
-        "table": str(out / "results.md"),
-        "plot": str(out / "plot.png"),
-        "test_accuracy": {name: r["summary"]["test_accuracy"] for name, r in results.items()},
-        "time_to_target_s": {name: r["time_to_target_s"] for name, r in results.items()},
-    }
+    return CompareSummary(
+        strategy="compare", run_name=cfg.run.name, run_dir=str(out), workers=cfg.scaling.num_workers,
+        wall_s=round(time.perf_counter() - start, 3), results=str(out / "results.json"),
+        table=str(out / "results.md"), plot=str(out / "plot.png"),
+        test_accuracy={name: r.summary.test_accuracy for name, r in results.items()},
+        time_to_target_s={name: r.time_to_target_s for name, r in results.items()},
+    )
+
+
+def run(cfg: Config, spec: registry.StrategySpec, session) -> CompareSummary:
+    """The registry's driver for `compare`: each strategy's job starts (or joins) Ray itself."""
+    return compare(cfg, session.started)

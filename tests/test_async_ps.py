@@ -26,7 +26,7 @@ def run_async(ray_local, tmp_path):
 
     def run(name: str, *overrides: str) -> dict:
         cfg = load_config(job_defaults("async"), [], [f"run.storage_path={tmp_path}", f"run.name={name}", *overrides])
-        return train(cfg)
+        return train(cfg).to_dict()
 
     return run
 

@@ -32,7 +32,7 @@ def test_every_strategy_reaches_the_accuracy_threshold_on_digits(compared):
 
 def test_compare_writes_results_table_and_a_png_of_the_stated_size(compared):
     result, stdout, out = compared
-    assert result["output_dir"] == str(out)
+    assert result["run_dir"] == str(out) and json.loads((out / "summary.json").read_text()) == result
 
     data = json.loads((out / "results.json").read_text())
     assert list(data["strategies"]) == list(STRATEGIES)
@@ -64,6 +64,7 @@ def test_unknown_strategy_is_refused_before_anything_runs():
 
 
 def test_a_failing_strategy_fails_compare_with_its_one_line_reason(tmp_path):
+    # The async job refuses a request the cluster cannot hold (its exit 2); for compare that is a failed run (exit 1).
     line = refusal("compare", "--set", f"run.storage_path={tmp_path}", "--set", "compare.strategies=async",
-                   "--set", "async_ps.cpus_per_server=64", timeout=300, started=True)
+                   "--set", "async_ps.cpus_per_server=64", timeout=300, started=True, code=1)
     assert line.startswith("raydist: error: async run failed (exit 2): the async job needs 66 CPUs"), line
