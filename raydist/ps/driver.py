@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from raydist import registry, sharding
+from raydist.checkpoint import checkpoint_dirs, newest_valid, publish_dir, skipped_line, verify, write_atomic, write_manifest
 from raydist.commstats import per_worker_summary
 from raydist.config import Config
 from raydist.data import load_splits
@@ -32,25 +33,50 @@ POLL_S = 0.1  # how often the driver collects update records and looks for a due
 
 
 def latest_checkpoint(run_dir: str) -> str | None:
-    found = sorted(glob.glob(os.path.join(run_dir, "checkpoint_step*", STATE_FILE)))
-    return os.path.dirname(found[-1]) if found else None
+    """The newest checkpoint of the run that verifies; one line names each newer, broken one it passed over."""
+    found, skipped = newest_valid(run_dir, STATE_FILE)
+    if skipped:
+        print(skipped_line(skipped, found), flush=True)
+    return found
 
 
 def load_params(checkpoint_dir: str) -> torch.Tensor:
     """The flat parameter vector a checkpoint holds (the shards' slices, joined)."""
+    why = verify(checkpoint_dir, required=STATE_FILE)
+    if why is not None:
+        raise RaydistError(f"checkpoint {checkpoint_dir} is broken: {why}")
     state = torch.load(os.path.join(checkpoint_dir, STATE_FILE), map_location="cpu", weights_only=False)
     return torch.cat([s["param"] for s in state["shards"]])
 
 
 def _save(run_dir: str, steps: int, state: dict[str, Any], keep: int) -> str:
-    directory = os.path.join(run_dir, f"checkpoint_step{steps:08d}")
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, STATE_FILE)
-    torch.save(state, path + ".tmp")
-    os.replace(path + ".tmp", path)  # a reader never sees half a file
-    for old in sorted(glob.glob(os.path.join(run_dir, "checkpoint_step*", STATE_FILE)))[:-keep]:
-        shutil.rmtree(os.path.dirname(old), ignore_errors=True)
-    return directory
+    """Write the state and its manifest into a hidden staging directory, then rename it into place: a
+    checkpoint_step directory is complete or absent."""
+    name = f"checkpoint_step{steps:08d}"
+    staging = os.path.join(run_dir, f".tmp-{name}-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging)
+    write_atomic(os.path.join(staging, STATE_FILE), lambda f: torch.save(state, f))
+    write_manifest(staging, steps)
+    final = os.path.join(run_dir, name)
+    publish_dir(staging, final)
+    _prune(run_dir, steps, keep)
+    return final
+
+
+def _prune(run_dir: str, newest: int, keep: int) -> None:
+    """Keep the checkpoint just written and the keep-1 newest valid ones before it. Anything after it is from a
+    session that ended in a broken save (resume chose an older one), and staging leftovers are from killed saves."""
+    kept = 1
+    for step, path in checkpoint_dirs(run_dir):
+        if step == newest:
+            continue
+        if step < newest and kept < keep and verify(path, required=STATE_FILE) is None:
+            kept += 1
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+    for leftover in glob.glob(os.path.join(run_dir, ".tmp-checkpoint_step*")) + glob.glob(os.path.join(run_dir, ".old-checkpoint_step*")):
+        shutil.rmtree(leftover, ignore_errors=True)
 
 
 @dataclass(frozen=True)
