@@ -25,9 +25,10 @@ class WorkerContext(Protocol):
 
 
 class RayTrainContext:
-    """Ray Train V2: metrics and checkpoints go through ray.train.report; restore through get_checkpoint."""
+    """Ray Train V2: metrics and checkpoints go through ray.train.report; restore through get_checkpoint, or the
+    newest valid checkpoint directory of `run_dir` when Ray's is missing or broken."""
 
-    def __init__(self, async_upload: bool = False):
+    def __init__(self, async_upload: bool = False, run_dir: str | None = None):
         import ray.train
         import ray.train.torch
 
@@ -36,6 +37,7 @@ class RayTrainContext:
         self.world_size = ctx.get_world_size()
         self.device = ray.train.torch.get_device()
         self._async = async_upload
+        self._run_dir = run_dir
 
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None, step: int) -> None:
         import ray.train
@@ -57,12 +59,16 @@ class RayTrainContext:
     def latest_checkpoint(self) -> Iterator[str | None]:
         import ray.train
 
+        from raydist.checkpoint import STATE_FILE, resume_choice, skipped_line
+
+        # Ray's own choice can be a checkpoint whose save was killed; with none (a snapshot set aside by
+        # launch.fit_on_ray_train, a kill before Ray's first snapshot) complete ones may still be on disk.
         checkpoint = ray.train.get_checkpoint()
-        if checkpoint is None:
-            yield None
-            return
-        with checkpoint.as_directory() as d:
-            yield d
+        with checkpoint.as_directory() if checkpoint is not None else contextlib.nullcontext(None) as known:
+            found, skipped = resume_choice(known, self._run_dir, STATE_FILE)
+            if skipped and self.rank == 0:
+                print(skipped_line(skipped, found), flush=True)
+            yield found
 
 
 class TorchrunContext:

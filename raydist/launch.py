@@ -113,7 +113,7 @@ def train_worker(config: dict[str, Any]) -> None:
 
     cfg = Config.from_dict(config["config"])
     strategy = registry.get(config["strategy"]).load("worker")
-    Trainer(cfg, RayTrainContext(async_upload=cfg.checkpoint.async_upload), strategy).fit()
+    Trainer(cfg, RayTrainContext(async_upload=cfg.checkpoint.async_upload, run_dir=cfg.run.run_dir), strategy).fit()
 
 
 def build_trainer(cfg: Config, spec: registry.StrategySpec):
@@ -148,6 +148,11 @@ def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session)
     check_fits(cfg, len(load_splits(cfg.data).train))  # a bad batch size is exit 2 here, not a failed worker later
     session.ray = connect(cfg)
     trainer = build_trainer(cfg, spec)
+    from raydist.checkpoint import set_aside_broken_snapshot
+
+    moved = set_aside_broken_snapshot(cfg.run.run_dir)  # Ray would refuse to start on a truncated snapshot
+    if moved:
+        print(moved, flush=True)
     try:
         result = trainer.fit()
     except (TrainingFailedError, Exception) as e:  # the controller's own failures arrive as other types
