@@ -1,0 +1,291 @@
+"""Kill checkpoint writers at random moments and check that resume always finds a complete checkpoint.
+
+    .venv/bin/python benchmarks/checkpoint_chaos.py [--kills 30] [--seed 0]
+
+Two writers, each a subprocess that resumes from the newest valid checkpoint and then saves one checkpoint after
+another until it is SIGKILLed:
+  sync  the Ray Train path: `save_state` into a local directory, then what Ray Train does with it: a copy into
+        <run_dir>/checkpoint_stepNNNNNNNN (file by file, not atomic), an in-place rewrite of
+        checkpoint_manager_snapshot.json, the deletion of the oldest beyond `keep`; onto storage at ~100 MB/s
+  ps    the async PS driver's `_save` (staging directory, manifest, rename)
+After each kill the reader the jobs use picks a checkpoint; the check fails if it is broken, holds the wrong
+content for its step, or is older than the last save the writer finished. tests/test_checkpoint_integrity.py runs
+a short version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+KEEP = 2
+WIDTH = 1024  # a 4 MiB model: a save takes long enough for many kills to land inside one
+SAVED_LOG = "saved.log"
+# Ray copies onto storage every node sees (NFS and the like): about 1 GbE NFS, so the copy takes about as long as
+# the local save and kills land in both.
+STORAGE_BYTES_S = 100e6
+STORAGE_LATENCY_S = 0.002
+CHUNK = 256 * 1024
+STATE = {"sync": "train_state.pt", "ps": "ps_state.pt"}
+
+
+# ---- the writers (run in the subprocess) ----------------------------------------------------------------------
+
+
+def _model(step: int):
+    import torch
+
+    model = torch.nn.Linear(WIDTH, WIDTH, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(float(step))  # the content says which step it is: a mixed-up file cannot pass as valid
+    return model
+
+
+def _write_sync(run_dir: str, step: int, written: list[str]) -> None:
+    from raydist.checkpoint import RAY_SNAPSHOT, Progress, rng_state, save_state
+    from raydist.context import new_checkpoint_dir
+
+    # save_state only asks the optimizer and scheduler for their state: stand-ins spare each restarted writer the
+    # second torch.optim takes to set up (the saves, not the payload, are under test).
+    no_state = SimpleNamespace(state_dict=dict)
+    local = new_checkpoint_dir()
+    save_state(local, model=_model(step), optimizer=no_state, scheduler=no_state, progress=Progress(step=step),
+               rng_per_rank=[rng_state()])
+    name = f"checkpoint_step{step:08d}"
+    # What Ray Train V2 does with a reported checkpoint (storage.py, checkpoint_manager.py): create the directory,
+    # copy the files in, rewrite the snapshot in place, then delete the oldest; here onto slow shared storage.
+    os.makedirs(os.path.join(run_dir, name), exist_ok=True)
+    for file in sorted(os.listdir(local)):  # manifest.json first: the worst order for a reader
+        _slow_copy(os.path.join(local, file), os.path.join(run_dir, name, file))
+    written.append(name)
+    snapshot = json.dumps({"latest_checkpoint": name, "checkpoints": written[-KEEP:], "padding": "x" * 4096})
+    _slow_write(os.path.join(run_dir, RAY_SNAPSHOT), snapshot.encode())
+    for old in written[:-KEEP]:
+        shutil.rmtree(os.path.join(run_dir, old), ignore_errors=True)
+    del written[:-KEEP]
+    shutil.rmtree(local)
+
+
+def _slow_write(path: str, data: bytes) -> None:
+    """Write in place (truncate, then chunks), as Ray's pyarrow output streams do, on storage with a latency per
+    write and a bandwidth."""
+    with open(path, "wb") as f:
+        for i in range(0, len(data), CHUNK):
+            time.sleep(STORAGE_LATENCY_S + len(data[i:i + CHUNK]) / STORAGE_BYTES_S)
+            f.write(data[i:i + CHUNK])
+            f.flush()
+
+
+def _slow_copy(src: str, dst: str) -> None:
+    with open(src, "rb") as f:
+        _slow_write(dst, f.read())
+
+
+def _write_ps(run_dir: str, step: int, written: list[str]) -> None:
+    from raydist.ps.driver import _save
+
+    _save(run_dir, step, {"shards": [{"param": _model(step).weight.detach().flatten()}], "steps": step,
+                          "workers": 1}, KEEP)
+
+
+def _warm_up() -> None:
+    import io
+
+    import torch
+
+    import raydist.context  # noqa: F401
+
+    torch.save(_model(0).state_dict(), io.BytesIO())
+
+
+def write_forever(writer: str, run_dir: str) -> None:
+    """The subprocess: resume where the reader says, then save step after step, logging each finished save."""
+    _warm_up()  # so that the random kills land in the saves, not in first-use imports
+
+    chosen = choose(writer, run_dir)
+    step = check(writer, chosen) if chosen else 0
+    written = [os.path.basename(chosen)] if chosen else []
+    save = {"sync": _write_sync, "ps": _write_ps}[writer]
+    with open(os.path.join(run_dir, SAVED_LOG), "a") as log:
+        print(f"ready {step}", file=log, flush=True)
+        while True:
+            step += 1
+            save(run_dir, step, written)
+            print(f"saved {step}", file=log, flush=True)
+
+
+# ---- the reader and the check (what a resumed job does) -------------------------------------------------------
+
+
+def choose(writer: str, run_dir: str, use_snapshot: bool = True) -> str | None:
+    """The checkpoint a resumed job of this kind would load. For sync, `use_snapshot=False` is the scan alone,
+    what resume does when Ray's snapshot is torn or missing (a kill before Ray wrote its first)."""
+    import contextlib
+    import io
+
+    if writer == "ps":
+        from raydist.ps.driver import latest_checkpoint
+
+        with contextlib.redirect_stdout(io.StringIO()):  # its one line is not this harness's output
+            return latest_checkpoint(run_dir)
+    from raydist.checkpoint import RAY_SNAPSHOT, STATE_FILE, resume_choice, set_aside_broken_snapshot
+
+    known = None
+    snapshot = os.path.join(run_dir, RAY_SNAPSHOT)
+    if use_snapshot:
+        set_aside_broken_snapshot(run_dir)  # as launch.fit_on_ray_train does before trainer.fit()
+        if os.path.exists(snapshot):  # Ray's get_checkpoint(): the snapshot's latest checkpoint
+            with open(snapshot) as f:
+                known = os.path.join(run_dir, json.load(f)["latest_checkpoint"])
+    return resume_choice(known, run_dir, STATE_FILE)[0]
+
+
+def check(writer: str, directory: str) -> int:
+    """Load the checkpoint with the job's own loader and confirm it holds its step's content; returns the step."""
+    import torch
+
+    step = int(os.path.basename(directory)[len("checkpoint_step"):])
+    if writer == "ps":
+        from raydist.ps.driver import load_params
+
+        params = load_params(directory)
+    else:
+        from raydist.checkpoint import load_state
+
+        state = load_state(directory)
+        if state["progress"].step != step:
+            raise AssertionError(f"{directory} holds step {state['progress'].step}")
+        params = state["model"]["weight"]
+    if not torch.equal(params.flatten(), torch.full((WIDTH * WIDTH,), float(step))):
+        raise AssertionError(f"{directory} does not hold step {step}'s weights")
+    return step
+
+
+# ---- the harness ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ChaosResult:
+    writer: str
+    kills: int = 0
+    mid_save: int = 0  # kills that left a partial write on disk (a broken directory, a staging leftover, a torn snapshot)
+    broken_seen: int = 0  # kills that left a broken checkpoint directory newer than the one resume chose
+    snapshots_set_aside: int = 0
+    resumed_steps: list[int] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        return (f"{self.writer}: {self.kills} kills, {self.mid_save} mid-save, {self.broken_seen} left a broken newest "
+                f"checkpoint that resume skipped, {self.snapshots_set_aside} a torn snapshot set aside, "
+                f"resumed at steps {self.resumed_steps[0] if self.resumed_steps else '-'}.."
+                f"{self.resumed_steps[-1] if self.resumed_steps else '-'}, failures {len(self.failures)}"
+                + (f": {self.failures[0]}" if self.failures else ""))
+
+
+def _log_lines(run_dir: str) -> list[str]:
+    path = os.path.join(run_dir, SAVED_LOG)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return f.read().splitlines()
+
+
+def _wait_ready(run_dir: str, before: int, proc: subprocess.Popen) -> None:
+    while len(_log_lines(run_dir)) <= before:
+        if proc.poll() is not None:
+            raise RuntimeError(f"writer exited {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
+        time.sleep(0.02)
+
+
+def _last_saved(run_dir: str) -> int:
+    saved = [int(ln.split()[1]) for ln in _log_lines(run_dir) if ln.startswith("saved ")]
+    return saved[-1] if saved else 0
+
+
+def chaos(writer: str, kills: int, run_dir: str, seed: int = 0, max_delay_s: float = 0.6) -> ChaosResult:
+    """Start the writer, SIGKILL it after a random delay, check what resume would choose; `kills` times."""
+    from raydist.checkpoint import checkpoint_dirs, verify
+
+    rng = random.Random(seed)
+    result = ChaosResult(writer)
+    script = os.path.abspath(__file__)
+    for _ in range(kills):
+        before = len(_log_lines(run_dir))
+        proc = subprocess.Popen([sys.executable, script, "--write", writer, run_dir], stderr=subprocess.PIPE)
+        _wait_ready(run_dir, before, proc)
+        time.sleep(rng.uniform(0, max_delay_s))
+        proc.kill()
+        proc.wait()
+        result.kills += 1
+        result.mid_save += _partial_on_disk(run_dir, writer)
+        readers = [True, False] if writer == "sync" else [True]  # with Ray's snapshot, and the scan alone
+        try:
+            steps = [_checked_choice(writer, run_dir, use_snapshot) for use_snapshot in reversed(readers)]
+        except Exception as e:  # noqa: BLE001 -- every failure is a result here
+            result.failures.append(f"{type(e).__name__}: {e}")
+            continue
+        step = steps[-1]
+        result.resumed_steps.append(step)
+        result.broken_seen += any(s > steps[0] and verify(p, required=STATE[writer]) for s, p in checkpoint_dirs(run_dir))
+    result.snapshots_set_aside = sum(".broken-" in n for n in os.listdir(run_dir))
+    return result
+
+
+def _checked_choice(writer: str, run_dir: str, use_snapshot: bool) -> int:
+    """The step of the checkpoint resume chooses, after checking it loads, holds its step and loses no finished save."""
+    chosen = choose(writer, run_dir, use_snapshot)
+    step = check(writer, chosen) if chosen else 0
+    if step < _last_saved(run_dir):
+        raise AssertionError(f"chose step {step} but step {_last_saved(run_dir)} had been saved")
+    return step
+
+
+def _partial_on_disk(run_dir: str, writer: str) -> bool:
+    """Whether the kill interrupted a write: a broken checkpoint directory, a temporary file or directory, or a
+    snapshot that is not JSON."""
+    from raydist.checkpoint import RAY_SNAPSHOT, checkpoint_dirs, verify
+
+    leftovers = any(".tmp-" in n or n.startswith(".old-") for n in os.listdir(run_dir))
+    torn = False
+    if os.path.exists(os.path.join(run_dir, RAY_SNAPSHOT)):
+        try:
+            with open(os.path.join(run_dir, RAY_SNAPSHOT)) as f:
+                json.load(f)
+        except ValueError:
+            torn = True
+    broken = any(verify(p, required=STATE[writer]) for _, p in checkpoint_dirs(run_dir))
+    return leftovers or torn or broken
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kills", type=int, default=30, help="kills per writer")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--write", nargs=2, metavar=("WRITER", "RUN_DIR"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.write:
+        write_forever(*args.write)
+        return
+    failed = False
+    started = time.perf_counter()
+    for writer in ("sync", "ps"):
+        with tempfile.TemporaryDirectory(prefix=f"rd-chaos-{writer}-") as run_dir:
+            result = chaos(writer, args.kills, run_dir, seed=args.seed)
+        print(result.line(), flush=True)
+        failed |= bool(result.failures)
+    print(f"total {time.perf_counter() - started:.0f} s", flush=True)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    main()
