@@ -1,6 +1,7 @@
 """Kill checkpoint writers at random moments and check that resume always finds a complete checkpoint.
 
     .venv/bin/python benchmarks/checkpoint_chaos.py [--kills 30] [--seed 0]
+    .venv/bin/python benchmarks/checkpoint_chaos.py --save-cost 50     # what one save costs, with and without fsync
 
 Two writers, each a subprocess that resumes from the newest valid checkpoint and then saves one checkpoint after
 another until it is SIGKILLed:
@@ -266,14 +267,63 @@ def _partial_on_disk(run_dir: str, writer: str) -> bool:
     return leftovers or torn or broken
 
 
+def save_cost(rounds: int, overrides: list[str]) -> None:
+    """Time one `save_state` of the default sync model (with its optimizer state), with and without fsync, into
+    the local staging directory the loop uses (then Ray copies it) and into a directory beside this repository."""
+    import statistics
+
+    import torch
+
+    from raydist.checkpoint import Progress, rng_state, save_state
+    from raydist.config import job_defaults, load_config
+    from raydist.context import new_checkpoint_dir
+    from raydist.data import load_splits
+    from raydist.models import build_model
+    from raydist.optim import build_optimizer, build_scheduler
+
+    cfg = load_config(job_defaults("sync"), [], overrides)
+    data = load_splits(cfg.data)
+    model = build_model(cfg.model, data)
+    optimizer = build_optimizer(model.parameters(), cfg.optim)
+    scheduler = build_scheduler(optimizer, 440, cfg.schedule)
+    model(torch.zeros(2, data.train[0][0].numel())).sum().backward()
+    optimizer.step()  # so the optimizer's state is there, as in every real checkpoint
+
+    def once(directory: str, fsync: bool) -> float:
+        t0 = time.perf_counter()
+        save_state(directory, model=model, optimizer=optimizer, scheduler=scheduler, progress=Progress(step=1),
+                   rng_per_rank=[rng_state(), rng_state()], extra={"config": cfg.to_dict()}, fsync=fsync)
+        elapsed = time.perf_counter() - t0
+        shutil.rmtree(directory)
+        return elapsed
+
+    beside = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".bench-save")
+    for where, make in (("staging (tempfile)", new_checkpoint_dir), ("beside the repo", lambda: beside)):
+        times = {True: [], False: []}
+        for _ in range(rounds):  # interleaved, so drifting load hits both alike
+            for fsync in (True, False):
+                times[fsync].append(once(make(), fsync))
+        size = sum(p.numel() * p.element_size() for p in model.parameters())
+        print(f"save_state, {where}: fsync {statistics.median(times[True]) * 1e3:.1f} ms, no fsync "
+              f"{statistics.median(times[False]) * 1e3:.1f} ms (median of {rounds}; parameters {size / 1e6:.2f} MB"
+              f"{', ' + ' '.join(overrides) if overrides else ''})",
+              flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kills", type=int, default=30, help="kills per writer")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--save-cost", type=int, metavar="ROUNDS", help="instead: time save_state with and without fsync")
+    ap.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE",
+                    help="with --save-cost: a config override, e.g. model.hidden=1024")
     ap.add_argument("--write", nargs=2, metavar=("WRITER", "RUN_DIR"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.write:
         write_forever(*args.write)
+        return
+    if args.save_cost:
+        save_cost(args.save_cost, args.overrides)
         return
     failed = False
     started = time.perf_counter()
