@@ -206,7 +206,7 @@ def compare(cfg: Config, started: float | None = None) -> CompareSummary:
     plot(results, target, out / "plot.png", cfg.compare.plot_width, cfg.compare.plot_height)
     print("\n" + table, flush=True)
     return CompareSummary(
-        strategy="compare", run_name=cfg.run.name, run_dir=str(out), workers=cfg.scaling.num_workers,
+        strategy="compare", run_name=cfg.run.name, run_dir=str(out), workers=cfg.scaling.max_workers,
         wall_s=round(time.perf_counter() - start, 3), results=str(out / "results.json"),
         table=str(out / "results.md"), plot=str(out / "plot.png"),
         test_accuracy={name: r.summary.test_accuracy for name, r in results.items()},

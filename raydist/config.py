@@ -88,6 +88,22 @@ def _strategy_names(value: str, key: str) -> str:
     return value
 
 
+def _worker_count(value: Any, key: str) -> int | str:
+    """N (a fixed count) or 'MIN-MAX' (elastic): kept as written, read through ScalingConfig's properties."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        _check(value >= 1, key, f"must be >= 1 (got {value})")
+        return value
+    text = str(value).strip()
+    low, sep, high = text.partition("-")
+    if not sep and low.isdigit():
+        return _worker_count(int(low), key)
+    _check(bool(sep) and low.strip().isdigit() and high.strip().isdigit(), key,
+           f"must be a worker count N or a range MIN-MAX such as 2-4 (got {value!r})")
+    lo, hi = int(low), int(high)
+    _check(1 <= lo < hi, key, f"range must have 1 <= MIN < MAX (got {value!r})")
+    return f"{lo}-{hi}"
+
+
 # ---- the run config ------------------------------------------------------------------------------------
 
 
@@ -163,17 +179,41 @@ class TrainConfig:
 class ScalingConfig:
     """How many workers, on what hardware, talking over which collective backend."""
 
-    num_workers: int = opt(2, "training workers (one process each)", ge=1)
+    num_workers: int | str = opt(
+        2, "training workers (one process each): N, or MIN-MAX for an elastic run that continues on as few as MIN "
+        "workers when nodes are lost and grows back to MAX when they return (sync, local_sgd)",
+        parse=_worker_count, shown="N or MIN-MAX")
     use_gpu: bool = opt(False, "one GPU per worker")
     backend: Literal["auto", "nccl", "gloo"] = opt("auto", "torch.distributed backend; auto: nccl with GPUs, gloo without")
     cpus_per_worker: float = opt(1.0, "Ray CPUs reserved per worker", gt=0)
     max_failures: int = opt(
         3, "worker-group restarts from the latest checkpoint before the run fails; -1 = unlimited", ge=0, special={-1: "unlimited"}
     )
+    max_preemptions: int = opt(
+        -1, "restarts after a node was preempted (drained, then gone) before the run fails; -1 = unlimited",
+        ge=0, special={-1: "unlimited"})
+    node_loss_timeout_s: float = opt(
+        120.0, "fixed num_workers: after a worker group fails, the run fails if its N workers cannot be placed again "
+        "within this many seconds (a lost node), naming the dead node(s)", gt=0)
+    resize_check_s: float = opt(
+        30.0, "elastic num_workers: how often a running elastic run checks whether more workers fit again", gt=0)
 
     def check(self, prefix: str) -> None:
         _check(not (self.backend == "nccl" and not self.use_gpu), f"{prefix}backend",
                "nccl needs GPUs: set scaling.use_gpu=true or backend=gloo")
+
+    @property
+    def elastic(self) -> bool:
+        return isinstance(self.num_workers, str)
+
+    @property
+    def max_workers(self) -> int:
+        """The worker count the run is sized for (the fixed count, or the top of the range)."""
+        return int(str(self.num_workers).rpartition("-")[2])
+
+    @property
+    def min_workers(self) -> int:
+        return int(str(self.num_workers).partition("-")[0])
 
     @property
     def resolved_backend(self) -> str:
@@ -306,8 +346,8 @@ class Config:
     def check(self, prefix: str) -> None:
         _check(not (self.model.name == "cnn" and self.data.name != "digits"), "model.name",
                "cnn needs image data: set data.name=digits")
-        _check(self.straggler.worker < self.scaling.num_workers, "straggler.worker",
-               f"must be below scaling.num_workers={self.scaling.num_workers} (got {self.straggler.worker})")
+        _check(self.straggler.worker < self.scaling.max_workers, "straggler.worker",
+               f"must be below scaling.num_workers={self.scaling.max_workers} (got {self.straggler.worker})")
 
     def validate(self) -> "Config":
         return validate(self)

@@ -23,6 +23,13 @@ class WorkerContext(Protocol):
     def latest_checkpoint(self) -> contextlib.AbstractContextManager[str | None]:
         """The newest persisted checkpoint of this run as a local directory, or None on a fresh start."""
 
+    def preemption(self) -> str | None:
+        """Why the runtime wants this run to stop now (a node is being preempted), or None; every rank calls it
+        together and gets the same answer."""
+
+    def stop_request(self) -> str | None:
+        """Why the cluster asks its runs to stop (raydist.preemption), or None; rank 0 polls it."""
+
 
 class RayTrainContext:
     """Ray Train V2: metrics and checkpoints go through ray.train.report; restore through get_checkpoint, or the
@@ -54,6 +61,24 @@ class RayTrainContext:
         )
         if not self._async:  # async mode deletes the local copy itself once uploaded
             shutil.rmtree(checkpoint_dir, ignore_errors=True)
+
+    def preemption(self) -> str | None:
+        import ray.train
+
+        info = ray.train.get_preemption_info()  # a barrier: every rank calls it at the same sync point
+        if info is None:
+            return None
+        import ray
+
+        names = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+        nodes = ", ".join(sorted(names.get(n, n[:8]) for n in info.preempted_node_to_ranks)) or "?"
+        return f"preempted: node(s) {nodes} draining"
+
+    def stop_request(self) -> str | None:
+        from raydist.preemption import stop_requested
+
+        request = stop_requested()
+        return request.describe() if request else None
 
     @contextlib.contextmanager
     def latest_checkpoint(self) -> Iterator[str | None]:
@@ -95,6 +120,12 @@ class TorchrunContext:
     @contextlib.contextmanager
     def latest_checkpoint(self) -> Iterator[str | None]:
         yield None
+
+    def preemption(self) -> str | None:
+        return None
+
+    def stop_request(self) -> str | None:
+        return None
 
 
 def new_checkpoint_dir() -> str:

@@ -13,13 +13,14 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from raydist import registry
 from raydist.cli import OneLineParser
 from raydist.config import Config, job_defaults, load_config
 from raydist.errors import ConfigError, RaydistError, UsageError, exits_cleanly
-from raydist.summary import JobSummary
+from raydist.summary import RESULT_ENV, JobSummary, write_json_atomic
 
 
 @dataclass
@@ -69,7 +70,7 @@ def connect(cfg: Config) -> str:
         except (ConnectionError, ValueError, RuntimeError) as e:
             raise RaydistError(f"cannot connect to Ray at {address}: {str(e).splitlines()[0]}") from None
         return address
-    needed = cfg.scaling.num_workers * cfg.scaling.cpus_per_worker
+    needed = cfg.scaling.max_workers * cfg.scaling.cpus_per_worker
     # The embedded default: a private instance that ends with this process; oversubscribing a small
     # machine is fine for CPU training, refusing to start is not.
     # address="local": a new instance even when /tmp/ray/ray_current_cluster names another (maybe dead) one.
@@ -120,20 +121,28 @@ def build_trainer(cfg: Config, spec: registry.StrategySpec):
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    s = cfg.scaling
+    # Read by Ray Train's controller (it propagates this variable): how long placing a worker group may take.
+    os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(s.node_loss_timeout_s)
     return TorchTrainer(
         train_loop_per_worker=train_worker,
         train_loop_config={"config": cfg.to_dict(), "strategy": spec.name},
         scaling_config=ScalingConfig(
-            num_workers=cfg.scaling.num_workers,
-            use_gpu=cfg.scaling.use_gpu,
-            resources_per_worker={"CPU": cfg.scaling.cpus_per_worker, **({"GPU": 1} if cfg.scaling.use_gpu else {})},
+            # A range selects Ray Train's elastic policy: restart from the checkpoint with the workers that fit.
+            num_workers=(s.min_workers, s.max_workers) if s.elastic else s.max_workers,
+            elastic_resize_monitor_interval_s=s.resize_check_s,
+            use_gpu=s.use_gpu,
+            resources_per_worker={"CPU": s.cpus_per_worker, **({"GPU": 1} if s.use_gpu else {})},
         ),
         torch_config=TorchConfig(backend=cfg.scaling.resolved_backend),
         run_config=RunConfig(
             name=cfg.run.name,
             storage_path=cfg.run.storage_dir,
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
-            failure_config=FailureConfig(max_failures=cfg.scaling.max_failures),
+            # A worker group that cannot be placed again (a lost node) is a controller failure; Ray's default
+            # retries those forever. None allowed: the start timeout (scaling.node_loss_timeout_s) is the bound.
+            failure_config=FailureConfig(max_failures=s.max_failures, max_preemption_failures=s.max_preemptions,
+                                         controller_failure_limit=0),
         ),
     )
 
@@ -142,6 +151,7 @@ def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session)
     """Run a loop strategy on Ray Train; its summary comes from the final checkpoint's report."""
     from ray.train import TrainingFailedError
 
+    from raydist.cluster_watch import NodeWatcher, dead_nodes
     from raydist.data import load_splits
     from raydist.sharding import check_fits
 
@@ -154,15 +164,18 @@ def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session)
     if moved:
         print(moved, flush=True)
     try:
-        result = trainer.fit()
+        with NodeWatcher():
+            result = trainer.fit()
     except (TrainingFailedError, Exception) as e:  # the controller's own failures arrive as other types
-        raise RaydistError(f"training failed: {last_error_line(e)}") from None
+        dead = dead_nodes()
+        where = f"; dead node(s): {'; '.join(dead)}" if dead else ""
+        raise RaydistError(f"training failed: {last_error_line(e)}{where}") from None
     m = result.metrics or {}
     comm = m.get("comm") or {}
     total = m.get("total_steps")
     return JobSummary(
         strategy=spec.name, run_name=cfg.run.name, run_dir=cfg.run.run_dir, ray=session.ray,
-        workers=cfg.scaling.num_workers,
+        workers=m.get("world_size", cfg.scaling.max_workers),
         status="completed" if total is not None and m.get("step") == total else "stopped",
         steps=m.get("step", 0), total_steps=total if total is not None else 0,
         resumed_from_step=m.get("resumed_from_step"),
@@ -172,6 +185,7 @@ def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session)
         checkpoint=result.checkpoint.path if result.checkpoint else None,
         metrics_file=os.path.join(cfg.run.run_dir, "metrics.jsonl"),
         bytes_per_worker=comm.get("bytes_per_worker", []), wait_s_per_worker=comm.get("wait_s_per_worker", []),
+        stop_reason=m.get("stop_reason"),
     )
 
 
@@ -197,6 +211,8 @@ def run_job(job: str, cfg: Config, started: float | None = None) -> Any:
     spec = registry.get(job)
     summary = spec.load("driver")(cfg, spec, session)
     summary.write()
+    if os.environ.get(RESULT_ENV):
+        write_json_atomic(Path(os.environ[RESULT_ENV]), summary.to_dict())
     return summary
 
 

@@ -21,7 +21,7 @@ def steps_per_epoch(num_train: int, world_size: int, batch_size: int, grad_accum
 
 def check_fits(cfg: Config, num_train: int, world_size: int | None = None) -> None:
     """Refuse a batch that one worker's shard cannot fill (the drivers call it before any worker starts)."""
-    world = world_size or cfg.scaling.num_workers
+    world = world_size or cfg.scaling.max_workers
     if steps_per_epoch(num_train, world, cfg.train.batch_size, cfg.train.grad_accum) == 0:
         raise ConfigError(
             f"train.batch_size={cfg.train.batch_size} x train.grad_accum={cfg.train.grad_accum} exceeds the "

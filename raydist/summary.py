@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 SUMMARY_FILE = "summary.json"
+RESULT_ENV = "RAYDIST_RESULT_FILE"
+"""When set, a job also writes its summary to this path (batch mode reads the job's status there)."""
 
 
 def _f(help: str, default: Any = dataclasses.MISSING) -> Any:
@@ -43,9 +45,9 @@ class JobSummary:
     run_name: str = _f("run.name")
     run_dir: str = _f("<run.storage_path>/<run.name>: checkpoints, metrics.jsonl, this file")
     ray: str = _f("'local' for the embedded instance, else the cluster address the job used")
-    workers: int = _f("training workers (scaling.num_workers)")
+    workers: int = _f("training workers at the end (scaling.num_workers, or fewer in an elastic run that lost nodes)")
     status: Literal["completed", "stopped"] = _f(
-        "completed: the run reached its step budget; stopped: it ended early at a checkpoint (train.stop_at_step)")
+        "completed: the run reached its step budget; stopped: it ended early at a checkpoint it resumes from")
     steps: int = _f("optimizer steps done, over the whole run (async: gradient updates from all workers)")
     total_steps: int = _f("steps the run is configured for; status is completed when steps reaches it")
     resumed_from_step: int | None = _f("the step this session resumed from, or null for a fresh start")
@@ -60,6 +62,9 @@ class JobSummary:
     metrics_file: str = _f("per-step records (metrics.jsonl), appended across resumes")
     bytes_per_worker: list[float] = _f("payload bytes each worker sent plus received this session (algorithm volume)", [])
     wait_s_per_worker: list[float] = _f("seconds each worker spent waiting on others this session", [])
+    stop_reason: str | None = _f(
+        "why a stopped run stopped: train.stop_at_step, a stop request (SLURM time limit, preemption), a draining node",
+        None)
     # The parameter server's own books; null for strategies without servers.
     servers: int | None = _f("async: parameter-server shards", None)
     staleness_mean: float | None = _f("async: mean staleness (server versions) of the applied updates", None)

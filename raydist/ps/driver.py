@@ -30,6 +30,7 @@ STRATEGY = "async"
 STATE_FILE = "ps_state.pt"
 PLACEMENT_TIMEOUT_S = 120
 POLL_S = 0.1  # how often the driver collects update records and looks for a due evaluation or checkpoint
+STOP_POLL_S = 1.0  # how often it asks whether the cluster wants its runs to stop (a GCS read)
 
 
 def latest_checkpoint(run_dir: str) -> str | None:
@@ -94,7 +95,7 @@ class Budget:
 
     @classmethod
     def of(cls, cfg: Config, num_train: int) -> "Budget":
-        W = cfg.scaling.num_workers
+        W = cfg.scaling.max_workers
         per_worker_epoch = sharding.steps_per_epoch(num_train, W, cfg.train.batch_size)  # as sync's, per worker
         total = W * (cfg.train.max_steps or cfg.train.epochs * per_worker_epoch)
         session = min(total, cfg.train.stop_at_step) if cfg.train.stop_at_step else total
@@ -127,6 +128,9 @@ class AsyncPSRun:
         self.cfg, self.ray_address = cfg, ray_address
         self.started = time.perf_counter() if started is None else started
         K = cfg.async_ps.num_servers
+        if cfg.scaling.elastic:
+            raise ConfigError(f"scaling.num_workers={cfg.scaling.num_workers}: the async PS runs a fixed number of "
+                              f"workers; give one count")
         if cfg.train.grad_accum != 1:
             raise ConfigError("train.grad_accum: the async PS pushes every batch's gradient as it comes; set it to 1")
         self.data = load_splits(cfg.data)
@@ -148,6 +152,7 @@ class AsyncPSRun:
         self.window: list[dict[str, Any]] = []  # update records since the last progress line
         self.last_losses: list[float] = []  # the newest loss of up to one step per worker
         self.scores = {"test_loss": float("nan"), "test_accuracy": float("nan")}
+        self.stop_reason: str | None = None
 
     # ---- placing the actors ------------------------------------------------------------------------
 
@@ -155,15 +160,15 @@ class AsyncPSRun:
         import ray
 
         cfg = self.cfg
-        need = cfg.scaling.num_workers * cfg.scaling.cpus_per_worker + cfg.async_ps.num_servers * cfg.async_ps.cpus_per_server
+        need = cfg.scaling.max_workers * cfg.scaling.cpus_per_worker + cfg.async_ps.num_servers * cfg.async_ps.cpus_per_server
         have = ray.cluster_resources().get("CPU", 0)
         if need > have:
             raise UsageError(
                 f"the async job needs {need:g} CPUs (scaling.num_workers x scaling.cpus_per_worker + async_ps.num_servers"
                 f" x async_ps.cpus_per_server) but the Ray cluster has {have:g}")
         gpus = ray.cluster_resources().get("GPU", 0)
-        if cfg.scaling.use_gpu and gpus < cfg.scaling.num_workers:
-            raise UsageError(f"scaling.use_gpu needs {cfg.scaling.num_workers} GPUs; the Ray cluster has {gpus:g}")
+        if cfg.scaling.use_gpu and gpus < cfg.scaling.max_workers:
+            raise UsageError(f"scaling.use_gpu needs {cfg.scaling.max_workers} GPUs; the Ray cluster has {gpus:g}")
 
     def _start_actors(self, pg, actors: list) -> tuple[list, list, dict[int, int]]:
         """Server shards (restored when resuming), the staleness gate if any, and workers; returns (shards,
@@ -175,7 +180,7 @@ class AsyncPSRun:
         from raydist.ps.server import ParameterShard
         from raydist.ps.worker import DownpourWorker
 
-        cfg, ps, W = self.cfg, self.cfg.async_ps, self.cfg.scaling.num_workers
+        cfg, ps, W = self.cfg, self.cfg.async_ps, self.cfg.scaling.max_workers
         config = cfg.to_dict()
         Shard = ray.remote(ParameterShard).options(num_cpus=ps.cpus_per_server)
         shards = [Shard.remote(i, self.init[a:b].numpy(), config, self.budget.total, self.budget.session)
@@ -209,7 +214,7 @@ class AsyncPSRun:
         from raydist.launch import last_error_line
 
         self._check_resources()
-        W = self.cfg.scaling.num_workers
+        W = self.cfg.scaling.max_workers
         # One bundle per worker, spread over the nodes as far as the cluster allows.
         bundle = {"CPU": self.cfg.scaling.cpus_per_worker, **({"GPU": 1} if self.cfg.scaling.use_gpu else {})}
         pg = placement_group([bundle] * W, strategy="SPREAD")
@@ -243,6 +248,7 @@ class AsyncPSRun:
         self.t0 = time.time()
         runs = [w.run.remote(done.get(k, 0), self.t0) for k, w in enumerate(workers)]
         evaluated_at, reported = self.steps, time.perf_counter()
+        stop_checked = time.perf_counter()
         pending = list(runs)
         while pending:
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
@@ -258,8 +264,30 @@ class AsyncPSRun:
                 reported = time.perf_counter()
             if self.steps - self.last_checkpoint_at >= self.budget.checkpoint_every:
                 self._checkpoint()
+            if self.stop_reason is None and time.perf_counter() - stop_checked >= STOP_POLL_S:
+                stop_checked = time.perf_counter()
+                self._check_stop()
         self.train_time_s = time.time() - self.t0
         return ray.get(runs)
+
+    def _check_stop(self) -> None:
+        """On a stop request or a draining node: grant no more steps; the workers end after the steps they hold,
+        and the final checkpoint then covers every step taken (none lost beyond those in flight)."""
+        import ray
+
+        from raydist.preemption import draining_nodes, stop_requested
+
+        request = stop_requested()
+        draining = draining_nodes()
+        if request is None and not draining:
+            return
+        if request is not None:
+            self.stop_reason = request.describe()
+        else:
+            names = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+            self.stop_reason = f"preempted: node(s) {', '.join(sorted(names.get(n, n[:8]) for n in draining))} draining"
+        granted = ray.get(self.shards[0].stop_granting.remote())
+        print(f"[raydist] async: stopping after step {granted}: {self.stop_reason}", flush=True)
 
     def _collect(self) -> None:
         import ray
@@ -270,7 +298,7 @@ class AsyncPSRun:
             self.log.write(r)
         self.window.extend(drained.records)
         if drained.records:
-            self.last_losses = ([r["loss"] for r in drained.records] + self.last_losses)[: self.cfg.scaling.num_workers]
+            self.last_losses = ([r["loss"] for r in drained.records] + self.last_losses)[: self.cfg.scaling.max_workers]
 
     def _evaluate(self) -> None:
         self.scores = self.evaluator(self.shards, self.bounds)
@@ -281,7 +309,7 @@ class AsyncPSRun:
 
         states = ray.get([s.state_dict.remote() for s in self.shards])
         self.last_checkpoint_at = sum(states[0]["done"].values())  # shard 0's count of each worker's steps: where data resumes
-        state = {"shards": states, "workers": self.cfg.scaling.num_workers, "steps": self.last_checkpoint_at,
+        state = {"shards": states, "workers": self.cfg.scaling.max_workers, "steps": self.last_checkpoint_at,
                  "config": self.cfg.to_dict()}
         return _save(self.cfg.run.run_dir, self.last_checkpoint_at, state, self.cfg.checkpoint.keep)
 
@@ -324,6 +352,7 @@ class AsyncPSRun:
             staleness_mean=sum(k * v for k, v in staleness.items()) / updates if updates else 0.0,
             staleness_max=max(staleness, default=0), dropped=dropped,
             steps_per_worker=[r.steps for r in reports],
+            stop_reason=self.stop_reason if self.steps < self.budget.total else None,
         )
 
 

@@ -83,6 +83,12 @@ class ParameterShard:
             self.granted += granted
         return PullReply(self.version, self.param.detach().numpy(), granted, self.lr())
 
+    def stop_granting(self) -> int:
+        """Shard 0: grant nothing more, so every worker ends after the steps it already holds; returns the steps
+        granted in this session."""
+        self.grant_limit = self.granted
+        return self.granted
+
     def drain(self) -> Drained:
         """Shard 0: the update records since the last call, and the steps done in total."""
         records, self.records = self.records, []

@@ -34,7 +34,9 @@ from raydist.train.step import compute_gradients
 from raydist.train.strategy import Strategy
 
 # Slots of the all-reduce every sync point runs.
-_LOSS_SUM, _LOSS_STEPS, _STEP_LOSS, _REPORT_VOTE, _STOP_VOTE = range(5)
+_LOSS_SUM, _LOSS_STEPS, _STEP_LOSS, _REPORT_VOTE, _POLL_VOTE, _STOP_VOTE = range(6)
+STOP_POLL_S = 1.0
+"""How often rank 0 asks whether the run must stop (a GCS read; Ray's preemption check is a barrier)."""
 
 
 class Trainer:
@@ -55,8 +57,10 @@ class Trainer:
         self.progress = Progress()
         self.resumed_from = self._restore()
         self.last_checkpoint_step = self.progress.step
-        self.stop_requests: list[Callable[[], bool]] = []
-        """Polled on every rank at each sync point; if any is true on any rank, the run checkpoints there and stops."""
+        self.stop_requests: list[Callable[[], str | None]] = [ctx.stop_request]
+        """Polled on rank 0 about every STOP_POLL_S, at a sync point; the first reason any returns makes every
+        rank checkpoint there and stop (the preemption and desync checks hook in here)."""
+        self.stop_reason: str | None = None
         self._stopped = False
         self.log = MetricsLog(cfg.run.run_dir, enabled=ctx.rank == 0)
         self.speed = Throughput()
@@ -138,7 +142,7 @@ class Trainer:
         every = cfg.checkpoint.every_steps
         window = torch.zeros(2, device=ctx.device)  # loss sum and steps since the last report
         eval_due = False
-        last_report = time.perf_counter()
+        last_report = last_poll = time.perf_counter()
         last: dict[str, Any] = {}
 
         for micro_batches in self.shard.steps(p, accum, self._finished):
@@ -173,11 +177,15 @@ class Trainer:
                 continue
 
             # A sync point: every rank is here, at this step.
-            votes = torch.zeros(5, device=ctx.device)
+            votes = torch.zeros(6, device=ctx.device)
             votes[_LOSS_SUM], votes[_LOSS_STEPS] = window[0], window[1]
             votes[_STEP_LOSS] = loss_sum.float()
-            votes[_REPORT_VOTE] = float(ctx.rank == 0 and time.perf_counter() - last_report >= cfg.train.report_every_s)
-            votes[_STOP_VOTE] = float(any(request() for request in self.stop_requests))
+            now = time.perf_counter()
+            votes[_REPORT_VOTE] = float(ctx.rank == 0 and now - last_report >= cfg.train.report_every_s)
+            if ctx.rank == 0 and now - last_poll >= STOP_POLL_S and not at_end:
+                votes[_POLL_VOTE] = 1.0
+                self.stop_reason = next(filter(None, (request() for request in self.stop_requests)), None)
+                votes[_STOP_VOTE] = float(self.stop_reason is not None)
             with self.comm.waiting():  # where the others wait for a straggler
                 strategy.synchronize(final=at_end)
                 if dist.is_initialized() and W > 1:
@@ -185,7 +193,15 @@ class Trainer:
             if strategy.global_step_loss():
                 record["loss"] = votes[_STEP_LOSS].item() / W
             self.log.write(record)
-            stopping = not at_end and (stop_at or votes[_STOP_VOTE].item() > 0)
+            if votes[_POLL_VOTE].item() > 0:
+                last_poll = time.perf_counter()
+            if votes[_POLL_VOTE].item() > 0 and votes[_STOP_VOTE].item() == 0:
+                self.stop_reason = ctx.preemption()  # Ray's own path; every rank asks at the same sync point
+            elif votes[_STOP_VOTE].item() > 0:
+                self.stop_reason = self.stop_reason or "stop requested"  # rank 0 knows why
+            if stop_at and not self.stop_reason:
+                self.stop_reason = f"train.stop_at_step={cfg.train.stop_at_step}"
+            stopping = not at_end and self.stop_reason is not None
             self._stopped = stopping
             checkpoint_due = p.step // every > self.last_checkpoint_step // every if every else eval_due
             if not (votes[_REPORT_VOTE].item() > 0 or eval_due or checkpoint_due or at_end or stopping):
@@ -203,6 +219,11 @@ class Trainer:
             if at_end or stopping:
                 metrics["comm"] = self.comm.gather(W)
                 metrics["total_steps"] = self.total_steps
+                metrics["world_size"] = W
+                if stopping:
+                    metrics["stop_reason"] = self.stop_reason
+                    if ctx.rank == 0:
+                        print(f"[raydist] {strategy.name}: stopping at step {p.step}: {self.stop_reason}", flush=True)
             if self.resumed_from is not None:
                 metrics["resumed_from_step"] = self.resumed_from
             metrics.update(self.speed.session())
