@@ -221,7 +221,10 @@ def chaos(writer: str, kills: int, run_dir: str, seed: int = 0, max_delay_s: flo
     script = os.path.abspath(__file__)
     for _ in range(kills):
         before = len(_log_lines(run_dir))
-        proc = subprocess.Popen([sys.executable, script, "--write", writer, run_dir], stderr=subprocess.PIPE)
+        # The staging directories a killed sync writer leaves behind (as a killed worker would) stay in the run.
+        env = {**os.environ, "TMPDIR": os.path.join(run_dir, ".staging")}
+        os.makedirs(env["TMPDIR"], exist_ok=True)
+        proc = subprocess.Popen([sys.executable, script, "--write", writer, run_dir], stderr=subprocess.PIPE, env=env)
         _wait_ready(run_dir, before, proc)
         time.sleep(rng.uniform(0, max_delay_s))
         proc.kill()
