@@ -117,6 +117,22 @@ def train_worker(config: dict[str, Any]) -> None:
     Trainer(cfg, RayTrainContext(async_upload=cfg.checkpoint.async_upload, run_dir=cfg.run.run_dir), strategy).fit()
 
 
+ELASTIC_PLACEMENT_RETRIES = 3
+
+
+def failure_line(error: BaseException, cfg: Config, dead: list[str]) -> str:
+    """The one line a failed Ray Train run ends with; a worker group that no longer fits names the dead nodes."""
+    reason = last_error_line(error)
+    if dead and "startup timed out" in reason:
+        s = cfg.scaling
+        want = f"{s.min_workers} to {s.max_workers}" if s.elastic else str(s.max_workers)
+        return (f"training failed: {want} workers no longer fit the cluster after node(s) died: {'; '.join(dead)} "
+                f"(waited scaling.node_loss_timeout_s={s.node_loss_timeout_s:g} s; a range such as "
+                f"scaling.num_workers={max(1, s.min_workers - 1 if s.elastic else s.max_workers - 1)}-{s.max_workers} "
+                f"continues on fewer)")
+    return f"training failed: {reason}" + (f"; dead node(s): {'; '.join(dead)}" if dead else "")
+
+
 def build_trainer(cfg: Config, spec: registry.StrategySpec):
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -140,9 +156,11 @@ def build_trainer(cfg: Config, spec: registry.StrategySpec):
             storage_path=cfg.run.storage_dir,
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
             # A worker group that cannot be placed again (a lost node) is a controller failure; Ray's default
-            # retries those forever. None allowed: the start timeout (scaling.node_loss_timeout_s) is the bound.
+            # retries those forever. A fixed count gets none: the start timeout (scaling.node_loss_timeout_s) is
+            # the bound. An elastic run gets a few, because Ray may still count a lost node as alive (until its
+            # heartbeats time out) and first try, in vain, to place as many workers as before.
             failure_config=FailureConfig(max_failures=s.max_failures, max_preemption_failures=s.max_preemptions,
-                                         controller_failure_limit=0),
+                                         controller_failure_limit=ELASTIC_PLACEMENT_RETRIES if s.elastic else 0),
         ),
     )
 
@@ -167,9 +185,7 @@ def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session)
         with NodeWatcher():
             result = trainer.fit()
     except (TrainingFailedError, Exception) as e:  # the controller's own failures arrive as other types
-        dead = dead_nodes()
-        where = f"; dead node(s): {'; '.join(dead)}" if dead else ""
-        raise RaydistError(f"training failed: {last_error_line(e)}{where}") from None
+        raise RaydistError(failure_line(e, cfg, dead_nodes())) from None
     m = result.metrics or {}
     comm = m.get("comm") or {}
     total = m.get("total_steps")

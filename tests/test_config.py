@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -176,3 +177,24 @@ def test_batch_larger_than_a_workers_shard_is_refused_before_ray_starts():
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "train.batch_size=1000" in lines[0] and "718" in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize("value, expected", [("3", (3, 3, False)), ("2-4", (2, 4, True)), ("1-2", (1, 2, True))])
+def test_worker_count_or_elastic_range(value, expected):
+    s = load_config(job_defaults("sync"), [], [f"scaling.num_workers={value}"]).scaling
+    assert (s.min_workers, s.max_workers, s.elastic) == expected
+
+
+@pytest.mark.parametrize("value, message", [("4-2", "1 <= MIN < MAX"), ("0", "must be >= 1"), ("2-", "range MIN-MAX"),
+                                            ("x", "range MIN-MAX")])
+def test_bad_worker_counts_are_refused(value, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(job_defaults("sync"), [], [f"scaling.num_workers={value}"])
+
+
+def test_the_async_ps_refuses_an_elastic_range():
+    from raydist.ps.driver import AsyncPSRun
+
+    cfg = load_config(job_defaults("async"), [], ["scaling.num_workers=2-3"])
+    with pytest.raises(ConfigError, match="fixed number of workers"):
+        AsyncPSRun(cfg)

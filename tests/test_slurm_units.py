@@ -391,4 +391,43 @@ def test_sbatch_script_is_thin_and_valid_bash():
     assert "raydist slurm node" in script and "raydist slurm wait" in script
     assert "ray stop" not in script
     code = [ln for ln in script.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
-    assert len(code) < 25
+    assert len(code) < 30  # bring-up, batch mode and the warning traps; the logic is in `raydist slurm`
+
+
+# ---- batch mode: the requeue rule and SLURM's time-left format ---------------------------------------------
+
+
+@pytest.mark.parametrize("outcome, restarts, requeue, why", [
+    (dict(exit_code=0, signal="time_limit", status="stopped"), 0, True, "requeueing after the time limit (1 of at most 3)"),
+    (dict(exit_code=0, signal="time_limit", status=None), 2, True, "requeueing after the time limit (3 of at most 3)"),
+    (dict(exit_code=0, signal="time_limit", status="stopped"), 3, False, "requeued 3 times already (requeue.max_requeues=3)"),
+    (dict(exit_code=0, signal="time_limit", status="completed"), 0, False, "the run had completed"),
+    (dict(exit_code=0, signal="preemption", status="stopped"), 0, False, "PreemptMode=REQUEUE requeues the job itself"),
+    (dict(exit_code=0), 0, False, "command completed"),
+    (dict(exit_code=1), 0, False, "requeue.on_failure is off"),
+])
+def test_requeue_decision(outcome, restarts, requeue, why):
+    from raydist.slurm.batch import Outcome, decide
+    from raydist.slurm.settings import Requeue
+
+    d = decide(Outcome(**outcome), restarts, Requeue())
+    assert d.requeue is requeue and why in d.why, d
+
+
+def test_failures_requeue_only_when_asked_and_only_up_to_the_cap():
+    from raydist.slurm.batch import Outcome, decide
+    from raydist.slurm.settings import Requeue
+
+    cfg = Requeue(max_requeues=2, on_failure=True)
+    assert decide(Outcome(exit_code=1), 1, cfg).requeue
+    last = decide(Outcome(exit_code=1), 2, cfg)
+    assert not last.requeue and last.why == ("not requeueing after a failure (exit 1): the job was requeued 2 times "
+                                             "already (requeue.max_requeues=2)")
+
+
+@pytest.mark.parametrize("text, seconds", [("45", 45), ("12:03", 723), ("1:02:03", 3723), ("2-01:02:03", 176523),
+                                           ("UNLIMITED", None), ("INVALID", None), ("", None), ("1:x", None)])
+def test_squeue_time_left(text, seconds):
+    from raydist.slurm.batch import parse_time_left
+
+    assert parse_time_left(text) == seconds

@@ -28,6 +28,8 @@ def make_plan(cfg: ClusterConfig, alloc: Allocation) -> Plan:
     if alloc.this_node != alloc.head:
         raise RaydistError(f"the plan must be made on the job's first node {alloc.head}, not {alloc.this_node}")
     jd = JobDir(cfg.job_path(alloc.job_id))
+    if int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0 and jd.path.exists():
+        jd.remove()  # a requeued job: the dir is this same job's, left by a run that was killed before teardown
     choice = netif.head_choice(alloc.head, alloc.workers, cfg.interface_for(alloc.head))
     block = ports.pick_block(alloc.job_id, cfg.ports.base, cfg.ports.end, cfg.ports.block, head=True)
     jd.create()

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from raydist.errors import RaydistError
+from raydist.errors import ConfigError, RaydistError
 
 
 def _say(msg: str) -> None:
@@ -71,6 +71,57 @@ def _down(args) -> int:
     JobDir(cfg.job_path(alloc.job_id)).remove()
     _say(f"job {alloc.job_id}: Ray stopped; removed {cfg.job_path(alloc.job_id)} (token, connection file)")
     return 0
+
+
+def _stop(args) -> int:
+    """Interactive mode's answer to the time-limit warning or a preemption: every run checkpoints and stops."""
+    from raydist.slurm import batch, connection, interrupt
+    from raydist.slurm.jobdir import JobDir
+
+    cfg, alloc = _load(args), _alloc()
+    jd = JobDir(cfg.job_path(alloc.job_id))
+    if not jd.connection.exists():
+        return 0  # the cluster never came up: nothing runs on it
+    reason = "SLURM time limit" if args.reason == "time_limit" else "SLURM preemption or cancel (SIGTERM)"
+    waited = interrupt.stop_cluster_runs(connection.read(jd.connection), reason, batch.time_left(alloc.job_id),
+                                         cfg.timeouts.stop, log=_say)
+    _say(f"job {alloc.job_id}: runs stopped after {waited:.1f} s; resume each with the command named above "
+         f"once a cluster is up again")
+    return 0
+
+
+def _run(args) -> int:
+    """Batch mode: the command is the job's driver; the warning stops it at a checkpoint; maybe requeue."""
+    from raydist.slurm import batch, connection, interrupt
+    from raydist.slurm.jobdir import JobDir
+
+    cfg, alloc = _load(args), _alloc()
+    command = [a for a in args.command if a != "--"] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise ConfigError("raydist slurm run: give the command to run, e.g. -- python jobs/sync.py")
+    jd = JobDir(cfg.job_path(alloc.job_id))
+    conn = connection.read(jd.connection)
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    _say(f"job {alloc.job_id}: batch mode, run {restarts + 1}: {interrupt.quoted(command)}")
+
+    def on_warning(kind: str, sup: "batch.Supervisor") -> None:
+        reason = "SLURM time limit" if kind == batch.TIME_LIMIT else "SLURM preemption or cancel (SIGTERM)"
+        interrupt.stop_cluster_runs(conn, reason, batch.time_left(alloc.job_id), cfg.timeouts.stop,
+                                    still_running=sup.running, log=_say)
+
+    # Unbuffered: the job's output file shows progress as it happens (`tail -f raydist-<id>.out`).
+    env = {**os.environ, **interrupt.ray_env(conn), "PYTHONUNBUFFERED": "1"}
+    sup = batch.Supervisor(command, env, jd.path / "result.json",
+                           on_warning, stop_wait_s=5.0, log=_say)
+    outcome = sup.run()
+    decision = batch.decide(outcome, restarts, cfg.requeue)
+    _say(f"job {alloc.job_id}: command exited {outcome.exit_code}"
+         f"{f' (run {outcome.status})' if outcome.status else ''}; {decision.why}")
+    if decision.requeue:
+        args.step_pid = args.step_pid or 0
+        _down(args)  # Ray down first: the requeued job brings up a fresh cluster
+        batch.requeue(alloc.job_id)
+    return outcome.exit_code
 
 
 def _iface(args) -> int:
@@ -165,6 +216,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     _config_arg(p)
     p.add_argument("--step-pid", type=int, help="PID of the srun running the nodes: SIGTERM its step, wait for it")
     p.set_defaults(func=_down)
+    p = ssub.add_parser("stop", help="batch step, at the time-limit warning or a preemption: every training run on "
+                                     "the cluster checkpoints and stops; names each interrupted submission")
+    _config_arg(p)
+    p.add_argument("--reason", choices=("time_limit", "preemption"), default="time_limit")
+    p.set_defaults(func=_stop)
+    p = ssub.add_parser("run", help="batch step, batch mode: run COMMAND as the job's driver; stop it at a "
+                                    "checkpoint on the warning; requeue per the config")
+    _config_arg(p)
+    p.add_argument("--step-pid", type=int, help="PID of the srun running the nodes (stopped before a requeue)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the driver command, after --")
+    p.set_defaults(func=_run)
     p = ssub.add_parser("iface", help="print the interface and address Ray would use on this node")
     _config_arg(p)
     p.add_argument("--head", help="head node name to route to (default: none, config only)")

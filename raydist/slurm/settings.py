@@ -110,6 +110,17 @@ class Timeouts:
     head_reachable: float = opt(120.0, "seconds a worker waits for the head's GCS port to answer", gt=0)
     teardown: float = opt(15.0, "seconds per node for Ray to stop and leftovers to be killed; keep below SLURM's "
                                 "KillWait", gt=0)
+    stop: float = opt(60.0, "seconds running training jobs get to checkpoint and stop after the time-limit warning or "
+                            "a preemption, before Ray is torn down; keep below the `--signal` lead time", gt=0)
+
+
+@dataclasses.dataclass
+class Requeue:
+    """Batch mode (`sbatch cluster/ray_up.slurm COMMAND`): when the allocation requeues itself."""
+
+    max_requeues: int = opt(3, "requeues of one job (SLURM_RESTART_COUNT) after which it ends instead", ge=0)
+    on_failure: bool = opt(False, "also requeue when the command fails (e.g. a node died); a command that keeps "
+                                  "failing stops at max_requeues")
 
 
 @dataclasses.dataclass
@@ -135,6 +146,7 @@ class ClusterConfig:
     login_host: str = opt("", "login node for the printed `ssh -L` line ('': the host sbatch ran on)")
     ports: Ports = dataclasses.field(default_factory=Ports)
     timeouts: Timeouts = dataclasses.field(default_factory=Timeouts)
+    requeue: Requeue = dataclasses.field(default_factory=Requeue)
     source: str = internal("built-in defaults")  # where it was loaded from, for messages
 
     def interface_for(self, node: str) -> str | None:

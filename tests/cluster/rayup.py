@@ -66,11 +66,13 @@ class RayUpJob:
                                 RAYDIST_CONNECTION=str(conn), RAYDIST_CLUSTER_CONFIG=str(self.config), **extra)
 
 
-def submit(cluster: EmulatedCluster, config: Path, *sbatch_args: str, nodes: int = 3) -> RayUpJob:
+def submit(cluster: EmulatedCluster, config: Path, *sbatch_args: str, nodes: int = 3,
+           command: tuple[str, ...] = ()) -> RayUpJob:
+    """sbatch cluster/ray_up.slurm (batch mode when `command` is given); output appended across requeues."""
     output = cluster.shared / "ray-up-%j.out"
     t = time.monotonic()
-    job = cluster.sbatch(f"--output={output}", f"--nodes={nodes}", *sbatch_args, "cluster/ray_up.slurm",
-                         env=cluster.env(RAYDIST_CLUSTER_CONFIG=str(config)))
+    job = cluster.sbatch(f"--output={output}", "--open-mode=append", f"--nodes={nodes}", *sbatch_args,
+                         "cluster/ray_up.slurm", *command, env=cluster.env(RAYDIST_CLUSTER_CONFIG=str(config)))
     return RayUpJob(cluster, job, config, Path(str(output).replace("%j", str(job))), t)
 
 
@@ -127,6 +129,14 @@ def memory_mib(cluster: EmulatedCluster) -> float:
         r = cluster.run(host, ["python3", "-c", probe], check=True)
         total_kib += int(r.stdout.strip())
     return total_kib / 1024
+
+
+def tagged_pids(cluster: EmulatedCluster, host: str, job_id: int) -> list[str]:
+    """PIDs on `host` of job `job_id`'s Ray (tagged by bring-up): what killing that node's Ray means."""
+    probe = ("import glob\nfor f in glob.glob('/proc/[0-9]*/environ'):\n"
+             "    try: env=open(f,'rb').read().split(b'\\0')\n    except OSError: continue\n"
+             f"    if any(e.startswith(b'RAYDIST_RAY_TAG={job_id}@') for e in env): print(f.split('/')[2])")
+    return cluster.run(host, ["python3", "-c", probe], check=True).stdout.split()
 
 
 def job_json(stdout: str) -> dict:
