@@ -167,8 +167,7 @@ def build_trainer(cfg: Config, spec: registry.StrategySpec):
 
 def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session) -> JobSummary:
     """Run a loop strategy on Ray Train; its summary comes from the final checkpoint's report."""
-    from ray.train import TrainingFailedError
-
+    from raydist.checkpoint import set_aside_broken_snapshot
     from raydist.cluster_watch import NodeWatcher, dead_nodes
     from raydist.data import load_splits
     from raydist.sharding import check_fits
@@ -176,15 +175,13 @@ def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session)
     check_fits(cfg, len(load_splits(cfg.data).train))  # a bad batch size is exit 2 here, not a failed worker later
     session.ray = connect(cfg)
     trainer = build_trainer(cfg, spec)
-    from raydist.checkpoint import set_aside_broken_snapshot
-
     moved = set_aside_broken_snapshot(cfg.run.run_dir)  # Ray would refuse to start on a truncated snapshot
     if moved:
         print(moved, flush=True)
     try:
         with NodeWatcher():
             result = trainer.fit()
-    except (TrainingFailedError, Exception) as e:  # the controller's own failures arrive as other types
+    except Exception as e:  # TrainingFailedError, and the controller's own failures, which arrive as other types
         raise RaydistError(failure_line(e, cfg, dead_nodes())) from None
     m = result.metrics or {}
     comm = m.get("comm") or {}

@@ -64,15 +64,15 @@ def test_an_unwritable_storage_path_is_refused_before_ray_starts(tmp_path):
 
 @pytest.mark.slow
 def test_a_training_failure_is_one_line_and_exit_1(tmp_path):
-    from jobutil import run_job, summary
+    from jobutil import run_job
 
-    common = [f"run.storage_path={tmp_path}", "run.name=torn", "train.max_steps=4"]
-    stopped = summary(run_job("sync", *common, "train.stop_at_step=2"))
-    (tmp_path / "torn" / "checkpoint_step00000002" / "train_state.pt").write_bytes(b"torn")  # a damaged checkpoint
-    proc = run_job("sync", *common, "scaling.max_failures=0")
+    # A failure inside the workers: rank 0 cannot open its metrics log, which is in the way as a directory.
+    (tmp_path / "broken" / "metrics.jsonl").mkdir(parents=True)
+    proc = run_job("sync", f"run.storage_path={tmp_path}", "run.name=broken", "train.max_steps=4",
+                   "scaling.max_failures=0")
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("raydist: error:")]
-    assert proc.returncode == 1 and len(lines) == 1 and "training failed" in lines[0], proc.stderr[-3000:]
-    assert stopped["checkpoint"].endswith("checkpoint_step00000002")
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-3000:]
+    assert "training failed" in lines[0] and "metrics.jsonl" in lines[0], lines
 
 
 def test_docs_summary_field_table_matches_the_dataclass():

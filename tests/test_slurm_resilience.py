@@ -76,10 +76,11 @@ def test_sync_batch_job_checkpoints_at_the_warning_requeues_and_resumes_with_ide
     # Two workers: their all-reduce is one addition, so losses match to the bit; with three, DDP's rebuilt gradient
     # buckets change the summation order at a session's first step (docs/checkpoints.md).
     sync = (f"python jobs/sync.py --set scaling.num_workers=2 --set train.epochs=25 --set model.dropout=0.2 "
-            f"--set straggler.worker=0 --set straggler.slowdown=4 --set run.storage_path={storage}")
+            f"--set run.storage_path={storage}")
+    slow = "--set straggler.worker=0 --set straggler.slowdown=4"  # only sleeps: the numbers stay the same
     # The same run uninterrupted first, on the same hosts (gloo sums over this network exactly as in the run we
     # interrupt; a run on one machine differs in the last bits). After the requeue it is complete: it only reports.
-    command = ["bash", "-c", f"{sync} --set run.name=straight && {sync} --set run.name=batch-sync"]
+    command = ["bash", "-c", f"{sync} --set run.name=straight && {sync} {slow} --set run.name=batch-sync"]
     job, stopped_at = _warn_and_resume(slurm_cluster, "batch-sync", command, storage / "batch-sync",
                                        after=str(storage / "straight" / "summary.json"))
     text = job.text()
@@ -105,7 +106,7 @@ def test_async_batch_job_keeps_its_servers_and_budget_across_the_requeue(slurm_c
     job, stopped_at = _warn_and_resume(
         slurm_cluster, "batch-async",
         ["python", "jobs/async.py", "--set", "scaling.num_workers=2", "--set", "async_ps.num_servers=2",
-         "--set", "train.epochs=30", "--set", "straggler.worker=0", "--set", "straggler.slowdown=4",
+         "--set", "train.epochs=20", "--set", "straggler.worker=0", "--set", "straggler.slowdown=4",
          "--set", f"run.storage_path={storage}", "--set", "run.name=batch-async"], storage / "batch-async")
     result = json.loads((storage / "batch-async" / "summary.json").read_text())
     assert result["status"] == "completed" and result["steps"] == result["total_steps"], result
@@ -147,7 +148,7 @@ def _submit(slurm_cluster, job: rayup.RayUpJob, *overrides: str):
 def test_elastic_run_continues_on_fewer_workers_when_a_node_dies(slurm_cluster, cluster_losing_node02):
     job = cluster_losing_node02
     proc = _submit(slurm_cluster, job, "scaling.num_workers=2-3", f"run.storage_path={slurm_cluster.shared}/runs",
-                   "run.name=elastic", "train.epochs=40", "checkpoint.every_steps=20", "scaling.node_loss_timeout_s=20",
+                   "run.name=elastic", "train.epochs=25", "checkpoint.every_steps=20", "scaling.node_loss_timeout_s=20",
                    "straggler.worker=0", "straggler.slowdown=3")
     out = []
     for line in proc.stdout:
@@ -178,3 +179,27 @@ def test_fixed_size_run_fails_within_its_bound_naming_the_dead_node(slurm_cluste
     assert "scaling.num_workers=2-3" in errors[-1]
     MEASURED["fixed_node_loss_fail_s"] = took
     assert took < 150, took  # bound 15 s + Ray start and a restart; without it Ray retried forever
+
+
+def test_interactive_cluster_stops_submitted_runs_at_the_warning_and_names_their_resume_command(
+        slurm_cluster, cluster_losing_node02):
+    # Last on this cluster: the warning ends it. (node02 is gone by now; two workers fit on the other hosts.)
+    job = cluster_losing_node02
+    storage = slurm_cluster.shared / "runs"
+    r = slurm_cluster.run("master-node", "ray job submit --no-wait --working-dir . -- python jobs/sync.py "
+                          f"--set run.storage_path={storage} --set run.name=interactive --set train.epochs=40 "
+                          "--set straggler.worker=0 --set straggler.slowdown=4", env=job.env(), check=True)
+    submission = re.search(r"raysubmit_\w+", r.stdout).group(0)
+    deadline = time.monotonic() + 150
+    while not (storage / "interactive" / "metrics.jsonl").exists():
+        assert time.monotonic() < deadline, job.text()[-3000:]
+        time.sleep(0.3)
+    slurm_cluster.run("master-node", ["scancel", "--batch", "--signal=USR1", str(job.job_id)], check=True)
+    line = _wait_text(job, rf"interrupted {submission}; resume with: (.*)", timeout=60).group(1)
+    assert line.startswith("ray job submit --working-dir <your checkout> -- python jobs/sync.py ")
+    assert "--set run.name=interactive" in line
+    assert slurm_cluster.wait_job(job.job_id, timeout=120) in ("COMPLETED", "FAILED"), job.text()[-3000:]
+    result = json.loads((storage / "interactive" / "summary.json").read_text())
+    assert result["status"] == "stopped" and result["stop_reason"].startswith("SLURM time limit"), result
+    assert (storage / "interactive" / f"checkpoint_step{result['steps']:08d}").is_dir()
+    assert rayup.wait_no_leftovers(slurm_cluster, job.job_id) == {}

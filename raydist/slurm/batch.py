@@ -2,9 +2,10 @@
 
 The command's exit status becomes the job's. At the time-limit warning (`--signal=B:USR1@...`) every run on the
 cluster checkpoints and stops (raydist.slurm.interrupt), and the allocation requeues itself
-(`scontrol requeue`, `#SBATCH --requeue`) so that the same command resumes the run at the step it stopped; a
-SIGTERM (preemption or scancel) checkpoints the same way but leaves requeueing to SLURM. The requeue rule is
-`decide`, a pure function.
+(`scontrol requeue`, `#SBATCH --requeue`) so that the same command resumes the run at the step it stopped. A
+SIGTERM (scancel, preemption) reaches every step of the job at once: the command is ended at once, Ray's nodes
+drain themselves (which a raydist loop sees through Ray Train's preemption info), and requeueing is left to SLURM.
+The requeue rule is `decide`, a pure function.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from raydist.errors import RaydistError
 from raydist.slurm.settings import Requeue
 
 TIME_LIMIT, PREEMPTION = "time_limit", "preemption"
@@ -114,19 +116,23 @@ class Supervisor:
         while self.proc.poll() is None:
             if self._pending and not self.signal:
                 self.signal = self._pending
-                self.on_warning(self.signal, self)  # returns once the runs stopped, or its bound passed
-                self._stop_command()
+                if self.signal == TIME_LIMIT:
+                    self.on_warning(self.signal, self)  # returns once the runs stopped, or its bound passed
+                    self._stop_command(self.stop_wait_s)
+                else:  # SIGTERM reached every step at once: Ray is going down, there is no time to stop runs
+                    self._stop_command(0)
             time.sleep(0.2)
         return Outcome(self.proc.returncode, self.signal, read_status(self.result_file))
 
-    def _stop_command(self) -> None:
-        """After the cluster-wide stop: give the command `stop_wait_s` more to exit, then end it."""
+    def _stop_command(self, wait_s: float) -> None:
+        """Give the command `wait_s` more to exit, then end it (SIGTERM, then SIGKILL)."""
         assert self.proc is not None
         try:
-            self.proc.wait(timeout=self.stop_wait_s)
+            self.proc.wait(timeout=wait_s)
             return
         except subprocess.TimeoutExpired:
-            self.log(f"the command did not stop within {self.stop_wait_s:.0f} s: ending it")
+            if wait_s:
+                self.log(f"the command did not stop within {wait_s:.0f} s: ending it")
         for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
             try:
                 os.killpg(self.proc.pid, sig)
@@ -137,4 +143,7 @@ class Supervisor:
 
 
 def requeue(job_id: int) -> None:
-    subprocess.run(["scontrol", "requeue", str(job_id)], check=True, capture_output=True, text=True)
+    r = subprocess.run(["scontrol", "requeue", str(job_id)], capture_output=True, text=True)
+    if r.returncode != 0:  # e.g. a cluster with JobRequeue=0 and no #SBATCH --requeue
+        why = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+        raise RaydistError(f"scontrol requeue {job_id} failed: {why}")

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from raydist.errors import ConfigError, RaydistError
+from raydist.errors import RaydistError, UsageError
 
 
 def _say(msg: str) -> None:
@@ -74,7 +74,7 @@ def _down(args) -> int:
 
 
 def _stop(args) -> int:
-    """Interactive mode's answer to the time-limit warning or a preemption: every run checkpoints and stops."""
+    """Interactive mode's answer to the time-limit warning: every run checkpoints and stops."""
     from raydist.slurm import batch, connection, interrupt
     from raydist.slurm.jobdir import JobDir
 
@@ -82,7 +82,7 @@ def _stop(args) -> int:
     jd = JobDir(cfg.job_path(alloc.job_id))
     if not jd.connection.exists():
         return 0  # the cluster never came up: nothing runs on it
-    reason = "SLURM time limit" if args.reason == "time_limit" else "SLURM preemption or cancel (SIGTERM)"
+    reason = "SLURM time limit"
     waited = interrupt.stop_cluster_runs(connection.read(jd.connection), reason, batch.time_left(alloc.job_id),
                                          cfg.timeouts.stop, log=_say)
     _say(f"job {alloc.job_id}: runs stopped after {waited:.1f} s; resume each with the command named above "
@@ -96,18 +96,21 @@ def _run(args) -> int:
     from raydist.slurm.jobdir import JobDir
 
     cfg, alloc = _load(args), _alloc()
-    command = [a for a in args.command if a != "--"] if args.command[:1] == ["--"] else args.command
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command  # later "--" are the command's
     if not command:
-        raise ConfigError("raydist slurm run: give the command to run, e.g. -- python jobs/sync.py")
+        raise UsageError("raydist slurm run: give the command to run, e.g. -- python jobs/sync.py")
     jd = JobDir(cfg.job_path(alloc.job_id))
     conn = connection.read(jd.connection)
     restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
     _say(f"job {alloc.job_id}: batch mode, run {restarts + 1}: {interrupt.quoted(command)}")
 
     def on_warning(kind: str, sup: "batch.Supervisor") -> None:
-        reason = "SLURM time limit" if kind == batch.TIME_LIMIT else "SLURM preemption or cancel (SIGTERM)"
-        interrupt.stop_cluster_runs(conn, reason, batch.time_left(alloc.job_id), cfg.timeouts.stop,
-                                    still_running=sup.running, log=_say)
+        reason = "SLURM time limit"
+        try:
+            interrupt.stop_cluster_runs(conn, reason, batch.time_left(alloc.job_id), cfg.timeouts.stop,
+                                        still_running=sup.running, log=_say)
+        except Exception as e:  # the command is still ended (then by signal); say why it got no stop request
+            _say(f"{reason}: could not ask the runs to stop: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
 
     # Unbuffered: the job's output file shows progress as it happens (`tail -f raydist-<id>.out`).
     env = {**os.environ, **interrupt.ray_env(conn), "PYTHONUNBUFFERED": "1"}
@@ -118,7 +121,6 @@ def _run(args) -> int:
     _say(f"job {alloc.job_id}: command exited {outcome.exit_code}"
          f"{f' (run {outcome.status})' if outcome.status else ''}; {decision.why}")
     if decision.requeue:
-        args.step_pid = args.step_pid or 0
         _down(args)  # Ray down first: the requeued job brings up a fresh cluster
         batch.requeue(alloc.job_id)
     return outcome.exit_code
@@ -216,10 +218,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     _config_arg(p)
     p.add_argument("--step-pid", type=int, help="PID of the srun running the nodes: SIGTERM its step, wait for it")
     p.set_defaults(func=_down)
-    p = ssub.add_parser("stop", help="batch step, at the time-limit warning or a preemption: every training run on "
-                                     "the cluster checkpoints and stops; names each interrupted submission")
+    p = ssub.add_parser("stop", help="batch step, at the time-limit warning: every training run on the cluster "
+                                     "checkpoints and stops; names each interrupted submission")
     _config_arg(p)
-    p.add_argument("--reason", choices=("time_limit", "preemption"), default="time_limit")
     p.set_defaults(func=_stop)
     p = ssub.add_parser("run", help="batch step, batch mode: run COMMAND as the job's driver; stop it at a "
                                     "checkpoint on the warning; requeue per the config")
