@@ -7,7 +7,6 @@ is missing or does not match its files is broken (a write that was killed, a dis
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -16,11 +15,12 @@ import re
 import shutil
 import time
 from dataclasses import asdict, dataclass
-from typing import IO, Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
+from raydist.atomic import write_atomic
 from raydist.errors import RaydistError
 
 STATE_FILE = "train_state.pt"
@@ -97,25 +97,6 @@ def fsync_dir(directory: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def write_atomic(path: str, write: Callable[[IO[bytes]], Any], *, fsync: bool = True) -> None:
-    """Write a file through `write(f)` under a temporary name, fsync it, then rename it: a reader, or a machine
-    that lost power, sees the old file or the whole new one, never a prefix."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            if fsync:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    if fsync:
-        fsync_dir(os.path.dirname(path) or ".")
 
 
 def sha256_of(path: str) -> str:

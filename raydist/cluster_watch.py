@@ -15,6 +15,14 @@ def node_name(node: dict[str, Any]) -> str:
     return f"{host} ({address})" if host and host != address else address
 
 
+def preempted(node_ids) -> str:
+    """The stop reason for nodes being drained: 'preempted: node(s) node01 (192.168.20.16), ... draining'."""
+    import ray
+
+    names = {n["NodeID"]: node_name(n) for n in ray.nodes()}
+    return f"preempted: node(s) {', '.join(sorted(names.get(n, n[:8]) for n in node_ids)) or '?'} draining"
+
+
 def dead_nodes() -> list[str]:
     """Names of the nodes Ray knows as dead, with Ray's reason."""
     import ray

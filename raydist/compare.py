@@ -19,7 +19,8 @@ import yaml
 from raydist import registry
 from raydist.config import Config
 from raydist.errors import RaydistError
-from raydist.summary import SUMMARY_FILE, JobSummary, write_json_atomic
+from raydist.atomic import write_json_atomic
+from raydist.summary import SUMMARY_FILE, JobSummary
 
 REPO = Path(__file__).resolve().parents[1]
 # What every strategy shares; optim and schedule stay each job's own (its tuned defaults in raydist/configs/).

@@ -68,11 +68,9 @@ class RayTrainContext:
         info = ray.train.get_preemption_info()  # a barrier: every rank calls it at the same sync point
         if info is None:
             return None
-        import ray
+        from raydist.cluster_watch import preempted
 
-        names = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
-        nodes = ", ".join(sorted(names.get(n, n[:8]) for n in info.preempted_node_to_ranks)) or "?"
-        return f"preempted: node(s) {nodes} draining"
+        return preempted(info.preempted_node_to_ranks)
 
     def stop_request(self) -> str | None:
         from raydist.preemption import stop_requested

@@ -20,7 +20,8 @@ from raydist import registry
 from raydist.cli import OneLineParser
 from raydist.config import Config, job_defaults, load_config
 from raydist.errors import ConfigError, RaydistError, UsageError, exits_cleanly
-from raydist.summary import RESULT_ENV, JobSummary, write_json_atomic
+from raydist.atomic import write_json_atomic
+from raydist.summary import RESULT_ENV, JobSummary
 
 
 @dataclass

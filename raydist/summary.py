@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from raydist.atomic import write_json_atomic
+
 SUMMARY_FILE = "summary.json"
 RESULT_ENV = "RAYDIST_RESULT_FILE"
 """When set, a job also writes its summary to this path (batch mode reads the job's status there)."""
@@ -23,18 +25,6 @@ def _f(help: str, default: Any = dataclasses.MISSING) -> Any:
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata={"help": help})
     return field(default=default, metadata={"help": help})
-
-
-def write_json_atomic(path: Path, data: Any) -> Path:
-    """Write, flush to disk, then rename over `path`: the file is the old one or the new one, never a torn one."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
 
 
 @dataclass

@@ -73,6 +73,7 @@ def test_stopped_run_resumes_from_the_servers_checkpoint(run_async, tmp_path):
     common = ["train.max_steps=30", "checkpoint.every_steps=10", "async_ps.staleness_lr=true"]
     stopped = run_async("resumed", *common, "train.stop_at_step=25")
     assert stopped["steps"] == 25 and stopped["checkpoint"].endswith("checkpoint_step00000025")
+    assert stopped["status"] == "stopped" and stopped["stop_reason"] == "train.stop_at_step=25"
     resumed = run_async("resumed", *common)
     assert resumed["resumed_from_step"] == 25 and resumed["steps"] == 60
     assert sorted(read_steps(resumed["metrics_file"])) == list(range(1, 61))  # server versions carry on

@@ -26,6 +26,7 @@ def test_stopped_run_resumes_at_the_next_step_with_identical_losses(tmp_path):
     # The interrupted leg uploads its checkpoints in the background; the resumed leg must still find them.
     stopped = summary(run_job("sync", *common, "run.name=resumed", "train.stop_at_step=13", "checkpoint.async_upload=true"))
     assert stopped["steps"] == 13  # mid-epoch: 22 steps per epoch
+    assert stopped["status"] == "stopped" and stopped["stop_reason"] == "train.stop_at_step=13"
     resumed = summary(run_job("sync", *common, "run.name=resumed"))
     assert resumed["resumed_from_step"] == 13
     assert resumed["steps"] == straight["steps"] == 44

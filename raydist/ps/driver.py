@@ -275,6 +275,7 @@ class AsyncPSRun:
         and the final checkpoint then covers every step taken (none lost beyond those in flight)."""
         import ray
 
+        from raydist.cluster_watch import preempted
         from raydist.preemption import draining_nodes, stop_requested
 
         request = stop_requested()
@@ -284,8 +285,7 @@ class AsyncPSRun:
         if request is not None:
             self.stop_reason = request.describe()
         else:
-            names = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
-            self.stop_reason = f"preempted: node(s) {', '.join(sorted(names.get(n, n[:8]) for n in draining))} draining"
+            self.stop_reason = preempted(draining)
         granted = ray.get(self.shards[0].stop_granting.remote())
         print(f"[raydist] async: stopping after step {granted}: {self.stop_reason}", flush=True)
 
@@ -352,7 +352,8 @@ class AsyncPSRun:
             staleness_mean=sum(k * v for k, v in staleness.items()) / updates if updates else 0.0,
             staleness_max=max(staleness, default=0), dropped=dropped,
             steps_per_worker=[r.steps for r in reports],
-            stop_reason=self.stop_reason if self.steps < self.budget.total else None,
+            stop_reason=(self.stop_reason or f"train.stop_at_step={cfg.train.stop_at_step}")
+            if self.steps < self.budget.total else None,
         )
 
 

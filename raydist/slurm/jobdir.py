@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from raydist.atomic import write_json_atomic
 from raydist.errors import RaydistError
 
 
@@ -38,13 +39,6 @@ class Plan:
         data = dict(data)
         data["nodes"] = tuple(data["nodes"])
         return cls(**data)
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Readers on other nodes never see half a file: write aside, then rename."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
 
 
 class JobDir:
