@@ -373,6 +373,10 @@ def test_cli_errors_are_one_line(tmp_path):
     good.write_text(f"job_dir: {tmp_path}/jobs\n")
     r = _raydist("env", "--config", str(good))
     assert r.returncode == 1 and "no running raydist cluster" in r.stderr
+    for args in (["slurm", "run"], ["slurm", "run", "--"]):  # batch mode with nothing to run: bad input
+        r = _raydist(*args)
+        assert r.returncode == 2 and r.stderr.strip() == ("raydist: error: raydist slurm run: give the command to run, "
+                                                          "e.g. -- python jobs/sync.py"), r.stderr
 
 
 def test_env_prints_export_lines_from_the_connection_file(tmp_path):

@@ -95,10 +95,10 @@ def _run(args) -> int:
     from raydist.slurm import batch, connection, interrupt
     from raydist.slurm.jobdir import JobDir
 
-    cfg, alloc = _load(args), _alloc()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command  # later "--" are the command's
     if not command:
         raise UsageError("raydist slurm run: give the command to run, e.g. -- python jobs/sync.py")
+    cfg, alloc = _load(args), _alloc()
     jd = JobDir(cfg.job_path(alloc.job_id))
     conn = connection.read(jd.connection)
     restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
