@@ -270,6 +270,33 @@ class StragglerConfig:
 
 
 @dataclass
+class FaultsConfig:
+    """What bounds a hang, and how replicas that should agree are checked (faults inside a run)."""
+
+    hang_timeout_s: float = opt(
+        60.0, "a worker process that answers no health check for this long (stopped, frozen) fails the run, or "
+        "restarts it within scaling.max_failures; the failure names its rank and node", gt=0)
+    collective_timeout_s: float = opt(
+        300.0, "process-group start-up and every gloo/NCCL collective give up after this many seconds (a peer that "
+        "is alive but never joins)", gt=0)
+    desync_every_steps: int = opt(
+        100, "every N steps all ranks compare fingerprints (parameter checksum, gradient norms); 0 = never", ge=0)
+    desync_tolerance: float = opt(
+        1e-6, "relative difference of two ranks' parameter checksums that counts as a desync (replicas that should "
+        "be identical)", ge=0)
+    grad_norm_tolerance: float = opt(
+        0.0, "also warn when a rank's local gradient norm (before the all-reduce) differs from the median by more "
+        "than this fraction; 0 = only non-finite norms (small batches differ by more than 10% routinely)", ge=0)
+    on_desync: Literal["warn", "stop", "restart"] = opt(
+        "stop", "on a desync: warn = one line and go on; stop = fail the run (exit 1) keeping the last good "
+        "checkpoint; restart = restart the workers from the last checkpoint (counts against scaling.max_failures)")
+    inject_desync_rank: int = opt(
+        -1, "testing: this rank perturbs one parameter after step inject_desync_step; -1 = never", ge=0,
+        special={-1: "never"})
+    inject_desync_step: int = opt(1, "testing: the step after which inject_desync_rank perturbs its parameters", ge=1)
+
+
+@dataclass
 class LocalSGDConfig:
     """jobs/local_sgd.py: workers step on their own and average parameters every `sync_every` steps."""
 
@@ -339,6 +366,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     run: RunConfig = field(default_factory=RunConfig)
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
     local_sgd: LocalSGDConfig = field(default_factory=LocalSGDConfig)
     async_ps: AsyncPSConfig = field(default_factory=AsyncPSConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
@@ -348,6 +376,8 @@ class Config:
                "cnn needs image data: set data.name=digits")
         _check(self.straggler.worker < self.scaling.max_workers, "straggler.worker",
                f"must be below scaling.num_workers={self.scaling.max_workers} (got {self.straggler.worker})")
+        _check(self.faults.inject_desync_rank < self.scaling.max_workers, "faults.inject_desync_rank",
+               f"must be below scaling.num_workers={self.scaling.max_workers} (got {self.faults.inject_desync_rank})")
 
     def validate(self) -> "Config":
         return validate(self)

@@ -55,6 +55,7 @@ class JobSummary:
     stop_reason: str | None = _f(
         "why a stopped run stopped: train.stop_at_step, a stop request (SLURM time limit, preemption), a draining node",
         None)
+    restarts: int = _f("times the run replaced failed workers or servers and went on from a checkpoint", 0)
     # The parameter server's own books; null for strategies without servers.
     servers: int | None = _f("async: parameter-server shards", None)
     staleness_mean: float | None = _f("async: mean staleness (server versions) of the applied updates", None)
