@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from raydist.errors import ConfigError, RaydistError
-from raydist.slurm import connection, netif, ports, readiness, settings, teardown
+from raydist.slurm import connection, netif, ports, readiness, settings, sweep, teardown
+from raydist.slurm.bringup import private_dir
 from raydist.slurm.jobdir import JobDir, Plan
 from raydist.slurm.nodes import Allocation, cpus_from_env, expand_hostlist, gpus_from_env
 
@@ -351,6 +352,158 @@ def test_teardown_refuses_a_temp_dir_that_is_not_the_jobs(tmp_path):
     d = tmp_path / "raydist-1"
     d.mkdir()
     assert not teardown.remove_temp_dir(d, 2) and d.exists()
+
+
+# ---- sweeping what killed jobs left behind ----------------------------------------------------------------
+
+@pytest.mark.parametrize("name, kind, job", [
+    ("raydist-41", sweep.TEMP, 41), ("raydist-041", sweep.TEMP, None), ("raydist-41.old", sweep.TEMP, None),
+    ("raydist-", sweep.TEMP, None), ("raydist-x", sweep.TEMP, None), ("ray", sweep.TEMP, None),
+    ("41", sweep.TEMP, None), ("41", sweep.JOB, 41), ("041", sweep.JOB, None), ("41_2", sweep.JOB, None),
+    ("raydist-41", sweep.JOB, None), ("0", sweep.JOB, None),
+])
+def test_only_names_raydist_gives_carry_a_job_id(name, kind, job):
+    assert sweep.job_of(name, kind) == job
+
+
+def test_live_ids_from_squeue_count_array_and_het_jobs_by_every_id_they_show():
+    text = "41 41\n57 55_2\n55 55_[3-9%2]\n71 70+1\n70 70+0\n"
+    assert sweep.live_ids(text) == {41, 55, 57, 70, 71}
+    assert sweep.live_ids("") == set()
+
+
+def _entry(name: str, kind: str = sweep.TEMP, ours: bool = True, marked: bool = True) -> sweep.Entry:
+    return sweep.Entry(Path("/r") / name, kind, sweep.job_of(name, kind), ours, marked)
+
+
+def test_the_sweep_removes_only_our_entries_of_jobs_slurm_no_longer_runs():
+    entries = [_entry("raydist-5"), _entry("raydist-6"), _entry("raydist-7"), _entry("raydist-8", ours=False),
+               _entry("raydist-x"), _entry("5", sweep.JOB), _entry("9", sweep.JOB, marked=False),
+               _entry("6", sweep.JOB), _entry("notes", sweep.JOB)]
+    gone = sweep.to_remove(entries, live={6, 7}, current_job=7)
+    assert [e.path.name for e in gone] == ["raydist-5", "5"]
+    # The current job is never swept, even when SLURM's answer omitted it; live jobs never are.
+    assert [e.path.name for e in sweep.to_remove(entries, live=set(), current_job=7)] == ["raydist-5", "raydist-6",
+                                                                                         "5", "6"]
+    assert sweep.to_remove(entries, live={5, 6, 7, 8, 9}) == []
+    assert [e.job_id for e in sweep.candidates(entries, current_job=7)] == [5, 6, 5, 6]
+
+
+def _leftovers(root: Path) -> dict[str, Path]:
+    """A temp dir root and a job dir root as a killed job's clean-up leaves them, with things to keep."""
+    tmp, jobs = root / "tmp", root / "jobs"
+    made = {}
+    for name in ("raydist-5", "raydist-6", "raydist-7", "raydist-x"):
+        made[name] = tmp / name
+        (tmp / name / "session_x").mkdir(parents=True)
+    (tmp / "raydist-8").write_text("a file, not a dir")
+    os.symlink(root / "elsewhere", tmp / "raydist-9")
+    (root / "elsewhere").mkdir()
+    for name, marker in (("5", "token"), ("6", "nodes"), ("7", "plan.json"), ("11", None)):
+        made[f"job {name}"] = jobs / name
+        (jobs / name).mkdir(parents=True)
+        if marker:
+            (jobs / name / marker).write_text("")
+    return made
+
+
+def test_sweep_lists_asks_about_candidates_only_and_removes(tmp_path):
+    made = _leftovers(tmp_path)
+    asked = []
+
+    def ask(ids, current):
+        asked.append((ids, current))
+        return {6, 7}
+
+    roots = [(tmp_path / "tmp", sweep.TEMP), (tmp_path / "jobs", sweep.JOB)]
+    line = sweep.sweep(roots, current_job=7, who="node01", ask=ask)
+    assert asked == [([5, 6], 7)]  # not 11 (no raydist file in it), not 7 (this job), not the link or the file
+    assert line == f"node01: removed leftovers of ended job(s) 5: {made['raydist-5']}, {made['job 5']}"
+    assert not made["raydist-5"].exists() and not made["job 5"].exists()
+    assert all(p.exists() for k, p in made.items() if k not in ("raydist-5", "job 5"))
+    assert (tmp_path / "tmp" / "raydist-8").is_file() and (tmp_path / "tmp" / "raydist-9").is_symlink()
+    assert (tmp_path / "elsewhere").is_dir()
+    assert sweep.sweep(roots, current_job=7, who="node01", ask=ask) is None  # nothing left to do: silent
+
+
+def test_sweep_removes_nothing_when_slurm_cannot_say_which_jobs_are_live(tmp_path):
+    made = _leftovers(tmp_path)
+
+    def ask(ids, current):
+        raise sweep.SlurmUnavailable("squeue exited 1: Unable to contact slurm controller")
+
+    line = sweep.sweep([(tmp_path / "tmp", sweep.TEMP), (tmp_path / "jobs", sweep.JOB)], 7, "node01", ask=ask)
+    assert line.startswith("node01: not removing 4 possible leftover(s) of earlier jobs (")
+    assert line.endswith("cannot ask SLURM which jobs are live: squeue exited 1: Unable to contact slurm controller")
+    assert "\n" not in line and all(p.exists() for p in made.values())
+    assert sweep.sweep([(tmp_path / "absent", sweep.TEMP)], 7, "node01", ask=ask) is None
+
+
+def test_a_leftover_that_cannot_be_removed_is_named_in_the_same_line(tmp_path, monkeypatch):
+    made = _leftovers(tmp_path)
+
+    def rmtree(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(sweep.shutil, "rmtree", rmtree)
+    line = sweep.sweep([(tmp_path / "tmp", sweep.TEMP)], 7, "node01", ask=lambda ids, current: {7})
+    assert line == (f"node01: removed leftovers of ended job(s) 5, 6: none; could not remove {made['raydist-5']} "
+                    f"(Permission denied), {made['raydist-6']} (Permission denied)")
+
+
+def test_entries_of_another_user_are_never_candidates(tmp_path):
+    (tmp_path / "raydist-5").mkdir()
+    (tmp_path / "raydist-5" / "token").mkdir()
+    assert sweep.candidates(sweep.scan(tmp_path, sweep.TEMP, uid=os.getuid() + 1)) == []
+    assert [e.job_id for e in sweep.candidates(sweep.scan(tmp_path, sweep.TEMP))] == [5]
+
+
+def _fake_squeue(tmp_path: Path, monkeypatch, script: str) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text(f"#!/bin/bash\necho \"$@\" > {tmp_path}/args; env > {tmp_path}/env\n{script}\n")
+    os.chmod(bin_dir / "squeue", 0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SQUEUE_STATES", "R")  # would hide pending and suspended jobs
+    return tmp_path / "args"
+
+
+def test_asking_slurm_lists_the_current_job_too_and_distrusts_an_answer_without_it(tmp_path, monkeypatch):
+    args = _fake_squeue(tmp_path, monkeypatch, "printf '7 7\\n12 10_2\\n'")
+    assert sweep.ask_slurm([5, 10], current_job=7) == {7, 10, 12}
+    assert "--jobs=5,7,10" in args.read_text() and "--format=%A %i" in args.read_text()
+    assert "SQUEUE_STATES" not in (tmp_path / "env").read_text()
+    with pytest.raises(sweep.SlurmUnavailable, match=r"does not list this job \(8\) itself"):
+        sweep.ask_slurm([5], current_job=8)
+
+
+@pytest.mark.parametrize("script, message", [
+    ("echo 'slurm_load_jobs error: Unable to contact slurm controller' >&2; exit 1",
+     "squeue exited 1: slurm_load_jobs error: Unable to contact slurm controller"),
+    ("sleep 5", "squeue did not answer within 0s"),
+])
+def test_a_failing_squeue_is_one_line(tmp_path, monkeypatch, script, message):
+    _fake_squeue(tmp_path, monkeypatch, script)
+    with pytest.raises(sweep.SlurmUnavailable) as e:
+        sweep.ask_slurm([5], current_job=7, timeout=0.3)
+    assert str(e.value) == message
+
+
+def test_the_jobs_temp_dir_is_0700_whatever_the_umask_and_never_a_strangers(tmp_path):
+    old = os.umask(0o022)
+    try:
+        d = tmp_path / "t" / "raydist-42"
+        private_dir(d)
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700
+        os.chmod(d, 0o755)  # left by this job's run before a requeue
+        private_dir(d)
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700
+    finally:
+        os.umask(old)
+    (tmp_path / "target").mkdir()
+    os.symlink(tmp_path / "target", tmp_path / "raydist-43")
+    with pytest.raises(RaydistError, match="exists but is not a directory of this user's"):
+        private_dir(tmp_path / "raydist-43")
 
 
 # ---- command line and the sbatch script -------------------------------------------------------------------

@@ -7,13 +7,14 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from raydist.errors import RaydistError
-from raydist.slurm import netif, ports, teardown
+from raydist.slurm import netif, ports, sweep, teardown
 from raydist.slurm.api import HOST_LABEL, IFACE_LABEL
 from raydist.slurm.jobdir import JobDir, Plan
 from raydist.slurm.nodes import Allocation
@@ -23,11 +24,15 @@ from raydist.slurm.settings import ClusterConfig
 _STALE_RAY_ENV = ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_API_SERVER_ADDRESS")
 
 
-def make_plan(cfg: ClusterConfig, alloc: Allocation) -> Plan:
+def make_plan(cfg: ClusterConfig, alloc: Allocation, log=print) -> Plan:
     """Runs in the batch step, on the job's first node, which becomes the head."""
     if alloc.this_node != alloc.head:
         raise RaydistError(f"the plan must be made on the job's first node {alloc.head}, not {alloc.this_node}")
     jd = JobDir(cfg.job_path(alloc.job_id))
+    # Job dirs (tokens included) of jobs whose teardown SLURM killed; the nodes sweep their own temp dirs.
+    swept = sweep.sweep([(jd.path.parent, sweep.JOB)], alloc.job_id, alloc.this_node)
+    if swept:
+        log(swept)
     if int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0 and jd.path.exists():
         jd.remove()  # a requeued job: the dir is this same job's, left by a run that was killed before teardown
     choice = netif.head_choice(alloc.head, alloc.workers, cfg.interface_for(alloc.head))
@@ -43,6 +48,24 @@ def make_plan(cfg: ClusterConfig, alloc: Allocation) -> Plan:
         config_source=cfg.source)
     jd.write_plan(plan)
     return plan
+
+
+def private_dir(path: Path) -> None:
+    """`path` as a directory only this user can enter (mode 0700 whatever the umask); refuses one that is a link
+    or belongs to someone else (another user could have made it first in a shared /tmp)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            pass  # a requeued job's own dir from before
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            raise RaydistError(f"{path} exists but is not a directory of this user's: remove it or set "
+                               f"temp_dir in the cluster config")
+        os.chmod(path, 0o700)  # mkdir's mode is masked by the umask
+    except OSError as e:
+        raise RaydistError(f"cannot create the job's temp dir {path}: {e.strerror or e}") from None
 
 
 def wait_for_head(node: str, choice: netif.Choice, plan: Plan, timeout: float) -> None:
@@ -72,13 +95,18 @@ def wait_for_head(node: str, choice: netif.Choice, plan: Plan, timeout: float) -
         time.sleep(0.5)
 
 
+def ray_temp_dir(plan: Plan) -> Path:
+    """Ray's --temp-dir: inside the job's 0700 temp dir, because Ray makes its own temp dir world-writable (0777)."""
+    return Path(plan.temp_dir) / "ray"
+
+
 def ray_start_command(plan: Plan, node: str, choice: netif.Choice, block: ports.PortBlock, alloc: Allocation
                       ) -> list[str]:
     head = node == plan.head
     ray = Path(sys.executable).with_name("ray")
     cmd = [str(ray) if ray.exists() else (shutil.which("ray") or "ray"), "start", "--block",
            f"--node-ip-address={choice.ip}", f"--num-cpus={alloc.cpus}", f"--num-gpus={alloc.gpus}",
-           f"--temp-dir={plan.temp_dir}", f"--labels={HOST_LABEL}={node},{IFACE_LABEL}={choice.iface}",
+           f"--temp-dir={ray_temp_dir(plan)}", f"--labels={HOST_LABEL}={node},{IFACE_LABEL}={choice.iface}",
            "--disable-usage-stats"]
     if plan.object_store_memory:
         cmd.append(f"--object-store-memory={plan.object_store_memory}")
@@ -128,7 +156,15 @@ def run_node(cfg: ClusterConfig, alloc: Allocation, log=print) -> int:
         jd.write_record(node, state="failed", error=str(e))
         raise
     temp = Path(plan.temp_dir)
-    temp.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # Temp dirs of this user's jobs that SLURM no longer runs (their clean-up was killed); never a live job's.
+    swept = sweep.sweep([(temp.parent, sweep.TEMP)], plan.job_id, node)
+    if swept:
+        log(swept)
+    try:
+        private_dir(temp)
+    except RaydistError as e:
+        jd.write_record(node, state="failed", error=f"{node}: {e}")
+        raise RaydistError(f"{node}: {e}") from None
     log_path = temp / "ray-start.log"
     cmd = ray_start_command(plan, node, choice, block, alloc)
     log(f"{node}: {'head' if is_head else 'worker'} on {choice.iface} {choice.ip} ({choice.why}), "

@@ -30,7 +30,7 @@ def _plan(args) -> int:
     from raydist.slurm.bringup import make_plan
 
     cfg, alloc = _load(args), _alloc()
-    plan = make_plan(cfg, alloc)
+    plan = make_plan(cfg, alloc, log=_say)
     _say(f"job {plan.job_id}: {len(plan.nodes)} node(s) {','.join(plan.nodes)}; head {plan.head} on "
          f"{plan.head_iface} {plan.head_ip} ({plan.head_why}); ports {plan.block_start}-"
          f"{plan.block_start + plan.block_size - 1}; config {plan.config_source}")
