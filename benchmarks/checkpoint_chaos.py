@@ -3,11 +3,12 @@
     .venv/bin/python benchmarks/checkpoint_chaos.py [--kills 30] [--seed 0]
     .venv/bin/python benchmarks/checkpoint_chaos.py --save-cost 50     # what one save costs, with and without fsync
 
-Two writers, each a subprocess that resumes from the newest valid checkpoint and then saves one checkpoint after
+Three writers, each a subprocess that resumes from the newest valid checkpoint and then saves one checkpoint after
 another until it is SIGKILLed:
   sync  the Ray Train path: `save_state` into a local directory, then what Ray Train does with it: a copy into
         <run_dir>/checkpoint_stepNNNNNNNN (file by file, not atomic), an in-place rewrite of
         checkpoint_manager_snapshot.json, the deletion of the oldest beyond `keep`; onto storage at ~100 MB/s
+  local_sgd  the same path with each of two ranks' own model in the checkpoint as well (local SGD's per-rank state)
   ps    the async PS driver's `_save` (staging directory, manifest, rename)
 After each kill the reader the jobs use picks a checkpoint; the check fails if it is broken, holds the wrong
 content for its step, or is older than the last save the writer finished. tests/test_checkpoint_integrity.py runs
@@ -36,7 +37,7 @@ SAVED_LOG = "saved.log"
 STORAGE_BYTES_S = 100e6
 STORAGE_LATENCY_S = 0.002
 CHUNK = 256 * 1024
-STATE = {"sync": "train_state.pt", "ps": "ps_state.pt"}
+STATE = {"sync": "train_state.pt", "local_sgd": "train_state.pt", "ps": "ps_state.pt"}
 
 
 # ---- the writers (run in the subprocess) ----------------------------------------------------------------------
@@ -51,7 +52,12 @@ def _model(step: int):
     return model
 
 
-def _write_sync(run_dir: str, step: int, written: list[str]) -> None:
+def _write_local_sgd(run_dir: str, step: int, written: list[str]) -> None:
+    """Local SGD's checkpoint: the same path as sync's, plus each of two ranks' own model and optimizer."""
+    _write_sync(run_dir, step, written, per_rank=2)
+
+
+def _write_sync(run_dir: str, step: int, written: list[str], per_rank: int = 0) -> None:
     from raydist.checkpoint import RAY_SNAPSHOT, Progress, rng_state, save_state
     from raydist.context import new_checkpoint_dir
 
@@ -59,8 +65,9 @@ def _write_sync(run_dir: str, step: int, written: list[str]) -> None:
     # second torch.optim takes to set up (the saves, not the payload, are under test).
     no_state = SimpleNamespace(state_dict=dict)
     local = new_checkpoint_dir()
+    extra = {"per_rank": [{"model": _model(step).state_dict(), "optimizer": {}} for _ in range(per_rank)]} if per_rank else None
     save_state(local, model=_model(step), optimizer=no_state, scheduler=no_state, progress=Progress(step=step),
-               rng_per_rank=[rng_state()])
+               rng_per_rank=[rng_state()] * max(1, per_rank), extra=extra)
     name = f"checkpoint_step{step:08d}"
     # What Ray Train V2 does with a reported checkpoint (storage.py, checkpoint_manager.py): create the directory,
     # copy the files in, rewrite the snapshot in place, then delete the oldest; here onto slow shared storage.
@@ -115,7 +122,7 @@ def write_forever(writer: str, run_dir: str) -> None:
     chosen = choose(writer, run_dir)
     step = check(writer, chosen) if chosen else 0
     written = [os.path.basename(chosen)] if chosen else []
-    save = {"sync": _write_sync, "ps": _write_ps}[writer]
+    save = {"sync": _write_sync, "local_sgd": _write_local_sgd, "ps": _write_ps}[writer]
     with open(os.path.join(run_dir, SAVED_LOG), "a") as log:
         print(f"ready {step}", file=log, flush=True)
         while True:
@@ -166,6 +173,9 @@ def check(writer: str, directory: str) -> int:
         if state["progress"].step != step:
             raise AssertionError(f"{directory} holds step {state['progress'].step}")
         params = state["model"]["weight"]
+        for mine in state["extra"].get("per_rank", []) if writer == "local_sgd" else []:
+            if not torch.equal(mine["model"]["weight"], params):
+                raise AssertionError(f"{directory}: a rank's own model is not step {step}'s")
     if not torch.equal(params.flatten(), torch.full((WIDTH * WIDTH,), float(step))):
         raise AssertionError(f"{directory} does not hold step {step}'s weights")
     return step
@@ -231,7 +241,7 @@ def chaos(writer: str, kills: int, run_dir: str, seed: int = 0, max_delay_s: flo
         proc.wait()
         result.kills += 1
         result.mid_save += _partial_on_disk(run_dir, writer)
-        readers = [True, False] if writer == "sync" else [True]  # with Ray's snapshot, and the scan alone
+        readers = [True, False] if writer != "ps" else [True]  # with Ray's snapshot, and the scan alone
         try:
             steps = [_checked_choice(writer, run_dir, use_snapshot) for use_snapshot in reversed(readers)]
         except Exception as e:  # noqa: BLE001 -- every failure is a result here
@@ -330,7 +340,7 @@ def main() -> None:
         return
     failed = False
     started = time.perf_counter()
-    for writer in ("sync", "ps"):
+    for writer in ("sync", "local_sgd", "ps"):
         with tempfile.TemporaryDirectory(prefix=f"rd-chaos-{writer}-") as run_dir:
             result = chaos(writer, args.kills, run_dir, seed=args.seed)
         print(result.line(), flush=True)

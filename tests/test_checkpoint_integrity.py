@@ -150,7 +150,7 @@ def _chaos_module():
     return module
 
 
-@pytest.mark.parametrize("writer", ["sync", "ps"])
+@pytest.mark.parametrize("writer", ["sync", "local_sgd", "ps"])
 def test_a_writer_killed_at_random_moments_never_leaves_resume_a_partial_checkpoint(tmp_path, writer):
     # 5 kills per writer; benchmarks/checkpoint_chaos.py runs 30 each.
     result = _chaos_module().chaos(writer, kills=5, run_dir=str(tmp_path), seed=1)
