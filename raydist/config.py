@@ -66,13 +66,21 @@ def _check(ok: bool, key: str, message: str) -> None:
 
 
 def _run_name(value: str, key: str) -> str:
-    # The name is a directory under storage_path: a '/' would put the run somewhere else.
+    # The name is a directory under storage_path: a '/', '.' or '..' would put the run somewhere else.
     _check("/" not in value, key, f"must not contain '/' (got {value!r})")
+    _check(value not in (".", ".."), key, f"must name a directory under run.storage_path (got {value!r})")
+    _no_control_characters(value, key)
     return value
+
+
+def _no_control_characters(value: str, key: str) -> None:
+    # A NUL cannot be in a path at all; other control characters make paths no one can type.
+    _check(value.isprintable(), key, f"must not contain control characters (got {value!r})")
 
 
 def _shared_path(value: str, key: str) -> str:
     _check(bool(value.strip()), key, "must not be empty")
+    _no_control_characters(value, key)
     # Workers on other nodes open it as a path; a URL would need a filesystem layer raydist does not set up.
     _check("://" not in value, key, f"must be a local or shared filesystem path (got {value!r})")
     return value
