@@ -44,6 +44,17 @@ def shared_config(cfg: Config) -> dict[str, Any]:
     return shared
 
 
+def strategy_config(cfg: Config, strategy: str, runs_dir: Path) -> Config:
+    """The config `run_strategy` gives `strategy`'s job: its own defaults, the shared sections, its run directory
+    (so that its checks run here, before the first job starts)."""
+    from raydist.config import _apply, job_defaults, merge, validate
+
+    own = merge(Config(), [p] if (p := job_defaults(strategy)) else [])
+    shared = shared_config(cfg)
+    _apply(own, {**shared, "run": {**shared.get("run", {}), "storage_path": str(runs_dir), "name": strategy}})
+    return validate(own)
+
+
 def run_strategy(strategy: str, shared_yaml: Path, runs_dir: Path, index: str) -> JobSummary:
     """Run one strategy's job as a user would, echo its progress lines, and read the summary.json it writes."""
     run_dir = runs_dir / strategy

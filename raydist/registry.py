@@ -4,8 +4,9 @@ An entry names its code by import path ("module:attribute") so that reading the 
 Ray: `raydist.config` validates `compare.strategies` against it before anything starts.
 
 Adding a strategy: write its module (a `Strategy` subclass for the shared Ray Train loop, or a driver of its own
-like the async PS), add one `StrategySpec` below, and, if its defaults differ from the dataclass defaults, a
-`raydist/configs/<name>.yaml` holding only the keys that differ. See docs/strategies.md.
+like the async PS, with a `check` for what it refuses), add one `StrategySpec` below, and, if its defaults differ
+from the dataclass defaults, a `raydist/configs/<name>.yaml` holding only the keys that differ. See
+docs/strategies.md.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ class StrategySpec:
     """"module:Class" of a `raydist.train.Strategy` run by the shared loop on Ray Train workers; '' when `driver` does it all."""
     driver: str = "raydist.launch:fit_on_ray_train"
     """"module:function" taking (cfg, spec, session) and returning a `JobSummary`."""
+    check: str = "raydist.preflight:check_loop"
+    """"module:function" taking (cfg): what only this job can check before Ray starts (raises a UsageError,
+    writes nothing); run by `raydist.launch.check_before_ray` after the checks every job shares."""
 
     @property
     def defaults(self) -> Path | None:
@@ -51,14 +55,14 @@ STRATEGIES: dict[str, StrategySpec] = {
                      "workers step alone and average parameters every H steps (all-reduce or ring Polyak)",
                      worker="raydist.strategies.local_sgd:LocalSGD"),
         StrategySpec("async", "async PS", "Downpour SGD: workers push gradients to parameter-server actors without waiting",
-                     driver="raydist.ps.driver:run"),
+                     driver="raydist.ps.driver:run", check="raydist.preflight:check_async"),
     )
 }
 
 # Jobs that are not strategies but share the config and the launcher.
 OTHER_JOBS: dict[str, StrategySpec] = {
     "compare": StrategySpec("compare", "compare", "run several strategies on one setting and set them side by side",
-                            driver="raydist.compare:run"),
+                            driver="raydist.compare:run", check="raydist.preflight:check_compare"),
 }
 
 

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from jobutil import refusal, run_job, summary
+from jobutil import run_job, summary
 
 pytestmark = pytest.mark.slow
 
@@ -59,12 +59,15 @@ def test_compare_writes_results_table_and_a_png_of_the_stated_size(compared):
     assert matplotlib.image.imread(str(out / "plot.png")).shape[:2] == (400, 900)  # it decodes, too
 
 
-def test_unknown_strategy_is_refused_before_anything_runs():
-    assert "compare.strategies: unknown strategy 'fedavg'" in refusal("compare", "--set", "compare.strategies=sync,fedavg")
+def test_a_failing_strategy_job_fails_compare_with_its_one_line_reason(tmp_path):
+    # compare checks every strategy's config before the first one runs (tests/test_bad_inputs.py); what only a
+    # strategy's own job finds (on a cluster: what the cluster can hold) fails compare with that job's line.
+    from raydist.compare import run_strategy
+    from raydist.errors import RaydistError
 
-
-def test_a_failing_strategy_fails_compare_with_its_one_line_reason(tmp_path):
-    # The async job refuses a request the cluster cannot hold (its exit 2); for compare that is a failed run (exit 1).
-    line = refusal("compare", "--set", f"run.storage_path={tmp_path}", "--set", "compare.strategies=async",
-                   "--set", "async_ps.cpus_per_server=64", timeout=300, started=True, code=1)
-    assert line.startswith("raydist: error: async run failed (exit 2): the async job needs 66 CPUs"), line
+    shared = tmp_path / "shared.yaml"
+    shared.write_text("async_ps:\n  cpus_per_server: 64\n")
+    with pytest.raises(RaydistError) as e:
+        run_strategy("async", shared, tmp_path / "runs", "(1/1)")
+    assert str(e.value).startswith("async run failed (exit 2): the async job needs 66 CPUs"), str(e.value)
+    assert e.value.exit_code == 1
