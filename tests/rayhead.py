@@ -61,14 +61,25 @@ def _pids_using(path: str) -> list[int]:
     return pids
 
 
+def _ports() -> list[int]:
+    """Nine free ports, and a tenth that starts a range of 51 worker ports holding none of the nine (Ray refuses
+    to start when two of its components would share a port)."""
+    while True:
+        *named, wmin = free_ports(10)
+        if not any(wmin <= p <= wmin + 50 for p in named) and wmin + 50 <= 65535:
+            return [*named, wmin]
+
+
 @contextlib.contextmanager
-def ray_head(num_cpus: int = 2) -> Iterator[Head]:
+def ray_head(num_cpus: int = 2, num_gpus: int | None = None, stop_wait_s: float = 30) -> Iterator[Head]:
+    """num_gpus: None lets Ray count this machine's; stop_wait_s: how long `ray start --block` gets to stop the
+    daemons after SIGTERM before what is left of them is killed."""
     temp_dir = tempfile.mkdtemp(prefix="rdh-", dir="/tmp")  # short: Ray's unix socket paths must fit 107 bytes
     token_path = os.path.join(temp_dir, "auth_token")
     fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     os.write(fd, secrets.token_hex(32).encode())
     os.close(fd)
-    gcs, dash, client, nm, om, agent_l, agent_g, metrics, rtenv, wmin = free_ports(10)
+    gcs, dash, client, nm, om, agent_l, agent_g, metrics, rtenv, wmin = _ports()
     env = clean_env(PATH=f"{VENV_BIN}:{os.environ['PATH']}", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token_path)
     args = [
         str(VENV_BIN / "ray"), "start", "--head", "--block", f"--temp-dir={temp_dir}",
@@ -78,6 +89,7 @@ def ray_head(num_cpus: int = 2) -> Iterator[Head]:
         f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={rtenv}",
         f"--min-worker-port={wmin}", f"--max-worker-port={wmin + 50}",
         f"--num-cpus={num_cpus}", "--object-store-memory=200000000", "--include-dashboard=true",
+        *([f"--num-gpus={num_gpus}"] if num_gpus is not None else []),
     ]
     log = open(os.path.join(temp_dir, "ray_start.log"), "w")
     proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -89,10 +101,12 @@ def ray_head(num_cpus: int = 2) -> Iterator[Head]:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)  # `ray start --block` stops the daemons it started
         with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=30)
+            proc.wait(timeout=stop_wait_s)
         for pid in _pids_using(temp_dir):  # anything that outlived it, found by our temp dir only
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)  # reaped, killed or not
         log.close()
         shutil.rmtree(temp_dir, ignore_errors=True)
 
