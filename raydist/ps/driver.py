@@ -304,10 +304,20 @@ class AsyncPSRun:
         self.scores = self.evaluator(self.shards, self.bounds)
         self.log.write({"eval_at_step": self.steps, "time_s": time.time() - self.t0, **self.scores})
 
-    def _checkpoint(self) -> str:
+    def _checkpoint(self) -> str | None:
+        """Save every shard's state if they agree on each worker's steps; None (the next poll tries again) if not.
+
+        The shards answer one after another while workers push, so a gradient can be in one shard's state and not
+        yet in another's: restoring that would apply it twice or on some shards only. Agreement on each worker's
+        count means the same gradients everywhere (a worker's pushes reach each shard in order)."""
         import ray
 
         states = ray.get([s.state_dict.remote() for s in self.shards])
+        if any(st["done"] != states[0]["done"] for st in states[1:]):
+            return None
+        # The records of steps in this state that are still in shard 0's buffer (it runs this drain after
+        # state_dict) go into metrics.jsonl before the checkpoint exists: a restart from it never recomputes them.
+        self._collect()
         self.last_checkpoint_at = sum(states[0]["done"].values())  # shard 0's count of each worker's steps: where data resumes
         state = {"shards": states, "workers": self.cfg.scaling.max_workers, "steps": self.last_checkpoint_at,
                  "config": self.cfg.to_dict()}
@@ -327,6 +337,7 @@ class AsyncPSRun:
         self._collect()
         self._evaluate()
         self._print_progress(final=True)
+        # Every worker ended with a fetch, which came after its pushes to each shard: the shards agree.
         checkpoint = self._checkpoint()
         self.log.close()
         staleness: Counter = Counter()

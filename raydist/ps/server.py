@@ -1,7 +1,8 @@
 """The parameter-server actor: one slice of the parameters, its optimizer, version counter and staleness log.
 
-Shard 0 also keeps the run's books: the sample budget it hands out to workers, how many steps each worker has
-completed (their data positions on resume) and one record per update for metrics.jsonl.
+Every shard counts the steps it has received from each worker (`done`); the shards of a consistent checkpoint
+agree on these counts, and they are the workers' data positions on resume. Shard 0 also keeps the run's books:
+the sample budget it hands out to workers and one record per update for metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -39,10 +40,10 @@ class ParameterShard:
         self.version = 0  # updates applied to this slice
         self.staleness = Counter()  # staleness -> updates applied with it
         self.dropped = 0
+        self.done = Counter()  # worker rank -> its steps this shard has received (applied or dropped)
         # shard 0 only
         self.grant_limit = grant_limit
         self.granted = 0
-        self.done = Counter()  # worker rank -> its steps this shard has received (applied or dropped)
         self.records: list[dict[str, Any]] = []
 
     def lr(self) -> float:
@@ -63,8 +64,8 @@ class ParameterShard:
             self.staleness[staleness] += 1
         else:
             self.dropped += 1
-        if meta is not None:  # shard 0: the worker's step is done either way (its samples are spent)
-            self.done[worker] += 1
+        self.done[worker] += 1  # the worker's step is done either way (its samples are spent)
+        if meta is not None:  # shard 0
             record = {"step": self.version, **meta, "lr": lr, "staleness": staleness}
             if not applied:  # no new version: keep it out of the per-step records (`read_steps`)
                 record["dropped_at_step"] = record.pop("step")
@@ -95,7 +96,8 @@ class ParameterShard:
         return Drained(records, sum(self.done.values()))
 
     def stats(self) -> dict[str, Any]:
-        return {"version": self.version, "staleness": dict(self.staleness), "dropped": self.dropped}
+        return {"version": self.version, "staleness": dict(self.staleness), "dropped": self.dropped,
+                "done": dict(self.done)}
 
     def state_dict(self) -> dict[str, Any]:
         return {
