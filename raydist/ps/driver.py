@@ -23,6 +23,7 @@ from raydist.evaluation import evaluate
 from raydist.flat import as_tensor, flatten_, slice_bounds
 from raydist.metrics import MetricsLog
 from raydist.models import build_model
+from raydist.ps.crew import Crew, Death
 from raydist.ps.messages import Drained, PullReply, WorkerReport
 from raydist.summary import JobSummary
 
@@ -141,18 +142,31 @@ class AsyncPSRun:
             raise ConfigError(f"async_ps.num_servers={K} exceeds the model's {self.init.numel()} parameters")
         self.bounds = slice_bounds(self.init.numel(), K)
         self.budget = Budget.of(cfg, len(self.data.train))
-        self.resume_dir = latest_checkpoint(cfg.run.run_dir)
-        self.resumed: dict[str, Any] | None = None
-        if self.resume_dir:
-            self.resumed = torch.load(os.path.join(self.resume_dir, STATE_FILE), map_location="cpu", weights_only=False)
-            if len(self.resumed["shards"]) != K:
-                raise UsageError(f"{self.resume_dir} holds {len(self.resumed['shards'])} server shards but "
-                                 f"async_ps.num_servers={K}: keep the shard count or use a new run.name")
-        self.steps = self.last_checkpoint_at = self.resumed["steps"] if self.resumed else 0
+        self.grant_limit = self.budget.session  # what shard 0 may grant; a stop request lowers it
+        self._restore(latest_checkpoint(cfg.run.run_dir))
+        self.resumed_from = self.steps if self.restore else None
+        self.start_done = dict(self.done)  # the workers' positions when this session began
+        self.restarts = 0
+        self.t0: float | None = None  # time.time() when training began; metrics' time_s and train_time_s count from it
         self.window: list[dict[str, Any]] = []  # update records since the last progress line
         self.last_losses: list[float] = []  # the newest loss of up to one step per worker
         self.scores = {"test_loss": float("nan"), "test_accuracy": float("nan")}
         self.stop_reason: str | None = None
+
+    def _restore(self, checkpoint_dir: str | None) -> None:
+        """Start from this checkpoint's servers and data positions, or from the initial parameters (None)."""
+        K, W = self.cfg.async_ps.num_servers, self.cfg.scaling.max_workers
+        self.restore: dict[str, Any] | None = None
+        self.done: dict[int, int] = {}  # worker -> steps of its shard of the data already done: where it starts
+        if checkpoint_dir:
+            self.restore = torch.load(os.path.join(checkpoint_dir, STATE_FILE), map_location="cpu", weights_only=False)
+            if len(self.restore["shards"]) != K:
+                raise UsageError(f"{checkpoint_dir} holds {len(self.restore['shards'])} server shards but "
+                                 f"async_ps.num_servers={K}: keep the shard count or use a new run.name")
+            self.done = {int(k): v for k, v in self.restore["shards"][0]["done"].items()}
+            if self.restore["workers"] != W:  # other shards of the data now: each worker starts at the average position
+                self.done = {k: sum(self.done.values()) // W for k in range(W)}
+        self.steps = self.last_checkpoint_at = self.restore["steps"] if self.restore else 0
 
     # ---- placing the actors ------------------------------------------------------------------------
 
@@ -170,9 +184,9 @@ class AsyncPSRun:
         if cfg.scaling.use_gpu and gpus < cfg.scaling.max_workers:
             raise UsageError(f"scaling.use_gpu needs {cfg.scaling.max_workers} GPUs; the Ray cluster has {gpus:g}")
 
-    def _start_actors(self, pg, actors: list) -> tuple[list, list, dict[int, int]]:
-        """Server shards (restored when resuming), the staleness gate if any, and workers; returns (shards,
-        workers, each worker's completed steps)."""
+    def _start_actors(self, pg) -> None:
+        """Server shards (restored when there is a checkpoint to start from), the staleness gate if any, and
+        workers, each added to self.crew as it is created so that it can be named should it die while starting."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -180,34 +194,38 @@ class AsyncPSRun:
         from raydist.ps.server import ParameterShard
         from raydist.ps.worker import DownpourWorker
 
-        cfg, ps, W = self.cfg, self.cfg.async_ps, self.cfg.scaling.max_workers
+        cfg, ps, W, crew = self.cfg, self.cfg.async_ps, self.cfg.scaling.max_workers, self.crew
         config = cfg.to_dict()
         Shard = ray.remote(ParameterShard).options(num_cpus=ps.cpus_per_server)
-        shards = [Shard.remote(i, self.init[a:b].numpy(), config, self.budget.total, self.budget.session)
-                  for i, (a, b) in enumerate(self.bounds)]
-        actors += shards
-        done: dict[int, int] = {}
-        if self.resumed:
-            done = {int(k): v for k, v in self.resumed["shards"][0]["done"].items()}
-            if self.resumed["workers"] != W:  # other shards of the data now: each worker starts at the average position
-                done = {k: sum(done.values()) // W for k in range(W)}
-            ray.get([s.load_state_dict.remote(st, done) for s, st in zip(shards, self.resumed["shards"])])
-        gate = None
+        for i, (a, b) in enumerate(self.bounds):
+            shard = Shard.remote(i, self.init[a:b].numpy(), config, self.budget.total, self.grant_limit)
+            crew.shards.append(crew.add(shard, f"server shard {i}"))
+        if self.restore:
+            ray.get([s.load_state_dict.remote(st, self.done) for s, st in zip(crew.shards, self.restore["shards"])])
         if ps.on_stale == "wait" and ps.max_staleness >= 0:
-            gate = ray.remote(StalenessGate).options(num_cpus=0).remote(ps.max_staleness)
-            actors.append(gate)
-        workers = [
-            ray.remote(DownpourWorker).options(
+            crew.gate = crew.add(ray.remote(StalenessGate).options(num_cpus=0).remote(ps.max_staleness), "staleness gate")
+        for k in range(W):
+            worker = ray.remote(DownpourWorker).options(
                 num_cpus=cfg.scaling.cpus_per_worker, num_gpus=1 if cfg.scaling.use_gpu else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=k),
-            ).remote(config, k, W, shards, self.bounds, gate)
-            for k in range(W)
-        ]
-        actors += workers
-        ray.get([w.__ray_ready__.remote() for w in workers])  # data loaded: start the clock together
-        return shards, workers, done
+            ).remote(config, k, W, crew.shards, self.bounds, crew.gate)
+            crew.workers.append(crew.add(worker, f"worker {k}"))
+        crew.locate()  # data loaded: start the clock together
+
+    def _wait_placed(self, pg) -> None:
+        """Wait for the workers' bundles: at the start, and after a failure, when Ray may be re-placing the
+        bundles of a node that died."""
+        import ray
+
+        try:
+            ray.get(pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            W = self.cfg.scaling.max_workers
+            raise RaydistError(f"could not place {W} workers within {PLACEMENT_TIMEOUT_S} s (free CPUs/GPUs?)") from None
 
     def run(self) -> JobSummary:
+        """Train to the session's budget. When an actor dies, every actor is replaced and the run goes on from the
+        latest checkpoint, up to scaling.max_failures times (see `_recover` for why all of them)."""
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
 
@@ -215,38 +233,66 @@ class AsyncPSRun:
 
         self._check_resources()
         W = self.cfg.scaling.max_workers
-        # One bundle per worker, spread over the nodes as far as the cluster allows.
+        # One bundle per worker, spread over the nodes as far as the cluster allows. It outlives restarts: Ray
+        # re-places the bundles of a dead node by itself.
         bundle = {"CPU": self.cfg.scaling.cpus_per_worker, **({"GPU": 1} if self.cfg.scaling.use_gpu else {})}
         pg = placement_group([bundle] * W, strategy="SPREAD")
-        actors: list = []
+        self.log = MetricsLog(self.cfg.run.run_dir, enabled=True)
+        self.evaluator = _Evaluator(self.cfg, self.data)
         try:
-            try:
-                ray.get(pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
-            except ray.exceptions.GetTimeoutError:
-                raise RaydistError(f"could not place {W} workers within {PLACEMENT_TIMEOUT_S} s (free CPUs/GPUs?)") from None
-            self.shards, workers, done = self._start_actors(pg, actors)
-            try:
-                reports = self._watch(workers, done)
-            except ray.exceptions.RayError as e:
-                raise RaydistError(f"training failed: {last_error_line(e)}") from None
-            return self._finish(reports)
+            while True:
+                self._wait_placed(pg)
+                self.crew = Crew()
+                try:
+                    return self._attempt(pg)
+                except ray.exceptions.RayActorError as e:
+                    if e.actor_init_failed:  # a constructor raised: starting it again would fail the same way
+                        raise RaydistError(f"training failed: {last_error_line(e)}") from None
+                    death = self.crew.death(e)
+                except ray.exceptions.RayError as e:
+                    raise RaydistError(f"training failed: {last_error_line(e)}") from None
+                finally:
+                    self.crew.kill()
+                self._recover(death)
         finally:
-            for actor in actors:
-                ray.kill(actor)
+            self.log.close()
             remove_placement_group(pg)
+
+    def _attempt(self, pg) -> JobSummary:
+        """One start of every actor, trained to the end of the session's budget."""
+        self._start_actors(pg)
+        return self._finish(self._watch())
+
+    def _recover(self, death: Death) -> None:
+        """Count the failure and go back to the latest checkpoint, or fail when scaling.max_failures is spent.
+
+        Every shard rolls back, not only a dead one: a worker's last gradient may have reached some shards and not
+        others, and only one checkpoint in which all shards agree on each worker's steps (`_checkpoint`) makes sure
+        that no gradient is applied twice or on some shards only. The workers restart at the data positions that
+        checkpoint records and shard 0 grants the budget from there, so the run still takes exactly its budget;
+        the steps since that checkpoint are computed again."""
+        limit, at = self.cfg.scaling.max_failures, self.steps
+        failure = self.restarts + 1
+        if 0 <= limit < failure:
+            raise RaydistError(f"training failed: {death} at step {at}: failure {failure}, more than "
+                               f"scaling.max_failures={limit} allows")
+        self.restarts = failure
+        self._restore(latest_checkpoint(self.cfg.run.run_dir))
+        origin = f"checkpoint step {self.steps}" if self.restore else "the initial parameters"
+        print(f"[raydist] async: {death} at step {at}; restarting servers and workers from {origin} "
+              f"(failure {failure} of {limit if limit >= 0 else 'unlimited'})", flush=True)
 
     # ---- watching the run --------------------------------------------------------------------------
 
-    def _watch(self, workers: list, done: dict[int, int]) -> list[WorkerReport]:
+    def _watch(self) -> list[WorkerReport]:
         """Start the workers, then until they finish: log their steps, evaluate every epoch's worth of steps (as
         sync does at its epoch ends), print progress about every train.report_every_s, checkpoint every interval."""
         import ray
 
         cfg = self.cfg
-        self.log = MetricsLog(cfg.run.run_dir, enabled=True)
-        self.evaluator = _Evaluator(cfg, self.data)
-        self.t0 = time.time()
-        runs = [w.run.remote(done.get(k, 0), self.t0) for k, w in enumerate(workers)]
+        if self.t0 is None:
+            self.t0 = time.time()
+        runs = self.crew.runs = [w.run.remote(self.done.get(k, 0), self.t0) for k, w in enumerate(self.crew.workers)]
         evaluated_at, reported = self.steps, time.perf_counter()
         stop_checked = time.perf_counter()
         pending = list(runs)
@@ -286,13 +332,14 @@ class AsyncPSRun:
             self.stop_reason = request.describe()
         else:
             self.stop_reason = preempted(draining)
-        granted = ray.get(self.shards[0].stop_granting.remote())
-        print(f"[raydist] async: stopping after step {granted}: {self.stop_reason}", flush=True)
+        # A restart after this point restores the lower limit too: the run still stops at this step.
+        self.grant_limit = ray.get(self.crew.shards[0].stop_granting.remote())
+        print(f"[raydist] async: stopping after step {self.grant_limit}: {self.stop_reason}", flush=True)
 
     def _collect(self) -> None:
         import ray
 
-        drained: Drained = ray.get(self.shards[0].drain.remote())
+        drained: Drained = ray.get(self.crew.shards[0].drain.remote())
         self.steps = drained.steps_done
         for r in drained.records:
             self.log.write(r)
@@ -301,7 +348,7 @@ class AsyncPSRun:
             self.last_losses = ([r["loss"] for r in drained.records] + self.last_losses)[: self.cfg.scaling.max_workers]
 
     def _evaluate(self) -> None:
-        self.scores = self.evaluator(self.shards, self.bounds)
+        self.scores = self.evaluator(self.crew.shards, self.bounds)
         self.log.write({"eval_at_step": self.steps, "time_s": time.time() - self.t0, **self.scores})
 
     def _checkpoint(self) -> str | None:
@@ -312,7 +359,7 @@ class AsyncPSRun:
         count means the same gradients everywhere (a worker's pushes reach each shard in order)."""
         import ray
 
-        states = ray.get([s.state_dict.remote() for s in self.shards])
+        states = ray.get([s.state_dict.remote() for s in self.crew.shards])
         if any(st["done"] != states[0]["done"] for st in states[1:]):
             return None
         # The records of steps in this state that are still in shard 0's buffer (it runs this drain after
@@ -339,30 +386,33 @@ class AsyncPSRun:
         self._print_progress(final=True)
         # Every worker ended with a fetch, which came after its pushes to each shard: the shards agree.
         checkpoint = self._checkpoint()
-        self.log.close()
         staleness: Counter = Counter()
         dropped = 0
-        for st in ray.get([s.stats.remote() for s in self.shards]):
+        stats = ray.get([s.stats.remote() for s in self.crew.shards])
+        for st in stats:
             staleness.update({int(k): v for k, v in st["staleness"].items()})
             dropped += st["dropped"]
         updates = sum(staleness.values())
         cfg = self.cfg
+        # Steps that count, from shard 0's books: a restart's recomputed steps are not counted twice, and the
+        # workers that died cannot report theirs.
+        steps_per_worker = [stats[0]["done"].get(k, 0) - self.start_done.get(k, 0) for k in range(len(reports))]
         return JobSummary(
             strategy=STRATEGY, run_name=cfg.run.name, run_dir=cfg.run.run_dir, ray=self.ray_address,
             workers=len(reports), status="completed" if self.steps >= self.budget.total else "stopped",
             steps=self.steps, total_steps=self.budget.total,
-            resumed_from_step=self.resumed["steps"] if self.resumed else None,
+            resumed_from_step=self.resumed_from,
             wall_s=round(time.perf_counter() - self.started, 3), train_time_s=self.train_time_s,
             test_accuracy=self.scores["test_accuracy"], test_loss=self.scores["test_loss"],
             final_loss=sum(self.last_losses) / len(self.last_losses) if self.last_losses else None,
-            samples_per_s=sum(r.samples for r in reports) / self.train_time_s,
-            steps_per_s=sum(r.steps for r in reports) / self.train_time_s,
+            samples_per_s=sum(steps_per_worker) * cfg.train.batch_size / self.train_time_s,
+            steps_per_s=sum(steps_per_worker) / self.train_time_s,
             checkpoint=checkpoint, metrics_file=self.log.path,
             **per_worker_summary([{"bytes": r.bytes, "wait_s": r.wait_s} for r in reports]),
-            servers=len(self.shards),
+            servers=len(self.crew.shards),
             staleness_mean=sum(k * v for k, v in staleness.items()) / updates if updates else 0.0,
             staleness_max=max(staleness, default=0), dropped=dropped,
-            steps_per_worker=[r.steps for r in reports],
+            steps_per_worker=steps_per_worker, restarts=self.restarts,
             stop_reason=(self.stop_reason or f"train.stop_at_step={cfg.train.stop_at_step}")
             if self.steps < self.budget.total else None,
         )

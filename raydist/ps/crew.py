@@ -1,0 +1,114 @@
+"""The actors of one start of an async PS run and who each of them is, so that the driver can say which one died.
+
+When any actor dies the driver replaces them all (see `AsyncPSRun.run`); this module only keeps the books for
+that: each actor's role by its id, and its host, noted while it was alive (a dead actor cannot be asked).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+UNKNOWN_NODE = "?"
+SETTLE_S = 10  # how long a killed worker's `run` call may take to come back failed
+
+# Ray's one sentence on why an actor died, inside a message that also holds context lines and advice.
+_CAUSES = (
+    re.compile(r"The actor (?:is dead|died) because (.+?)\.(?=\s|$)"),  # its worker process / its node has died
+    re.compile(r"The actor \w+ is (unavailable: .+?)\.(?=\s|$)"),
+)
+
+
+def _hostname(_actor: Any) -> str:
+    """Runs inside an actor (through `__ray_call__`): the host it lives on."""
+    return socket.gethostname()
+
+
+def why(error: BaseException) -> str:
+    """The short cause of an actor's death ('its worker process has died', 'its node has died')."""
+    if getattr(error, "preempted", False):
+        return "its node was preempted"
+    # A worker's task error that carries a shard's death prints the worker's traceback first; the cause is the
+    # shard's own ActorDiedError.
+    text = str(getattr(error, "cause", None) or error)
+    for cause in _CAUSES:
+        found = cause.search(text)
+        if found:
+            return found.group(1)
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+@dataclass(frozen=True)
+class Death:
+    """One actor's death, as the driver reports it."""
+
+    who: str  # "server shard 1", "worker 0", "staleness gate"
+    why: str
+    node: str
+
+    def __str__(self) -> str:
+        return f"{self.who} died ({self.why}) on node {self.node}"
+
+
+@dataclass
+class Crew:
+    """Server shards, the staleness gate (if any) and workers of one start, each named by its actor id."""
+
+    shards: list = field(default_factory=list)
+    workers: list = field(default_factory=list)
+    gate: Any = None
+    runs: list = field(default_factory=list)  # the workers' `run` calls
+    names: dict[str, str] = field(default_factory=dict)  # actor id (hex) -> "server shard 1", "worker 0", ...
+    hosts: dict[str, str] = field(default_factory=dict)  # actor id -> the host it runs on
+
+    def add(self, actor: Any, name: str) -> Any:
+        """Name an actor as soon as it is created: it may die before it ever answers."""
+        self.names[actor._actor_id.hex()] = name
+        return actor
+
+    def everyone(self) -> list:
+        return [*self.shards, *([self.gate] if self.gate is not None else []), *self.workers]
+
+    def locate(self) -> None:
+        """Wait until every actor is up (the workers have loaded their data) and note each one's host."""
+        import ray
+
+        actors = self.everyone()
+        for actor, host in zip(actors, ray.get([a.__ray_call__.remote(_hostname) for a in actors])):
+            self.hosts[actor._actor_id.hex()] = host
+
+    def kill(self) -> None:
+        """End every actor of this start (those already dead included: ray.kill is a no-op for them), then take the
+        workers' failed `run` results: Ray prints a failure nobody took, with its traceback, as an 'Unhandled error'."""
+        import ray
+
+        for actor in self.everyone():
+            ray.kill(actor, no_restart=True)
+        ended, _ = ray.wait(self.runs, num_returns=len(self.runs), timeout=SETTLE_S) if self.runs else ([], [])
+        for ref in ended:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError:
+                pass  # the failure that matters has been reported already
+
+    def death(self, error: BaseException) -> Death:
+        """Who died, why and where, from the error the driver caught. The error names the dead actor's id: a call
+        to a dead actor raises its ActorDiedError, and a worker that failed because a shard died raises a task
+        error that carries the shard's ActorDiedError (and its id), so the shard is named, not the worker."""
+        actor_id = getattr(error, "actor_id", None)
+        node = self.hosts.get(actor_id) or _node_named_in(str(getattr(error, "cause", None) or error))
+        return Death(self.names.get(actor_id, "an actor of the run"), why(error), node)
+
+
+def _node_named_in(message: str) -> str:
+    """The host of the node whose address Ray's death message gives (for an actor that died before it answered)."""
+    import ray
+
+    found = re.search(r"^\s*ip: (\S+)\s*$", message, re.M)
+    if found is None:
+        return UNKNOWN_NODE
+    hosts = {n["NodeManagerAddress"]: n["NodeManagerHostname"] for n in ray.nodes()}
+    return hosts.get(found[1], found[1])
