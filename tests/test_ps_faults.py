@@ -1,0 +1,75 @@
+"""The async PS replaces SIGKILLed server shards and workers within scaling.max_failures: real jobs, real kills.
+
+The jobs run as subprocesses with their own embedded Ray instance; the kills go to the processes Ray titled
+`ray::ParameterShard` / `ray::DownpourWorker` among the job's descendants (benchmarks/ps_chaos.py, which also runs
+the long version: three kills of each).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import sys
+
+import pytest
+
+from jobutil import REPO
+from raydist.metrics import read_steps
+
+pytestmark = pytest.mark.slow
+
+
+def _chaos_module():
+    spec = importlib.util.spec_from_file_location("ps_chaos", REPO / "benchmarks" / "ps_chaos.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks itself up there
+    spec.loader.exec_module(module)
+    return module
+
+
+chaos = _chaos_module()
+
+
+@pytest.fixture(scope="module")
+def undisturbed(tmp_path_factory):
+    """The same run without kills, started at once: it trains while the tests below kill theirs."""
+    job = chaos.Job(tmp_path_factory.mktemp("undisturbed"), "undisturbed", chaos.CONFIG)
+    yield job
+    job.stop()
+
+
+def test_killed_server_and_worker_are_replaced_and_the_run_spends_its_whole_budget(undisturbed, tmp_path):
+    job = chaos.Job(tmp_path, "chaos", chaos.CONFIG)  # scaling.max_failures: the default 3
+    try:
+        kills = chaos.chaos(job, ["server", "worker"], seed=1)
+        code, result = job.finish()
+    finally:
+        job.stop()
+    assert code == 0, job.stderr()[-3000:]
+    assert [k.named.rsplit(" ", 1)[0] for k in kills] == ["server shard", "worker"]
+    assert result["status"] == "completed" and result["restarts"] == 2
+    assert result["steps"] == result["total_steps"] == sum(result["steps_per_worker"])  # the whole budget, once
+    # Every step has its record; a recomputed step's record replaced the one written before the kill.
+    assert sorted(read_steps(result["metrics_file"])) == list(range(1, result["total_steps"] + 1))
+    code, baseline = undisturbed.finish()
+    assert code == 0 and baseline["restarts"] == 0, undisturbed.stderr()[-3000:]
+    assert abs(result["test_accuracy"] - baseline["test_accuracy"]) <= 0.01, (result, baseline)
+
+
+def test_a_kill_beyond_max_failures_fails_the_run_with_one_line_naming_the_actor(tmp_path):
+    job = chaos.Job(tmp_path, "fragile", [*chaos.CONFIG, "scaling.max_failures=0"])
+    try:
+        job.wait_until("a checkpoint", lambda: job.newest_checkpoint() > 0)
+        worker = job.wait_until("a worker", lambda: chaos.titled(job.proc.pid, chaos.TITLES["worker"]))[0]
+        os.kill(worker, signal.SIGKILL)
+        code, _ = job.finish()
+    finally:
+        job.stop()
+    stderr = job.stderr()
+    errors = [ln for ln in stderr.splitlines() if ln.startswith("raydist: error:")]
+    assert code == 1 and len(errors) == 1 and stderr.rstrip().endswith(errors[0]), stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert errors[0].startswith("raydist: error: training failed: worker ")
+    assert "died (its worker process has died)" in errors[0] and "scaling.max_failures=0" in errors[0], errors[0]
+    assert "restarting" not in job.stdout()
