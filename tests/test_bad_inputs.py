@@ -18,6 +18,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -264,9 +265,13 @@ def run(case: Case, values: dict[str, str], root: Path, short: Path) -> Outcome:
 
 
 @pytest.fixture(scope="module")
-def outcomes(tmp_path_factory) -> dict[int, Outcome]:
-    """Every case's outcome, run in parallel: the local ones at once, the head's once it is up."""
+def outcomes(request, tmp_path_factory) -> dict[int, Outcome]:
+    """The outcome of every case this session runs (all, or those -k / -m select), in parallel: the local ones at
+    once, the head's (marked slow: they start Ray) once the head is up."""
     from rayhead import ray_head
+
+    wanted = {item.callspec.params["index"] for item in request.session.items
+              if item.module is request.module and "index" in getattr(item, "callspec", SimpleNamespace(params={})).params}
 
     root = tmp_path_factory.mktemp("bad-inputs")
     short = Path(tempfile.mkdtemp(prefix="rdb-", dir="/tmp"))
@@ -276,13 +281,16 @@ def outcomes(tmp_path_factory) -> dict[int, Outcome]:
         (scratch / name).write_text(text)
     values = {"F": str(scratch), **machine_values()}
     done: dict[int, Outcome] = {}
-    with ThreadPoolExecutor(4) as pool:
-        local = {i: pool.submit(run, c, values, root, short) for i, c in enumerate(CASES) if not c.head}
-        if any(c.head for c in CASES):
-            with ray_head(num_cpus=2, num_gpus=0, stop_wait_s=5) as head:
+    # Two pools: the head's cases start as soon as it is up instead of queueing behind the local ones.
+    with ThreadPoolExecutor(3) as pool, ThreadPoolExecutor(2) as head_pool:
+        local = {i: pool.submit(run, c, values, root, short) for i, c in enumerate(CASES) if not c.head and i in wanted}
+        if any(c.head for i, c in enumerate(CASES) if i in wanted):
+            # stop_wait_s: `ray start --block` does not end on SIGTERM; what is left is killed after it.
+            with ray_head(num_cpus=2, num_gpus=0, stop_wait_s=1) as head:
                 at_head = {**values, "HEAD": head.gcs_address, "TOKEN": head.token_path,
                            "DASH": head.dashboard_url.removeprefix("http://")}
-                remote = {i: pool.submit(run, c, at_head, root, short) for i, c in enumerate(CASES) if c.head}
+                remote = {i: head_pool.submit(run, c, at_head, root, short) for i, c in enumerate(CASES)
+                          if c.head and i in wanted}
                 done.update({i: f.result() for i, f in remote.items()})
         done.update({i: f.result() for i, f in local.items()})
     shutil.rmtree(short, ignore_errors=True)
@@ -290,7 +298,8 @@ def outcomes(tmp_path_factory) -> dict[int, Outcome]:
     return done
 
 
-@pytest.mark.parametrize("index", range(len(CASES)), ids=[shown(c) for c in CASES])
+@pytest.mark.parametrize("index", [pytest.param(i, marks=[pytest.mark.slow] if c.head else [], id=shown(c))
+                                   for i, c in enumerate(CASES)])
 def test_refused_with_one_line_its_exit_status_and_nothing_written(outcomes, index):
     case, out = CASES[index], outcomes[index]
     if "use_gpu" in case.command and not case.head:
