@@ -24,7 +24,7 @@ from raydist.summary import SUMMARY_FILE, JobSummary
 
 REPO = Path(__file__).resolve().parents[1]
 # What every strategy shares; optim and schedule stay each job's own (its tuned defaults in raydist/configs/).
-SHARED_SECTIONS = ("model", "data", "train", "scaling", "checkpoint", "straggler", "local_sgd", "async_ps")
+SHARED_SECTIONS = ("model", "data", "train", "scaling", "checkpoint", "straggler", "faults", "local_sgd", "async_ps")
 PROGRESS_MARK = "[raydist] "  # a job's progress lines, echoed as they come
 
 

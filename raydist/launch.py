@@ -7,10 +7,10 @@ jobs/<job>.py are the same entry point with the job's name filled in.
 from __future__ import annotations
 
 import json
+import logging
 import os
-import socket
+import re
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +19,10 @@ from typing import Any
 from raydist import registry
 from raydist.cli import OneLineParser
 from raydist.config import Config, job_defaults, load_config
-from raydist.errors import ConfigError, RaydistError, UsageError, exits_cleanly
+from raydist.errors import RaydistError, UsageError, exits_cleanly
 from raydist.atomic import write_json_atomic
+from raydist.local_auth import private_auth_token
+from raydist.preflight import check_before_ray, check_cluster_fits, check_reachable, local_cpus, ray_address
 from raydist.summary import RESULT_ENV, JobSummary
 
 
@@ -57,43 +59,36 @@ def prepare_ray_environment() -> None:
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
     # Without this Ray Train echoes every worker print a second time through its logger.
     os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
+    # After a worker hung, Ray Train waits this long for every worker to leave the process group before it
+    # kills them (30 s by default); the hung one never answers. Workers started by this process inherit it.
+    os.environ.setdefault("TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S", "5")
 
 
 def connect(cfg: Config) -> str:
     """Join the named cluster (run.address or RAY_ADDRESS), else start a local Ray instance sized for the job."""
     import ray
 
-    address = cfg.run.address or os.environ.get("RAY_ADDRESS", "")
+    address = ray_address(cfg)
     if address:
-        check_reachable(address)
+        check_reachable(address)  # again: run_job's checks may have taken a while
         try:
-            ray.init(address=address, log_to_driver=True)
+            # WARNING: Ray's "Connecting to ..." lines would come before a refusal's one line on stderr.
+            ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING)
         except (ConnectionError, ValueError, RuntimeError) as e:
             raise RaydistError(f"cannot connect to Ray at {address}: {str(e).splitlines()[0]}") from None
+        check_cluster_fits(cfg, address)
         return address
-    needed = cfg.scaling.max_workers * cfg.scaling.cpus_per_worker
-    # The embedded default: a private instance that ends with this process; oversubscribing a small
-    # machine is fine for CPU training, refusing to start is not.
+    token = private_auth_token()
+    # The embedded default: a private instance that ends with this process.
     # address="local": a new instance even when /tmp/ray/ray_current_cluster names another (maybe dead) one.
     # Loopback only: nothing outside this machine can reach (or needs) a private instance.
-    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(needed + 0.999)), include_dashboard=True,
+    ray.init(address="local", num_cpus=local_cpus(cfg), include_dashboard=True,
              dashboard_host="127.0.0.1",
              _node_ip_address="127.0.0.1")
+    if token:
+        print(f"[raydist] local Ray: token auth on; the dashboard's token is in {token} (readable by this user "
+              f"only, removed when the job ends)", flush=True)
     return "local"
-
-
-def check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Fail in seconds, with one line, when a named cluster does not answer: ray.init would retry for minutes."""
-    if address in ("auto", "local"):
-        return
-    hostport = address.split("://", 1)[-1].rstrip("/")
-    host, sep, port = hostport.rpartition(":")
-    if not sep or not port.isdigit():
-        raise UsageError(f"Ray address must be host:port or ray://host:port (got {address!r})")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-    except OSError as e:
-        raise RaydistError(f"cannot reach Ray at {address}: {e.strerror or e}") from None
 
 
 def last_error_line(e: BaseException) -> str:
@@ -115,15 +110,42 @@ def train_worker(config: dict[str, Any]) -> None:
 
     cfg = Config.from_dict(config["config"])
     strategy = registry.get(config["strategy"]).load("worker")
-    Trainer(cfg, RayTrainContext(async_upload=cfg.checkpoint.async_upload, run_dir=cfg.run.run_dir), strategy).fit()
+    ctx = RayTrainContext(async_upload=cfg.checkpoint.async_upload, run_dir=cfg.run.run_dir)
+    trainer = Trainer(cfg, ctx, strategy)
+    trainer.fit()
+    if trainer.aborted and ctx.rank == 0:  # Ray Train keeps metrics only with checkpoints: say it in a file
+        write_json_atomic(Path(cfg.run.run_dir) / FAILURE_FILE, {"reason": trainer.aborted})
+
+
+FAILURE_FILE = "failure.json"
+"""Written by rank 0 when the workers ended the run as failed without a checkpoint (a desync, on_desync=stop)."""
 
 
 ELASTIC_PLACEMENT_RETRIES = 3
 
 
+def hung_worker(error: BaseException, cfg: Config) -> str | None:
+    """'rank R on node H (pid P) stopped answering ...' when Ray Train gave a worker up for not answering its
+    health check (a stopped or frozen process), else None. Ray's message holds the worker's repr: read it there."""
+    from ray.train.v2._internal.exceptions import WorkerHealthCheckTimeoutError
+
+    failures = getattr(error, "worker_failures", None) or {}
+    for rank, failure in sorted(failures.items()):
+        if isinstance(failure, WorkerHealthCheckTimeoutError):
+            text = str(failure)
+            host = re.search(r"hostname='([^']*)'", text)
+            pid = re.search(r"pid=(\d+)", text)
+            waited = re.search(r"hanging for ([\d.]+) seconds", text)
+            return (f"rank {rank} on node {host.group(1) if host else '?'} (pid {pid.group(1) if pid else '?'}) "
+                    f"stopped answering for {float(waited.group(1)) if waited else cfg.faults.hang_timeout_s:.0f} s "
+                    f"(faults.hang_timeout_s={cfg.faults.hang_timeout_s:g}): a stopped or frozen process")
+    return None
+
+
 def failure_line(error: BaseException, cfg: Config, dead: list[str]) -> str:
-    """The one line a failed Ray Train run ends with; a worker group that no longer fits names the dead nodes."""
-    reason = last_error_line(error)
+    """The one line a failed Ray Train run ends with; a worker group that no longer fits names the dead nodes, a
+    worker that stopped answering is named by rank and node."""
+    reason = hung_worker(error, cfg) or last_error_line(error)
     if dead and "startup timed out" in reason:
         s = cfg.scaling
         want = f"{s.min_workers} to {s.max_workers}" if s.elastic else str(s.max_workers)
@@ -139,8 +161,13 @@ def build_trainer(cfg: Config, spec: registry.StrategySpec):
     from ray.train.torch import TorchConfig, TorchTrainer
 
     s = cfg.scaling
-    # Read by Ray Train's controller (it propagates this variable): how long placing a worker group may take.
+    # Read by Ray Train's controller (it propagates these variables): how long placing a worker group may take,
+    # how long a worker may leave a health check unanswered (a SIGSTOPped or frozen process answers none; a rank
+    # merely waiting in a collective still does, from its actor's own thread), and how long Ray Train's own
+    # barriers (report, preemption check) wait.
     os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(s.node_loss_timeout_s)
+    os.environ["RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S"] = str(cfg.faults.hang_timeout_s)
+    os.environ["RAY_TRAIN_COLLECTIVE_TIMEOUT_S"] = str(cfg.faults.collective_timeout_s)
     return TorchTrainer(
         train_loop_per_worker=train_worker,
         train_loop_config={"config": cfg.to_dict(), "strategy": spec.name},
@@ -151,7 +178,10 @@ def build_trainer(cfg: Config, spec: registry.StrategySpec):
             use_gpu=s.use_gpu,
             resources_per_worker={"CPU": s.cpus_per_worker, **({"GPU": 1} if s.use_gpu else {})},
         ),
-        torch_config=TorchConfig(backend=cfg.scaling.resolved_backend),
+        # The process group's timeout bounds its start-up and every gloo collective (NCCL's too, with its
+        # watchdog): a peer that is alive but never joins fails the step instead of hanging it.
+        torch_config=TorchConfig(backend=cfg.scaling.resolved_backend,
+                                 timeout_s=max(1, round(cfg.faults.collective_timeout_s))),
         run_config=RunConfig(
             name=cfg.run.name,
             storage_path=cfg.run.storage_dir,
@@ -170,20 +200,22 @@ def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session)
     """Run a loop strategy on Ray Train; its summary comes from the final checkpoint's report."""
     from raydist.checkpoint import set_aside_broken_snapshot
     from raydist.cluster_watch import NodeWatcher, dead_nodes
-    from raydist.data import load_splits
-    from raydist.sharding import check_fits
 
-    check_fits(cfg, len(load_splits(cfg.data).train))  # a bad batch size is exit 2 here, not a failed worker later
+    # run_job checked the config (check_before_ray); connect checks what a named cluster can hold.
     session.ray = connect(cfg)
     trainer = build_trainer(cfg, spec)
     moved = set_aside_broken_snapshot(cfg.run.run_dir)  # Ray would refuse to start on a truncated snapshot
     if moved:
         print(moved, flush=True)
+    failure = Path(cfg.run.run_dir) / FAILURE_FILE
+    failure.unlink(missing_ok=True)  # an earlier session's
     try:
         with NodeWatcher():
             result = trainer.fit()
     except Exception as e:  # TrainingFailedError, and the controller's own failures, which arrive as other types
         raise RaydistError(failure_line(e, cfg, dead_nodes())) from None
+    if failure.exists():
+        raise RaydistError(f"training failed: {json.loads(failure.read_text())['reason']}")
     m = result.metrics or {}
     comm = m.get("comm") or {}
     total = m.get("total_steps")
@@ -206,20 +238,9 @@ def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session)
 # ---- every job ------------------------------------------------------------------------------------------------
 
 
-def check_writable(directory: str) -> None:
-    """Refuse, before Ray starts, a run directory this process cannot create or write (Ray would fail later,
-    with a traceback)."""
-    try:
-        os.makedirs(directory, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".raydist-probe"):
-            pass
-    except OSError as e:
-        raise ConfigError(f"run.storage_path: cannot write {directory}: {e.strerror or e}") from None
-
-
 def run_job(job: str, cfg: Config, started: float | None = None) -> Any:
     """Run `job` (a registry name) on `cfg`; writes its summary.json and returns the summary."""
-    check_writable(cfg.run.run_dir)
+    check_before_ray(job, cfg)
     prepare_ray_environment()
     session = Session(job=job, started=time.perf_counter() if started is None else started)
     spec = registry.get(job)

@@ -1,14 +1,168 @@
-"""Each job's own checks before Ray starts (its registry entry's `check`): a refusal is one line and exit 2, and
-nothing is written. `raydist.launch.check_before_ray` runs the checks every job shares (storage, address, GPUs of
-the embedded instance), then these.
+"""Checks before Ray starts: a refusal is one line and exit 2 (1: a cluster that does not answer), and nothing is
+written. `check_before_ray` runs the checks every job shares (storage, Ray's address and auth settings, GPUs of
+the embedded instance), then the job's own (its registry entry's `check`: `check_loop`, `check_async`, ...);
+`check_cluster_fits` runs on joining a named cluster.
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import tempfile
 
+from raydist import registry
 from raydist.config import Config
 from raydist.errors import ConfigError, RaydistError, UsageError
+from raydist.local_auth import check_auth_env, check_token_accepted
+
+
+def ray_address(cfg: Config) -> str:
+    """The cluster a job joins: run.address, else RAY_ADDRESS; '' (or 'local') = start the embedded instance."""
+    address = cfg.run.address or os.environ.get("RAY_ADDRESS", "")
+    return "" if address == "local" else address
+
+
+def local_cpus(cfg: Config) -> int:
+    """The CPUs the embedded local instance declares: the machine's, or more when the workers need more."""
+    # Oversubscribing a small machine is fine for CPU training, refusing to start is not.
+    return max(os.cpu_count() or 1, int(cfg.scaling.max_workers * cfg.scaling.cpus_per_worker + 0.999))
+
+
+def address_host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of a cluster address; None for 'auto' and 'local'; a malformed one is bad input (exit 2)."""
+    if address in ("auto", "local"):
+        return None
+    scheme, sep, hostport = address.rpartition("://")
+    if sep and scheme != "ray":
+        raise UsageError(f"Ray address {address!r}: a job joins a cluster at its GCS address host:port (or "
+                         f"ray://host:port); a {scheme}:// address is a dashboard's, for `ray job submit --address`")
+    host, sep, port = hostport.rstrip("/").rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"Ray address must be host:port or ray://host:port (got {address!r})")
+    return host, int(port)
+
+
+# An HTTP/2 client's first bytes: the connection preface and an empty SETTINGS frame. A gRPC server (Ray's GCS,
+# the Ray Client server) answers with a SETTINGS frame of its own before anything else.
+_HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds, with one line, when a named cluster does not answer (ray.init would retry for minutes),
+    or when what answers is not a Ray cluster (a dashboard's port, say: ray.init would wait for ever)."""
+    target = address_host_port(address)
+    if target is None:
+        return
+    try:
+        sock = socket.create_connection(target, timeout=timeout_s)
+    except (OSError, UnicodeError) as e:  # UnicodeError: a host name IDNA cannot encode
+        raise RaydistError(f"cannot reach Ray at {address}: {getattr(e, 'strerror', None) or e}") from None
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        sock.close()  # a TLS server answers only a TLS handshake
+        return
+    answer = b""
+    try:
+        with sock:
+            sock.sendall(_HTTP2_HELLO)
+            while len(answer) < 9:
+                chunk = sock.recv(9 - len(answer))
+                if not chunk:
+                    break
+                answer += chunk
+    except socket.timeout:
+        raise RaydistError(f"cannot reach Ray at {address}: no answer within {timeout_s:g} s") from None
+    except OSError:
+        pass  # reset: judged by what arrived
+    if len(answer) < 9 or answer[3] != 4:
+        got = repr(answer.decode("ascii", "replace")) if answer else "nothing"
+        raise UsageError(f"{address} is not a Ray cluster: it answered {got} to gRPC; give the head's GCS address "
+                         f"(RAY_ADDRESS as `raydist env` prints it), not its dashboard's or another service's")
+
+
+def check_writable(directory: str, key: str = "run.storage_path") -> None:
+    """Refuse, before Ray starts, a run directory this process cannot create or write (Ray would fail later,
+    with a traceback). Creates nothing: it probes the directory, or else the nearest one that exists, with a
+    temporary entry it removes at once, so that a later refusal leaves nothing behind."""
+    existing = directory
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    try:
+        if not os.path.isdir(existing):
+            raise NotADirectoryError(20, f"{existing} is not a directory")
+        if existing == directory:
+            with tempfile.NamedTemporaryFile(dir=directory, prefix=".raydist-probe"):
+                pass
+        else:
+            os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".raydist-probe"))
+    except OSError as e:
+        raise ConfigError(f"{key}: cannot write {directory}: {e.strerror or e}") from None
+
+
+def check_local_temp_dir() -> None:
+    """The embedded instance's sockets live under Ray's temp dir; a Unix socket's path has at most 107 bytes, and
+    past that ray.init fails with a traceback."""
+    variable = "RAY_TMPDIR" if "RAY_TMPDIR" in os.environ else "TMPDIR" if "TMPDIR" in os.environ else ""
+    base = os.environ[variable] if variable else "/tmp"  # as ray._common.utils.get_default_system_temp_dir
+    longest = os.path.join(base, "ray", "session_2000-01-01_00-00-00_000000_4194304", "sockets", "plasma_store")
+    if len(longest.encode()) > 107:
+        raise UsageError(f"{variable}={base}: the local Ray instance's socket paths under it (such as {longest}) "
+                         f"would be longer than the 107 bytes a Unix socket path can have; set a shorter "
+                         f"{variable}")
+
+
+def check_local_gpus(cfg: Config) -> None:
+    """scaling.use_gpu on the embedded instance: this machine must have a GPU per worker (Ray Train would wait for
+    them forever)."""
+    s = cfg.scaling
+    if not s.use_gpu:
+        return
+    import torch
+
+    have = torch.cuda.device_count()
+    if have < s.min_workers:
+        raise UsageError(f"scaling.use_gpu=true with scaling.num_workers={s.num_workers} needs {s.min_workers} "
+                         f"GPU(s) but this machine has {have} that torch {torch.__version__} can use; set "
+                         f"scaling.use_gpu=false or fewer workers")
+
+
+def check_cluster_fits(cfg: Config, address: str) -> None:
+    """Right after joining a cluster: refuse a worker group its CPUs or GPUs can never hold (Ray Train would wait
+    for them forever). A range (scaling.num_workers=MIN-MAX) needs room for MIN."""
+    import ray
+
+    s = cfg.scaling
+    have = ray.cluster_resources()
+    cpus, gpus = s.min_workers * s.cpus_per_worker, s.min_workers if s.use_gpu else 0
+    if cpus > have.get("CPU", 0):
+        raise UsageError(f"scaling.num_workers={s.num_workers} x scaling.cpus_per_worker={s.cpus_per_worker:g} needs "
+                         f"{cpus:g} CPUs but the Ray cluster at {address} has {have.get('CPU', 0):g}")
+    if gpus > have.get("GPU", 0):
+        raise UsageError(f"scaling.use_gpu=true with scaling.num_workers={s.num_workers} needs {gpus} GPU(s) but the "
+                         f"Ray cluster at {address} has {have.get('GPU', 0):g}")
+
+
+def check_before_ray(job: str, cfg: Config, reach: bool = True) -> None:
+    """Everything about `job` on `cfg` that can be checked before Ray starts: the storage, Ray's auth settings, the
+    cluster's address, whether it answers (unless not `reach`) and takes the token, GPUs for the embedded
+    instance, then the job's own checks (its registry entry's `check`). What a named cluster can hold is checked
+    on joining it (`connect`). Writes nothing; a refusal is one line and exit 2 (1: a cluster that does not
+    answer)."""
+    check_writable(cfg.run.run_dir)
+    address = ray_address(cfg)
+    check_auth_env(joining=bool(address))
+    if address:
+        address_host_port(address)
+        if reach:
+            check_reachable(address)
+            check_token_accepted(address)
+    else:
+        check_local_temp_dir()
+        check_local_gpus(cfg)
+    spec = registry.get(job)
+    if spec.check:
+        spec.load("check")(cfg)
+
 
 
 GiB = 2**30
@@ -51,7 +205,6 @@ def _memory() -> int:
 def _copies(cfg: Config) -> tuple[int, str]:
     """How many processes on this machine hold the data set and the model: the driver, and on the embedded
     instance each worker too."""
-    from raydist.launch import ray_address
 
     if ray_address(cfg):
         return 1, "the driver"
@@ -84,7 +237,6 @@ def check_model_memory(cfg: Config, num_params: int) -> None:
 def check_async(cfg: Config, data=None) -> None:
     """The async PS: a fixed worker count, one micro-step per step, a batch every shard fills, at most one server
     per parameter, and (on the embedded instance) the CPUs its workers and servers reserve."""
-    from raydist.launch import local_cpus, ray_address
 
     s, ps = cfg.scaling, cfg.async_ps
     if s.elastic:
@@ -107,7 +259,6 @@ def check_compare(cfg: Config) -> None:
     """compare: its output directory, then every strategy's own checks on the config its job will get, so that a
     setting one strategy refuses is refused before the first one runs."""
     from raydist.compare import output_dir, strategy_config
-    from raydist.launch import check_before_ray, check_writable
 
     out = output_dir(cfg)
     check_writable(str(out), "compare.output_dir" if cfg.compare.output_dir else "run.storage_path")

@@ -33,7 +33,7 @@ class StrategySpec:
     """"module:function" taking (cfg, spec, session) and returning a `JobSummary`."""
     check: str = "raydist.preflight:check_loop"
     """"module:function" taking (cfg): what only this job can check before Ray starts (raises a UsageError,
-    writes nothing); run by `raydist.launch.check_before_ray` after the checks every job shares."""
+    writes nothing); run by `raydist.preflight.check_before_ray` after the checks every job shares."""
 
     @property
     def defaults(self) -> Path | None:

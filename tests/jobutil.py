@@ -47,3 +47,49 @@ def refusal(job: str, *args: str, timeout: float = 120, started: bool = False, c
     assert proc.returncode == code and quiet and len(lines) == 1, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
     assert lines[0].startswith("raydist: error:"), lines[0]
     return lines[0]
+
+
+def processes_titled(root: int, prefix: str) -> list[int]:
+    """PIDs of `root`'s descendants whose title starts with `prefix` (Ray titles its workers 'ray::<Class>'),
+    oldest first: only what this test started is ever signalled."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+        except OSError:
+            continue
+        if pid != root and title.startswith(prefix):
+            found.append(pid)
+    return sorted(found)
+
+
+def start_job(job: str, *overrides: str) -> subprocess.Popen:
+    args = [sys.executable, str(REPO / "jobs" / f"{job}.py")]
+    for o in overrides:
+        args += ["--set", o]
+    return subprocess.Popen(args, cwd=REPO, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_steps(metrics: Path, steps: int, proc: subprocess.Popen, timeout: float = 240) -> None:
+    """Until metrics.jsonl holds `steps` records (the job is training), or fail with the job's output."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if metrics.exists() and sum(1 for _ in metrics.open()) >= steps:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"job ended early (exit {proc.returncode}):\n{proc.stderr.read()[-3000:]}")
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"no {steps} steps in {metrics} within {timeout} s")

@@ -235,7 +235,7 @@ def machine_values() -> dict[str, str]:
     import torch
 
     from raydist.config import Config
-    from raydist.launch import local_cpus
+    from raydist.preflight import local_cpus
     from raydist.preflight import GiB, _memory
 
     cfg = Config()

@@ -18,12 +18,13 @@ from raydist.checkpoint import checkpoint_dirs, newest_valid, publish_dir, skipp
 from raydist.commstats import per_worker_summary
 from raydist.config import Config
 from raydist.data import load_splits
-from raydist.errors import ConfigError, RaydistError, UsageError
+from raydist.errors import RaydistError, UsageError
 from raydist.evaluation import evaluate
 from raydist.flat import as_tensor, flatten_, slice_bounds
 from raydist.metrics import MetricsLog
 from raydist.models import build_model
 from raydist.ps.crew import Crew, Death
+from raydist.preflight import check_async
 from raydist.ps.messages import Drained, PullReply, WorkerReport
 from raydist.summary import JobSummary
 
@@ -129,17 +130,10 @@ class AsyncPSRun:
         self.cfg, self.ray_address = cfg, ray_address
         self.started = time.perf_counter() if started is None else started
         K = cfg.async_ps.num_servers
-        if cfg.scaling.elastic:
-            raise ConfigError(f"scaling.num_workers={cfg.scaling.num_workers}: the async PS runs a fixed number of "
-                              f"workers; give one count")
-        if cfg.train.grad_accum != 1:
-            raise ConfigError("train.grad_accum: the async PS pushes every batch's gradient as it comes; set it to 1")
         self.data = load_splits(cfg.data)
-        sharding.check_fits(cfg, len(self.data.train))
+        check_async(cfg, self.data)  # run_job has checked this before Ray started; again for direct callers
         torch.manual_seed(cfg.train.seed)  # the same initial weights as sync DDP's
         self.init, _ = flatten_(build_model(cfg.model, self.data))
-        if K > self.init.numel():
-            raise ConfigError(f"async_ps.num_servers={K} exceeds the model's {self.init.numel()} parameters")
         self.bounds = slice_bounds(self.init.numel(), K)
         self.budget = Budget.of(cfg, len(self.data.train))
         self.grant_limit = self.budget.session  # what shard 0 may grant; a stop request lowers it

@@ -51,13 +51,16 @@ class LocalSGD(Strategy):
         self.nbytes = self.params.numel() * self.params.element_size()
         self.since_sync = 0  # local steps since the last averaging
         self.step = 0
+        self.local_norm: torch.Tensor | None = None
         return model
 
     def _warm(self, step: int) -> bool:
         return step < self.lcfg.warmup_sync_steps
 
     def after_backward(self, step: int) -> None:
+        self.local_norm = None
         if self._warm(step) and self.world_size > 1:  # post-local SGD's first phase: gradients averaged
+            self.local_norm = torch.linalg.vector_norm(self.grads)  # this rank's own, for the desync check
             with self.comm.waiting():
                 average_allreduce(self.grads, self.world_size)
             self.comm.add(allreduce_bytes(self.nbytes, self.world_size))
@@ -87,11 +90,17 @@ class LocalSGD(Strategy):
     def global_step_loss(self) -> bool:
         return False  # between sync points there is no global model, so no global loss per step
 
+    def local_grad_norm(self) -> torch.Tensor | None:
+        return self.local_norm
+
+    def replicas_agree(self, final: bool) -> bool:
+        """Right after an all-reduce averaging (the end's always is one) or a synchronous warm-up step."""
+        return self.world_size == 1 or self.since_sync == 0 and (
+            self.lcfg.averaging == "allreduce" or final or self.step <= self.lcfg.warmup_sync_steps)
+
     def eval_model(self, final: bool) -> torch.nn.Module:
         """The workers' mean (the same as each worker's model right after an all-reduce)."""
-        identical = self.world_size == 1 or self.since_sync == 0 and (
-            self.lcfg.averaging == "allreduce" or final or self.step <= self.lcfg.warmup_sync_steps)
-        if identical:
+        if self.replicas_agree(final):
             return self.model
         mean = copy.deepcopy(self.model)  # not build_model: that would draw from the RNG a resumed run restores
         flat, _ = flatten_(mean, self.ctx.device)

@@ -30,6 +30,7 @@ from raydist.optim import build_optimizer, build_scheduler
 from raydist.seeding import reseed
 from raydist.sharding import total_steps as run_length, worker_shard
 from raydist.straggler import Straggler
+from raydist.train import desync
 from raydist.train.step import compute_gradients
 from raydist.train.strategy import Strategy
 
@@ -62,6 +63,9 @@ class Trainer:
         rank checkpoint there and stop (the preemption and desync checks hook in here)."""
         self.stop_reason: str | None = None
         self._stopped = False
+        self.aborted: str | None = None
+        """Why the run must end as failed with no checkpoint after the last good one (a desync, on_desync=stop)."""
+        self.last_desync_check = self.progress.step
         self.log = MetricsLog(cfg.run.run_dir, enabled=ctx.rank == 0)
         self.speed = Throughput()
         self.straggler = Straggler(cfg.straggler, ctx.rank)
@@ -131,6 +135,33 @@ class Trainer:
         print(f"[raydist] {self.strategy.name}: {where}; {self.total_steps} steps, {self.shard.steps_per_epoch}/epoch, "
               f"{W} workers, global batch {global_batch}, backend {backend}{'; ' + extra if extra else ''}", flush=True)
 
+    # ---- faults ------------------------------------------------------------------------------------------
+
+    def _maybe_inject(self, step: int) -> None:
+        """faults.inject_desync_*: one rank nudges one parameter, once per run (not again after a restart)."""
+        f = self.cfg.faults
+        if f.inject_desync_rank == self.ctx.rank and step == f.inject_desync_step and self.resumed_from is None:
+            with torch.no_grad():
+                next(self.model.parameters()).view(-1)[0] += 1.0
+            print(f"[raydist] faults.inject_desync_rank: rank {self.ctx.rank} perturbed a parameter after step {step}",
+                  flush=True)
+
+    def _check_desync(self, rows: list[list[float]], agree: bool) -> None:
+        """Act on the fingerprints every rank sees alike, so every rank takes the same decision."""
+        f, step = self.cfg.faults, self.progress.step
+        findings = desync.compare([r[0] for r in rows], [r[1] for r in rows] if agree else None,
+                                  f.desync_tolerance, f.grad_norm_tolerance)
+        for finding in findings:
+            if self.ctx.rank == 0:
+                print(f"[raydist] desync at step {step}: {finding.what}", flush=True)
+        acted = [x for x in findings if x.act]
+        if not acted or f.on_desync == "warn":
+            return
+        why = f"desync at step {step}: {acted[0].what}"
+        if f.on_desync == "restart":
+            raise desync.DesyncError(f"{why} (faults.on_desync=restart: restarting from the last checkpoint)")
+        self.aborted = f"{why} (faults.on_desync=stop: no checkpoint written after step {self.last_checkpoint_step})"
+
     def fit(self) -> dict[str, Any]:
         """Train to the end (or a stop); returns the last metrics reported."""
         cfg, ctx, p, strategy = self.cfg, self.ctx, self.progress, self.strategy
@@ -145,13 +176,18 @@ class Trainer:
         last_report = last_poll = time.perf_counter()
         last: dict[str, Any] = {}
 
+        faults = cfg.faults
+        check_every = faults.desync_every_steps
+        n_votes = 6 + desync.SLOTS * W
         for micro_batches in self.shard.steps(p, accum, self._finished):
             t0 = time.perf_counter()
+            strategy.measure_local_grad_norm(bool(check_every) and (p.step + 1) // check_every > self.last_desync_check // check_every)
             loss_sum = compute_gradients(self.forward_model, micro_batches, cfg, ctx.device, strategy.micro_step)
             strategy.after_backward(p.step)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
             lr = self.scheduler.get_last_lr()[0]
             self.optimizer.step()
+            self._maybe_inject(p.step + 1)
             self.scheduler.step()
             strategy.zero_grad(self.optimizer)
             self.straggler.after_step(p.step + 1, time.perf_counter() - t0)
@@ -177,7 +213,7 @@ class Trainer:
                 continue
 
             # A sync point: every rank is here, at this step.
-            votes = torch.zeros(6, device=ctx.device)
+            votes = torch.zeros(n_votes, device=ctx.device, dtype=torch.float64)
             votes[_LOSS_SUM], votes[_LOSS_STEPS] = window[0], window[1]
             votes[_STEP_LOSS] = loss_sum.float()
             now = time.perf_counter()
@@ -188,11 +224,23 @@ class Trainer:
                 votes[_STOP_VOTE] = float(self.stop_reason is not None)
             with self.comm.waiting():  # where the others wait for a straggler
                 strategy.synchronize(final=at_end)
+            check_due = bool(check_every) and p.step // check_every > self.last_desync_check // check_every
+            if check_due:  # this rank's fingerprint rides on the same all-reduce
+                local = strategy.local_grad_norm()
+                row = 6 + desync.SLOTS * ctx.rank
+                votes[row] = (local if local is not None else grad_norm).double()
+                votes[row + 1] = desync.param_checksum(self.model)
+            with self.comm.waiting():
                 if dist.is_initialized() and W > 1:
                     dist.all_reduce(votes)
             if strategy.global_step_loss():
                 record["loss"] = votes[_STEP_LOSS].item() / W
             self.log.write(record)
+            if check_due:
+                self.last_desync_check = p.step
+                self._check_desync(votes[6:].view(W, desync.SLOTS).tolist(), strategy.replicas_agree(at_end))
+                if self.aborted:
+                    break
             if votes[_POLL_VOTE].item() > 0:
                 last_poll = time.perf_counter()
             if votes[_POLL_VOTE].item() > 0 and votes[_STOP_VOTE].item() == 0:

@@ -52,6 +52,20 @@ class Strategy:
     def synchronize(self, final: bool) -> None:
         """At a sync point, before the loop's own collective: the strategy's exchange (e.g. averaging)."""
 
+    def replicas_agree(self, final: bool) -> bool:
+        """Right after this sync point's exchange, must every rank hold the same parameters? The desync check
+        compares parameter checksums only where they must."""
+        return self.world_size == 1
+
+    def measure_local_grad_norm(self, on: bool) -> None:
+        """Whether the next step must keep this rank's gradient norm from before any exchange (a desync check
+        is due); only strategies that exchange gradients inside backward need to act on it."""
+
+    def local_grad_norm(self) -> torch.Tensor | None:
+        """This rank's gradient norm before any exchange, if the strategy exchanged gradients this step; None
+        when the loop's own norm (taken after `after_backward`) is still this rank's alone."""
+        return None
+
     def global_step_loss(self) -> bool:
         """Whether the loss all-reduced at this sync point is the model's loss for this step (sync) rather than
         a mix of diverged local models."""

@@ -1,0 +1,112 @@
+"""Faults inside a run (Ray Train strategies): a desync is found and named, a stopped worker is named within the
+bound; the decisions themselves as pure functions."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+
+import pytest
+
+from raydist.train.desync import compare
+
+# ---- the desync decision -------------------------------------------------------------------------------------------
+
+
+def test_identical_replicas_pass():
+    assert compare([1.0, 1.3, 0.7], [5.0, 5.0, 5.0], tol=1e-6, grad_tol=0) == []
+
+
+def test_the_rank_that_differs_from_the_majority_is_named():
+    (finding,) = compare([1.0] * 4, [5.0, 5.0, 5.001, 5.0], tol=1e-6, grad_tol=0)
+    assert finding.ranks == [2] and finding.act and "rank 0's" in finding.what
+
+
+def test_with_two_ranks_the_one_named_is_the_one_that_differs_from_rank_0():
+    (finding,) = compare([1.0, 1.0], [5.0, 5.5], tol=1e-6, grad_tol=0)
+    assert finding.ranks == [1]
+
+
+def test_checksums_are_not_compared_where_replicas_may_differ():
+    assert compare([1.0, 1.0], None, tol=1e-6, grad_tol=0) == []
+
+
+def test_non_finite_values_are_named():
+    findings = compare([1.0, math.nan, 1.0], [5.0, 5.0, math.inf], tol=1e-6, grad_tol=0)
+    assert [(f.ranks, f.act) for f in findings] == [([1], True), ([2], True)]
+
+
+def test_gradient_norm_spread_only_warns_and_only_when_asked():
+    assert compare([1.0, 1.0, 2.0], [5.0] * 3, tol=1e-6, grad_tol=0) == []
+    (finding,) = compare([1.0, 1.0, 2.0], [5.0] * 3, tol=1e-6, grad_tol=0.1)
+    assert finding.ranks == [2] and not finding.act
+
+
+# ---- real runs ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_perturbed_rank_is_named_within_n_steps_and_the_run_fails_without_a_checkpoint_past_it(tmp_path):
+    """Sync DDP: rank 1 nudges one weight after step 3; the check every 2 steps names rank 1 at step 4, the job
+    exits 1 with that one line, and the newest checkpoint is the good one from step 2."""
+    from jobutil import run_job
+
+    proc = run_job("sync", f"run.storage_path={tmp_path}", "run.name=r", "train.max_steps=12",
+                   "checkpoint.every_steps=2", "faults.desync_every_steps=2", "faults.inject_desync_rank=1",
+                   "faults.inject_desync_step=3")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and lines[-1].startswith("raydist: error: training failed: desync at step 4: "
+                                                         "parameters of rank 1 differ from rank 0's"), proc.stderr[-3000:]
+    assert "no checkpoint written after step 2" in lines[-1]
+    assert json.loads((tmp_path / "r" / "failure.json").read_text())["reason"] in lines[-1]
+    assert sorted(p.name for p in (tmp_path / "r").glob("checkpoint_step*")) == ["checkpoint_step00000002"]
+    assert not (tmp_path / "r" / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_restart_on_desync_resumes_from_the_last_checkpoint_and_completes(tmp_path):
+    """Local SGD in its synchronous warm-up (replicas must agree every step): with on_desync=restart the workers
+    restart from step 2's checkpoint, the perturbation is not repeated, and the run completes."""
+    from jobutil import run_job, summary
+
+    proc = run_job("local_sgd", f"run.storage_path={tmp_path}", "run.name=r", "train.max_steps=10",
+                   "local_sgd.warmup_sync_steps=10", "checkpoint.every_steps=2", "faults.desync_every_steps=2",
+                   "faults.inject_desync_rank=1", "faults.inject_desync_step=3", "faults.on_desync=restart",
+                   "scaling.max_failures=1")
+    s = summary(proc)
+    assert "desync at step 4: parameters of rank 1 differ" in proc.stdout
+    assert s["status"] == "completed" and s["steps"] == 10 and s["resumed_from_step"] == 2
+
+
+@pytest.mark.slow
+def test_a_stopped_worker_fails_the_run_within_the_bound_naming_its_rank_and_node(tmp_path):
+    """SIGSTOP one training worker mid-run: within faults.hang_timeout_s (plus Ray's teardown) the job exits 1
+    with one line naming that worker's rank, node and pid, instead of hanging in the next all-reduce."""
+    from jobutil import processes_titled, start_job, wait_for_steps
+
+    proc = start_job("sync", f"run.storage_path={tmp_path}", "run.name=r", "train.max_steps=1000000",
+                     "checkpoint.every_steps=100000", "faults.hang_timeout_s=5", "scaling.max_failures=0")
+    victim = None
+    try:
+        wait_for_steps(tmp_path / "r" / "metrics.jsonl", 20, proc)
+        workers = processes_titled(proc.pid, "ray::RayTrainWorker")
+        assert len(workers) == 2, workers
+        victim = workers[-1]
+        os.kill(victim, signal.SIGSTOP)
+        _, err = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    finally:
+        if victim is not None:
+            try:
+                os.kill(victim, signal.SIGKILL)  # Ray kills it; never leave a stopped process behind
+            except ProcessLookupError:
+                pass
+    last = err.strip().splitlines()[-1]
+    assert proc.returncode == 1, err[-3000:]
+    assert f"(pid {victim}) stopped answering" in last and "faults.hang_timeout_s=5" in last, last
+    assert f"on node {os.uname().nodename} " in last and "rank " in last, last
