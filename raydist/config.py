@@ -176,7 +176,7 @@ class TrainConfig:
     )
     seed: int = opt(0, "seed of model init, data order and dropout")
     report_every_s: float = opt(
-        1.0, "report step metrics to Ray Train (and print them on rank 0) about this often, in seconds; every step goes to metrics.jsonl", ge=0
+        1.0, "report step metrics to Ray Train (and, with run.verbose, print them on rank 0) about this often, in seconds; every step goes to metrics.jsonl", ge=0
     )
     stop_at_step: int = opt(
         0, "end the run after this step and its checkpoint, as a preemption would; 0 = off (for resume tests)", ge=0
@@ -253,6 +253,11 @@ class RunConfig:
     )
     address: str = opt(
         "", "Ray cluster to use: '' = RAY_ADDRESS if set (as under `ray job submit`), else start a local Ray instance"
+    )
+    verbose: bool = opt(
+        False, "console detail: true adds Ray Train's per-report and per-checkpoint INFO lines and every report's "
+        "metrics from rank 0 (`--verbose` on a job's command line); false shows one progress bar per run. Ray's log "
+        "files keep everything either way",
     )
 
     @property

@@ -22,6 +22,7 @@ from raydist.config import Config, job_defaults, load_config
 from raydist.errors import RaydistError, UsageError, exits_cleanly
 from raydist.atomic import write_json_atomic
 from raydist.local_auth import private_auth_token
+from raydist.metrics import METRICS_FILE
 from raydist.preflight import check_before_ray, check_cluster_fits, check_reachable, local_cpus, ray_address
 from raydist.summary import RESULT_ENV, JobSummary
 
@@ -40,8 +41,12 @@ def parse_job_args(job: str, argv: list[str] | None, doc: str | None = None) -> 
     parser.add_argument("--config", action="append", default=[], metavar="FILE", help="YAML merged over the job's defaults (repeatable)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides", help="override one key, e.g. --set optim.lr=0.01 (repeatable)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also print Ray Train's per-report and per-checkpoint lines and every report's metrics "
+                             "(the same as --set run.verbose=true)")
     args = parser.parse_args(argv)
-    cfg = load_config(job_defaults(job), args.config, args.overrides, job=job)
+    cfg = load_config(job_defaults(job), args.config, [*args.overrides, *(["run.verbose=true"] if args.verbose else [])],
+                      job=job)
     if args.print_config:
         import yaml
 
@@ -109,6 +114,10 @@ def train_worker(config: dict[str, Any]) -> None:
     from raydist.train import Trainer
 
     cfg = Config.from_dict(config["config"])
+    if not cfg.run.verbose:  # Ray Train's "Reporting training result ..." (its log level does not reach that one)
+        from raydist.console import quiet_ray_train_logs
+
+        quiet_ray_train_logs()
     strategy = registry.get(config["strategy"]).load("worker")
     ctx = RayTrainContext(async_upload=cfg.checkpoint.async_upload, run_dir=cfg.run.run_dir)
     trainer = Trainer(cfg, ctx, strategy)
@@ -157,7 +166,9 @@ def failure_line(error: BaseException, cfg: Config, dead: list[str]) -> str:
 
 
 def build_trainer(cfg: Config, spec: registry.StrategySpec):
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+
+    from raydist.console import ray_train_log_level
     from ray.train.torch import TorchConfig, TorchTrainer
 
     s = cfg.scaling
@@ -192,6 +203,9 @@ def build_trainer(cfg: Config, spec: registry.StrategySpec):
             # heartbeats time out) and first try, in vain, to place as many workers as before.
             failure_config=FailureConfig(max_failures=s.max_failures, max_preemption_failures=s.max_preemptions,
                                          controller_failure_limit=ELASTIC_PLACEMENT_RETRIES if s.elastic else 0),
+            # Ray Train's INFO lines (worker group started, checkpoint created, ...) stay in its log files; on the
+            # console only with run.verbose.
+            logging_config=LoggingConfig(log_level=ray_train_log_level(cfg.run.verbose)),
         ),
     )
 
@@ -200,6 +214,7 @@ def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session)
     """Run a loop strategy on Ray Train; its summary comes from the final checkpoint's report."""
     from raydist.checkpoint import set_aside_broken_snapshot
     from raydist.cluster_watch import NodeWatcher, dead_nodes
+    from raydist.console import MetricsTail, ProgressBar, start_line
 
     # run_job checked the config (check_before_ray); connect checks what a named cluster can hold.
     session.ray = connect(cfg)
@@ -209,11 +224,19 @@ def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session)
         print(moved, flush=True)
     failure = Path(cfg.run.run_dir) / FAILURE_FILE
     failure.unlink(missing_ok=True)  # an earlier session's
+    print(start_line(spec.name, cfg.run.run_dir), file=sys.stderr, flush=True)
+    bar = ProgressBar(spec.name)
+    tail = MetricsTail(os.path.join(cfg.run.run_dir, METRICS_FILE), bar).start()
+    completed = False
     try:
         with NodeWatcher():
             result = trainer.fit()
+        completed = True
     except Exception as e:  # TrainingFailedError, and the controller's own failures, which arrive as other types
         raise RaydistError(failure_line(e, cfg, dead_nodes())) from None
+    finally:
+        tail.stop()
+        bar.close(completed=completed and not failure.exists())
     if failure.exists():
         raise RaydistError(f"training failed: {json.loads(failure.read_text())['reason']}")
     m = result.metrics or {}

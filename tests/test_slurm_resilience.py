@@ -153,7 +153,8 @@ def test_elastic_run_continues_on_fewer_workers_when_a_node_dies(slurm_cluster, 
     out = []
     for line in proc.stdout:
         out.append(line)
-        if "[raydist] step" in line:
+        progress = re.search(r"\[raydist\] sync: step (\d+)/", line)  # the driver's progress lines
+        if progress and int(progress.group(1)) > 20:  # past the first checkpoint
             break
     pids = rayup.tagged_pids(slurm_cluster, "node02", job.job_id)
     assert pids

@@ -11,18 +11,39 @@ pytestmark = pytest.mark.slow
 
 
 def test_two_workers_reach_the_accuracy_threshold_on_digits(tmp_path):
-    result = summary(run_job("sync", f"run.storage_path={tmp_path}", "run.name=acc"))
+    proc = run_job("sync", f"run.storage_path={tmp_path}", "run.name=acc")
+    result = summary(proc)
     assert result["strategy"] == "sync" and result["workers"] == 2
     assert result["test_accuracy"] >= 0.95, result
     assert result["steps"] == 20 * 22  # 1437 training digits / 2 workers / batch 32 = 22 steps per epoch
     assert result["checkpoint"].startswith(str(tmp_path / "acc"))
+
+    # A quiet console (not a terminal here: plain progress lines, a bounded number), the JSON line last on stdout.
+    # Ray Train's PlacementGroupCleaner actor prints a traceback ("Found multiple active Ray instances") when other
+    # Ray instances run on this host, as when the suite runs in parallel: Ray's, and not about this run's console.
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "(PlacementGroupCleaner pid=" not in ln]
+    assert len(lines) <= 30, "\n".join(lines)
+    progress = [ln for ln in proc.stderr.splitlines() if ln.startswith("[raydist] sync: step ")]
+    assert 3 <= len(progress) <= 12, proc.stderr
+    assert progress[-1].startswith("[raydist] sync: step 440/440 (100%) loss ") and "test_accuracy 0.9" in progress[-1]
+    assert any("samples/s ETA " in ln for ln in progress), progress
+    assert f"[raydist] sync: run directory {tmp_path / 'acc'}" in proc.stderr
+    assert "Reporting training result" not in proc.stdout + proc.stderr
+    assert "Checkpoint successfully created" not in proc.stdout + proc.stderr
+    assert "Started training worker group" not in proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[-1].startswith('{"strategy": "sync"')
 
 
 def test_stopped_run_resumes_at_the_next_step_with_identical_losses(tmp_path):
     common = [f"run.storage_path={tmp_path}", "train.epochs=2", "checkpoint.every_steps=10",
               "model.dropout=0.2",  # dropout draws random numbers: resuming must restore each rank's RNG
               "train.grad_accum=2", "train.batch_size=16"]
-    straight = summary(run_job("sync", *common, "run.name=straight"))
+    loud = run_job("sync", *common, "run.name=straight", "run.verbose=true")  # as --verbose does
+    straight = summary(loud)
+    # run.verbose brings Ray Train's lines and rank 0's per-report metrics back
+    assert "Reporting training result" in loud.stdout + loud.stderr
+    assert "Checkpoint successfully created" in loud.stdout + loud.stderr
+    assert "[raydist] step 44 epoch 1 loss " in loud.stdout
     # The interrupted leg uploads its checkpoints in the background; the resumed leg must still find them.
     stopped = summary(run_job("sync", *common, "run.name=resumed", "train.stop_at_step=13", "checkpoint.async_upload=true"))
     assert stopped["steps"] == 13  # mid-epoch: 22 steps per epoch

@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from raydist import registry, sharding
 from raydist.checkpoint import checkpoint_dirs, newest_valid, publish_dir, skipped_line, verify, write_atomic, write_manifest
 from raydist.commstats import per_worker_summary
 from raydist.config import Config
+from raydist.console import ProgressBar, start_line
 from raydist.data import load_splits
 from raydist.errors import RaydistError, UsageError
 from raydist.evaluation import evaluate
@@ -142,7 +144,7 @@ class AsyncPSRun:
         self.start_done = dict(self.done)  # the workers' positions when this session began
         self.restarts = 0
         self.t0: float | None = None  # time.time() when training began; metrics' time_s and train_time_s count from it
-        self.window: list[dict[str, Any]] = []  # update records since the last progress line
+        self.window: list[dict[str, Any]] = []  # update records of the current progress window (train.report_every_s)
         self.last_losses: list[float] = []  # the newest loss of up to one step per worker
         self.scores = {"test_loss": float("nan"), "test_accuracy": float("nan")}
         self.stop_reason: str | None = None
@@ -233,12 +235,18 @@ class AsyncPSRun:
         pg = placement_group([bundle] * W, strategy="SPREAD")
         self.log = MetricsLog(self.cfg.run.run_dir, enabled=True)
         self.evaluator = _Evaluator(self.cfg, self.data)
+        print(start_line(STRATEGY, self.cfg.run.run_dir), file=sys.stderr, flush=True)
+        # One async step is one worker's gradient on train.batch_size samples.
+        self.bar = ProgressBar(STRATEGY, self.budget.total, samples_per_step=self.cfg.train.batch_size)
+        completed = False
         try:
             while True:
                 self._wait_placed(pg)
                 self.crew = Crew()
                 try:
-                    return self._attempt(pg)
+                    summary = self._attempt(pg)
+                    completed = True
+                    return summary
                 except ray.exceptions.RayActorError as e:
                     if e.actor_init_failed:  # a constructor raised: starting it again would fail the same way
                         raise RaydistError(f"training failed: {last_error_line(e)}") from None
@@ -249,6 +257,7 @@ class AsyncPSRun:
                     self.crew.kill()
                 self._recover(death)
         finally:
+            self.bar.close(completed=completed)
             self.log.close()
             remove_placement_group(pg)
 
@@ -287,6 +296,7 @@ class AsyncPSRun:
         if self.t0 is None:
             self.t0 = time.time()
         runs = self.crew.runs = [w.run.remote(self.done.get(k, 0), self.t0) for k, w in enumerate(self.crew.workers)]
+        self.bar.new_session(self.steps)
         evaluated_at, reported = self.steps, time.perf_counter()
         stop_checked = time.perf_counter()
         pending = list(runs)
@@ -299,8 +309,11 @@ class AsyncPSRun:
             if self.steps // self.budget.per_epoch > evaluated_at // self.budget.per_epoch:
                 self._evaluate()
                 evaluated_at = self.steps
+            self._show_progress()
             if time.perf_counter() - reported >= cfg.train.report_every_s:
-                self._print_progress(final=False)
+                if cfg.run.verbose:
+                    print(self.bar.plain_line(), flush=True)
+                self.window.clear()
                 reported = time.perf_counter()
             if self.steps - self.last_checkpoint_at >= self.budget.checkpoint_every:
                 self._checkpoint()
@@ -364,20 +377,21 @@ class AsyncPSRun:
                  "config": self.cfg.to_dict()}
         return _save(self.cfg.run.run_dir, self.last_checkpoint_at, state, self.cfg.checkpoint.keep)
 
-    def _print_progress(self, final: bool) -> None:
+    def _show_progress(self) -> None:
+        """The shared progress bar (raydist.console): step of the budget, loss and staleness over the current
+        window, the latest test accuracy, samples/s, ETA."""
         applied = [r["staleness"] for r in self.window if "step" in r]
-        loss = f"{sum(r['loss'] for r in self.window) / len(self.window):.4g}" if self.window else "-"
-        print(f"[raydist] async: step {self.steps}/{self.budget.total} loss {loss} "
-              f"staleness {sum(applied) / max(1, len(applied)):.3g} test_loss {self.scores['test_loss']:.4g} "
-              f"test_accuracy {self.scores['test_accuracy']:.4g}{' (final)' if final else ''}", flush=True)
-        self.window.clear()
+        loss = sum(r["loss"] for r in self.window) / len(self.window) if self.window else None
+        accuracy = self.scores["test_accuracy"]
+        self.bar.update(self.steps, loss=loss, test_accuracy=None if accuracy != accuracy else accuracy,
+                        extra={"staleness": f"{sum(applied) / len(applied):.3g}"} if applied else None)
 
     def _finish(self, reports: list[WorkerReport]) -> JobSummary:
         import ray
 
         self._collect()
         self._evaluate()
-        self._print_progress(final=True)
+        self._show_progress()
         # Every worker ended with a fetch, which came after its pushes to each shard: the shards agree.
         checkpoint = self._checkpoint()
         staleness: Counter = Counter()

@@ -179,6 +179,9 @@ class Trainer:
         faults = cfg.faults
         check_every = faults.desync_every_steps
         n_votes = 6 + desync.SLOTS * W
+        # Where this session starts and what a step is worth: the driver's progress bar follows this file.
+        self.log.write({"session_at_step": p.step, "total_steps": self.total_steps, "world_size": W,
+                        "samples_per_step": global_batch, "strategy": strategy.name})
         for micro_batches in self.shard.steps(p, accum, self._finished):
             t0 = time.perf_counter()
             strategy.measure_local_grad_norm(bool(check_every) and (p.step + 1) // check_every > self.last_desync_check // check_every)
@@ -275,7 +278,7 @@ class Trainer:
             if self.resumed_from is not None:
                 metrics["resumed_from_step"] = self.resumed_from
             metrics.update(self.speed.session())
-            if ctx.rank == 0:
+            if ctx.rank == 0 and cfg.run.verbose:  # else the driver's progress bar shows them
                 print(progress_line(metrics), flush=True)
             if checkpoint_due or at_end or stopping:
                 self._checkpoint(metrics)
