@@ -31,6 +31,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from jobutil import clean_env, processes_titled  # noqa: E402
 # 2 shards and 2 workers, 2000 steps (6-8 s of training on 2 cores: time for six kills). The synthetic data's 4000
 # test samples make the final test accuracy of undisturbed async runs agree within 0.002 (digits' 360 vary by 0.011
 # after 40 epochs, more than the 0.01 the comparison allows).
@@ -38,47 +41,16 @@ CONFIG = ["data.name=synthetic", "train.epochs=4", "async_ps.num_servers=2", "sc
           "checkpoint.every_steps=50"]
 KILL_SPREAD_S = 0.5  # a little more than 50 steps take here
 TITLES = {"server": "ray::ParameterShard", "worker": "ray::DownpourWorker"}
-RESTART = re.compile(r"^\[raydist\] async: (?P<who>.+?) died \((?P<why>.*)\) on node (?P<node>\S+) at step (?P<at>\d+); "
+RESTART = re.compile(r"^\[raydist\] async: (?P<who>.+?) (?:died|stopped answering) \((?P<why>.*)\) on node (?P<node>\S+) at step (?P<at>\d+); "
                      r"restarting servers and workers from (?:checkpoint step (?P<step>\d+)|the initial parameters) "
                      r"\(failure (?P<n>\d+)", re.M)
 POLL_S = 0.05
 WAIT_S = 300  # generous: the machines this runs on are often shared and slow; a hang still ends
 
 
-def clean_env() -> dict[str, str]:
-    """This environment without anything that would point the job at somebody else's Ray."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-
-
-def descendants(root: int) -> list[int]:
-    """Every process below `root` (Ray's head processes and its actor workers are children of the job's driver)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-    found, todo = [], list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo += children.get(pid, [])
-    return found
-
-
 def titled(root: int, prefix: str) -> list[int]:
     """`root`'s descendants whose title (Ray sets it to 'ray::<Class>' or 'ray::<Class>.<method>') starts with it."""
-    pids = []
-    for pid in descendants(root):
-        try:
-            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-        except OSError:
-            continue
-        if title.startswith(prefix):
-            pids.append(pid)
-    return sorted(pids)
+    return processes_titled(root, prefix)
 
 
 class Job:

@@ -287,8 +287,9 @@ class FaultsConfig:
     """What bounds a hang, and how replicas that should agree are checked (faults inside a run)."""
 
     hang_timeout_s: float = opt(
-        60.0, "a worker process that answers no health check for this long (stopped, frozen) fails the run, or "
-        "restarts it within scaling.max_failures; the failure names its rank and node", gt=0)
+        60.0, "a worker process that answers no health check for this long (stopped, frozen), or an async PS worker "
+        "or server that makes no step or answers nothing that long, fails the run or restarts it within "
+        "scaling.max_failures; the failure names it and its node", gt=0)
     collective_timeout_s: float = opt(
         300.0, "process-group start-up and every gloo/NCCL collective give up after this many seconds (a peer that "
         "is alive but never joins)", gt=0)

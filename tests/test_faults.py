@@ -110,3 +110,23 @@ def test_a_stopped_worker_fails_the_run_within_the_bound_naming_its_rank_and_nod
     assert proc.returncode == 1, err[-3000:]
     assert f"(pid {victim}) stopped answering" in last and "faults.hang_timeout_s=5" in last, last
     assert f"on node {os.uname().nodename} " in last and "rank " in last, last
+
+
+@pytest.mark.slow
+def test_worker_sigkills_at_random_moments_cost_no_step_and_no_accuracy(tmp_path):
+    """benchmarks/train_chaos.py, short: two SIGKILLs of random training workers; Ray Train restarts the group
+    from the last checkpoint each time and the run completes every step with the undisturbed run's accuracy."""
+    import importlib.util
+    import sys
+
+    from jobutil import REPO
+
+    spec = importlib.util.spec_from_file_location("train_chaos", REPO / "benchmarks" / "train_chaos.py")
+    chaos = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = chaos
+    spec.loader.exec_module(chaos)
+    calm = chaos.run(str(tmp_path), "calm", 0, seed=0)
+    hit = chaos.run(str(tmp_path), "chaos", 2, seed=0)
+    assert hit["kills"] == 2
+    assert hit["status"] == "completed" and hit["steps"] == hit["total_steps"] == calm["total_steps"]
+    assert abs(hit["test_accuracy"] - calm["test_accuracy"]) <= 0.01, (hit, calm)

@@ -73,3 +73,32 @@ def test_a_kill_beyond_max_failures_fails_the_run_with_one_line_naming_the_actor
     assert errors[0].startswith("raydist: error: training failed: worker ")
     assert "died (its worker process has died)" in errors[0] and "scaling.max_failures=0" in errors[0], errors[0]
     assert "restarting" not in job.stdout()
+
+
+def test_a_stopped_shard_and_a_stopped_worker_are_replaced_within_the_bound(tmp_path):
+    """SIGSTOP (not a death: Ray reports nothing) of a server shard, then of a worker: each is named within
+    faults.hang_timeout_s, every actor restarts from the last checkpoint, and the run completes its budget."""
+    job = chaos.Job(tmp_path, "frozen", [*chaos.CONFIG, "train.epochs=12", "faults.hang_timeout_s=5",
+                                         "scaling.max_failures=2"])
+    stopped: list[int] = []
+    try:
+        for n, role in enumerate(["server", "worker"]):
+            job.wait_until("a checkpoint after the last start",
+                           lambda: job.newest_checkpoint() > max([int(m["step"] or 0) for m in job.restarts()] or [0]))
+            victim = job.wait_until(f"a {role}", lambda: chaos.titled(job.proc.pid, chaos.TITLES[role]))[0]
+            os.kill(victim, signal.SIGSTOP)
+            stopped.append(victim)
+            job.wait_until(f"restart {n + 1}", lambda: len(job.restarts()) > n, timeout=120)
+        code, result = job.finish()
+    finally:
+        for pid in stopped:  # Ray kills them on restart; never leave a stopped process behind
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        job.stop()
+    assert code == 0, job.stderr()[-3000:]
+    lines = [m.group(0) for m in job.restarts()]
+    assert [m["who"].rsplit(" ", 1)[0] for m in job.restarts()] == ["server shard", "worker"], lines
+    assert all("stopped answering" in ln and "faults.hang_timeout_s=5" in ln for ln in lines), lines
+    assert result["status"] == "completed" and result["steps"] == result["total_steps"] and result["restarts"] == 2

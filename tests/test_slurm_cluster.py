@@ -135,7 +135,7 @@ def test_sync_ddp_job_trains_one_worker_per_host_over_gloo(slurm_cluster, ray_up
     peak = [0.0]
     proc = slurm_cluster.popen(
         "master-node",
-        f"ray job submit --working-dir . -- python jobs/sync.py --set scaling.num_workers=3 "
+        f"ray job submit --working-dir . -- python jobs/sync.py --verbose --set scaling.num_workers=3 "
         f"--set run.storage_path={slurm_cluster.shared}/runs --set run.name=slurm-e2e",
         env=ray_up.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     while proc.poll() is None and time.monotonic() - t < 240:
@@ -149,7 +149,7 @@ def test_sync_ddp_job_trains_one_worker_per_host_over_gloo(slurm_cluster, ray_up
     assert summary["strategy"] == "sync" and summary["workers"] == 3
     assert summary["test_accuracy"] >= 0.95, summary
     assert summary["checkpoint"].startswith(str(slurm_cluster.shared))
-    # One Ray Train worker per host: the log prefixes name the other hosts' addresses.
+    # One Ray Train worker per host: the log prefixes of their lines (--verbose) name the other hosts' addresses.
     assert "ip=192.168.20.16" in out and "ip=192.168.20.17" in out
 
 

@@ -43,14 +43,71 @@ def why(error: BaseException) -> str:
 
 @dataclass(frozen=True)
 class Death:
-    """One actor's death, as the driver reports it."""
+    """One actor's death (or hang), as the driver reports it."""
 
     who: str  # "server shard 1", "worker 0", "staleness gate"
     why: str
     node: str
+    verb: str = "died"  # or "stopped answering"
 
     def __str__(self) -> str:
-        return f"{self.who} died ({self.why}) on node {self.node}"
+        return f"{self.who} {self.verb} ({self.why}) on node {self.node}"
+
+
+class Hung(Exception):
+    """An actor of the run has made no progress, or answered nothing, for faults.hang_timeout_s: the driver treats
+    it as dead (restart from a checkpoint, or fail)."""
+
+    def __init__(self, death: Death):
+        super().__init__(str(death))
+        self.death = death
+
+
+PROBE_S = 1.0  # how often the watchdog asks each server shard for a sign of life
+BLAME_SHARD_S = 2.0  # a shard silent this long when workers stall is taken as the cause (a stalled shard stalls them)
+
+
+class Watchdog:
+    """Bounds a stopped or frozen actor (SIGSTOP, a wedged node), which Ray does not report as dead: a worker whose
+    steps stop arriving for `bound` seconds, or a server shard that leaves a cheap call unanswered that long.
+
+    Workers are judged by their step records (shard 0's drain), shards by a probe every PROBE_S; a worker that
+    waits on a stopped shard stalls too, so when workers stall a silent shard is blamed first."""
+
+    def __init__(self, crew: "Crew", bound: float, now: float):
+        self.crew, self.bound = crew, bound
+        self.last_step = {k: now for k in range(len(crew.workers))}
+        self.probes: dict[int, tuple[Any, float]] = {}  # shard index -> (its pending probe, sent at)
+        self.probed = now
+
+    def saw(self, records: list[dict[str, Any]], now: float) -> None:
+        for r in records:
+            self.last_step[r["worker"]] = now
+
+    def finished(self, worker: int) -> None:
+        self.last_step.pop(worker, None)
+
+    def check(self, now: float) -> None:
+        """Raise Hung naming the actor when one is past the bound."""
+        import ray
+
+        if self.probes:
+            answered, _ = ray.wait([ref for ref, _ in self.probes.values()], num_returns=len(self.probes), timeout=0)
+            self.probes = {i: (ref, sent) for i, (ref, sent) in self.probes.items() if ref not in answered}
+        if now - self.probed >= PROBE_S:
+            for i, shard in enumerate(self.crew.shards):
+                self.probes.setdefault(i, (shard.__ray_ready__.remote(), now))
+            self.probed = now
+        silent = sorted((sent, i) for i, (_, sent) in self.probes.items())
+        if silent and now - silent[0][0] > self.bound:
+            raise Hung(self.crew.hung(self.crew.shards[silent[0][1]], now - silent[0][0], self.bound, "no answer"))
+        stalled = sorted((seen, k) for k, seen in self.last_step.items() if now - seen > self.bound)
+        if stalled:
+            if silent and now - silent[0][0] > BLAME_SHARD_S:
+                i = silent[0][1]
+                raise Hung(self.crew.hung(self.crew.shards[i], now - silent[0][0], self.bound, "no answer"))
+            seen, k = stalled[0]
+            raise Hung(self.crew.hung(self.crew.workers[k], now - seen, self.bound, "no step"))
 
 
 @dataclass
@@ -93,6 +150,12 @@ class Crew:
                 ray.get(ref)
             except ray.exceptions.RayError:
                 pass  # the failure that matters has been reported already
+
+    def hung(self, actor: Any, seconds: float, bound: float, what: str) -> Death:
+        actor_id = actor._actor_id.hex()
+        return Death(self.names.get(actor_id, "an actor of the run"),
+                     f"{what} for {seconds:.0f} s, faults.hang_timeout_s={bound:g}",
+                     self.hosts.get(actor_id, UNKNOWN_NODE), verb="stopped answering")
 
     def death(self, error: BaseException) -> Death:
         """Who died, why and where, from the error the driver caught. The error names the dead actor's id: a call

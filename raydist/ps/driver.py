@@ -25,7 +25,7 @@ from raydist.evaluation import evaluate
 from raydist.flat import as_tensor, flatten_, slice_bounds
 from raydist.metrics import MetricsLog
 from raydist.models import build_model
-from raydist.ps.crew import Crew, Death
+from raydist.ps.crew import Crew, Death, Hung, Watchdog
 from raydist.preflight import check_async
 from raydist.ps.messages import Drained, PullReply, WorkerReport
 from raydist.summary import JobSummary
@@ -139,6 +139,7 @@ class AsyncPSRun:
         self.bounds = slice_bounds(self.init.numel(), K)
         self.budget = Budget.of(cfg, len(self.data.train))
         self.grant_limit = self.budget.session  # what shard 0 may grant; a stop request lowers it
+        self.watchdog: Watchdog | None = None  # per start of the actors (`_watch`)
         self._restore(latest_checkpoint(cfg.run.run_dir))
         self.resumed_from = self.steps if self.restore else None
         self.start_done = dict(self.done)  # the workers' positions when this session began
@@ -251,6 +252,8 @@ class AsyncPSRun:
                     if e.actor_init_failed:  # a constructor raised: starting it again would fail the same way
                         raise RaydistError(f"training failed: {last_error_line(e)}") from None
                     death = self.crew.death(e)
+                except Hung as e:  # a stopped or frozen actor: replaced like a dead one
+                    death = e.death
                 except ray.exceptions.RayError as e:
                     raise RaydistError(f"training failed: {last_error_line(e)}") from None
                 finally:
@@ -300,12 +303,16 @@ class AsyncPSRun:
         evaluated_at, reported = self.steps, time.perf_counter()
         stop_checked = time.perf_counter()
         pending = list(runs)
+        self.watchdog = Watchdog(self.crew, cfg.faults.hang_timeout_s, time.monotonic())
         while pending:
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
             ray.get(ready)  # a failed worker fails the run now, not when the others are done
+            for ref in ready:
+                self.watchdog.finished(runs.index(ref))
             self._collect()
             if not pending:
                 break
+            self.watchdog.check(time.monotonic())
             if self.steps // self.budget.per_epoch > evaluated_at // self.budget.per_epoch:
                 self._evaluate()
                 evaluated_at = self.steps
@@ -346,7 +353,13 @@ class AsyncPSRun:
     def _collect(self) -> None:
         import ray
 
-        drained: Drained = ray.get(self.crew.shards[0].drain.remote())
+        try:
+            drained: Drained = ray.get(self.crew.shards[0].drain.remote(), timeout=self.cfg.faults.hang_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise Hung(self.crew.hung(self.crew.shards[0], self.cfg.faults.hang_timeout_s,
+                                      self.cfg.faults.hang_timeout_s, "no answer")) from None
+        if self.watchdog is not None:
+            self.watchdog.saw(drained.records, time.monotonic())
         self.steps = drained.steps_done
         for r in drained.records:
             self.log.write(r)
