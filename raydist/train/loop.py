@@ -36,6 +36,7 @@ from raydist.train.strategy import Strategy
 
 # Slots of the all-reduce every sync point runs.
 _LOSS_SUM, _LOSS_STEPS, _STEP_LOSS, _REPORT_VOTE, _POLL_VOTE, _STOP_VOTE = range(6)
+_FINGERPRINTS = 6  # then desync.SLOTS per rank, filled at a desync check
 STOP_POLL_S = 1.0
 """How often rank 0 asks whether the run must stop (a GCS read; Ray's preemption check is a barrier)."""
 
@@ -137,6 +138,11 @@ class Trainer:
 
     # ---- faults ------------------------------------------------------------------------------------------
 
+    def _desync_due(self, step: int) -> bool:
+        """A desync check at the first sync point at or after each multiple of faults.desync_every_steps."""
+        every = self.cfg.faults.desync_every_steps
+        return bool(every) and step // every > self.last_desync_check // every
+
     def _maybe_inject(self, step: int) -> None:
         """faults.inject_desync_*: one rank nudges one parameter, once per run (not again after a restart)."""
         f = self.cfg.faults
@@ -176,15 +182,13 @@ class Trainer:
         last_report = last_poll = time.perf_counter()
         last: dict[str, Any] = {}
 
-        faults = cfg.faults
-        check_every = faults.desync_every_steps
-        n_votes = 6 + desync.SLOTS * W
+        n_votes = _FINGERPRINTS + desync.SLOTS * W
         # Where this session starts and what a step is worth: the driver's progress bar follows this file.
         self.log.write({"session_at_step": p.step, "total_steps": self.total_steps, "world_size": W,
                         "samples_per_step": global_batch, "strategy": strategy.name})
         for micro_batches in self.shard.steps(p, accum, self._finished):
             t0 = time.perf_counter()
-            strategy.measure_local_grad_norm(bool(check_every) and (p.step + 1) // check_every > self.last_desync_check // check_every)
+            strategy.measure_local_grad_norm(self._desync_due(p.step + 1))
             loss_sum = compute_gradients(self.forward_model, micro_batches, cfg, ctx.device, strategy.micro_step)
             strategy.after_backward(p.step)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
@@ -227,10 +231,10 @@ class Trainer:
                 votes[_STOP_VOTE] = float(self.stop_reason is not None)
             with self.comm.waiting():  # where the others wait for a straggler
                 strategy.synchronize(final=at_end)
-            check_due = bool(check_every) and p.step // check_every > self.last_desync_check // check_every
+            check_due = self._desync_due(p.step)
             if check_due:  # this rank's fingerprint rides on the same all-reduce
                 local = strategy.local_grad_norm()
-                row = 6 + desync.SLOTS * ctx.rank
+                row = _FINGERPRINTS + desync.SLOTS * ctx.rank
                 votes[row] = (local if local is not None else grad_norm).double()
                 votes[row + 1] = desync.param_checksum(self.model)
             with self.comm.waiting():
@@ -241,7 +245,7 @@ class Trainer:
             self.log.write(record)
             if check_due:
                 self.last_desync_check = p.step
-                self._check_desync(votes[6:].view(W, desync.SLOTS).tolist(), strategy.replicas_agree(at_end))
+                self._check_desync(votes[_FINGERPRINTS:].view(W, desync.SLOTS).tolist(), strategy.replicas_agree(at_end))
                 if self.aborted:
                     break
             if votes[_POLL_VOTE].item() > 0:
