@@ -1,58 +1,109 @@
-"""What the desync check costs: steps/s of the sync DDP loop with faults.desync_every_steps = 0 (off), 100 and 1,
-interleaved round by round, as ratios to "off".
+"""What the desync check costs per training step: two gloo ranks train the same DDP model under each setting in
+turn, block by block, so machine load hits every setting alike.
 
-    .venv/bin/python benchmarks/desync_cost.py --rounds 5 [--set model.hidden=1024 ...]
+    .venv/bin/python benchmarks/desync_cost.py [--rounds 30] [--block 100] [--set model.hidden=1024 ...]
 
-Runs the shared loop under plain torchrun (benchmarks/torchrun_sync.py, 2 workers, gloo): no Ray start-up in the
-numbers. "every 100" pays the DDP communication hook on every step and the fingerprint (a gradient norm, a
-parameter checksum, two more floats in the step's all-reduce) once per 100; "every 1" pays the fingerprint on every
-step, an upper bound.
+Each rank runs what the loop runs for sync DDP (`SyncDDP`'s micro_step / after_backward, the fingerprint of
+raydist.train.desync) on digits batches:
+  off        faults.desync_every_steps=0: DDP's own bucketed all-reduce every step
+  every 100  the default: on one step in 100 DDP skips its all-reduce (no_sync), the rank reads its gradient norm,
+             averages the gradients itself, and computes its parameter checksum
+  every 1    all of that on every step: an upper bound
+Reported: rank 0's median time per step over the blocks, and the median of per-round ratios to "off".
+(The two extra floats per rank in the sync point's all-reduce are not included: that all-reduce runs anyway.)
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import os
+import socket
 import statistics
-import subprocess
 import sys
-import tempfile
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 SETTINGS = {"off": 0, "every 100": 100, "every 1": 1}
 
 
-def once(every: int, storage: str, overrides: list[str]) -> float:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(REPO / "benchmarks" / "torchrun_sync.py"), "--set", f"run.storage_path={storage}",
-           "--set", f"run.name=every{every}", "--set", f"faults.desync_every_steps={every}",
-           "--set", "checkpoint.every_steps=100000", "--set", "train.report_every_s=1000"]
-    for o in overrides:
-        cmd += ["--set", o]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        sys.exit(f"benchmark run failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
-    return json.loads(lines[-1])["steps_per_s"]
+def _rank(rank: int, port: int, args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from raydist.commstats import CommStats
+    from raydist.config import load_config
+    from raydist.data import load_splits
+    from raydist.models import build_model
+    from raydist.strategies.sync_ddp import SyncDDP
+    from raydist.train.desync import param_checksum
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    cfg = load_config(None, [], args.overrides, job="sync")
+    data = load_splits(cfg.data)
+    b = cfg.train.batch_size
+    x, y = data.train.tensors[0][rank * b:(rank + 1) * b].float(), data.train.tensors[1][rank * b:(rank + 1) * b]
+    ctx = SimpleNamespace(rank=rank, world_size=2, device=torch.device("cpu"))
+    runs = {}
+    for name in SETTINGS:
+        torch.manual_seed(0)
+        model = build_model(cfg.model, data)
+        strategy = SyncDDP(cfg, ctx, CommStats())
+        ddp = strategy.wrap(model)
+        runs[name] = (model, ddp, strategy, torch.optim.AdamW(model.parameters(), lr=1e-3))
+
+    def block(name: str) -> float:
+        model, ddp, strategy, opt = runs[name]
+        every = SETTINGS[name]
+        dist.barrier()
+        t0 = time.perf_counter()
+        for step in range(1, args.block + 1):
+            due = bool(every) and step % every == 0
+            strategy.measure_local_grad_norm(due)
+            with strategy.micro_step(True):
+                torch.nn.functional.cross_entropy(ddp(x), y).backward()
+            strategy.after_backward(step)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if due:
+                torch.stack([strategy.local_grad_norm(), param_checksum(model)]).tolist()
+        return (time.perf_counter() - t0) / args.block
+
+    for name in SETTINGS:  # warm-up
+        block(name)
+    times: dict[str, list[float]] = {name: [] for name in SETTINGS}
+    for _ in range(args.rounds):
+        for name in SETTINGS:
+            times[name].append(block(name))
+    if rank == 0:
+        base = statistics.median(times["off"])
+        params = sum(p.numel() for p in runs["off"][0].parameters())
+        print(f"sync DDP, 2 gloo ranks, model {cfg.model.name} ({params} parameters), batch {b}: off "
+              f"{base * 1e3:.3f} ms/step (median of {args.rounds} blocks of {args.block} steps)", flush=True)
+        for name in list(SETTINGS)[1:]:
+            ratios = [t / o for t, o in zip(times[name], times["off"])]
+            print(f"  {name}: {statistics.median(times[name]) * 1e3:.3f} ms/step, "
+                  f"{statistics.median(ratios):.4f}x of off (median of per-round ratios)", flush=True)
+    dist.destroy_process_group()
 
 
 def main() -> None:
+    import torch.multiprocessing as mp
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--set", action="append", default=["train.epochs=10"], dest="overrides", metavar="KEY=VALUE")
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--block", type=int, default=100)
+    ap.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     args = ap.parse_args()
-    rates: dict[str, list[float]] = {name: [] for name in SETTINGS}
-    with tempfile.TemporaryDirectory(prefix="rd-desync-cost-") as storage:
-        for _ in range(args.rounds):
-            for name, every in SETTINGS.items():
-                rates[name].append(once(every, storage, args.overrides))
-    base = statistics.median(rates["off"])
-    print(f"sync DDP, 2 workers, {' '.join(args.overrides)}: off {base:.1f} steps/s (median of {args.rounds})")
-    for name in list(SETTINGS)[1:]:
-        ratios = [r / o for r, o in zip(rates[name], rates["off"])]
-        print(f"  {name}: {statistics.median(ratios):.3f}x of off (per-round ratios "
-              f"{', '.join(f'{x:.3f}' for x in ratios)})")
+    with socket.socket() as s:  # a free loopback port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(_rank, args=(port, args), nprocs=2)
 
 
 if __name__ == "__main__":

@@ -128,18 +128,29 @@ def check_local_gpus(cfg: Config) -> None:
 
 def check_cluster_fits(cfg: Config, address: str) -> None:
     """Right after joining a cluster: refuse a worker group its CPUs or GPUs can never hold (Ray Train would wait
-    for them forever). A range (scaling.num_workers=MIN-MAX) needs room for MIN."""
+    for them forever). A range (scaling.num_workers=MIN-MAX) needs room for MIN. Names the nodes Ray knows as
+    dead, and the range that would run on what is left."""
     import ray
+
+    from raydist.cluster_watch import dead_nodes
 
     s = cfg.scaling
     have = ray.cluster_resources()
     cpus, gpus = s.min_workers * s.cpus_per_worker, s.min_workers if s.use_gpu else 0
     if cpus > have.get("CPU", 0):
-        raise UsageError(f"scaling.num_workers={s.num_workers} x scaling.cpus_per_worker={s.cpus_per_worker:g} needs "
-                         f"{cpus:g} CPUs but the Ray cluster at {address} has {have.get('CPU', 0):g}")
-    if gpus > have.get("GPU", 0):
-        raise UsageError(f"scaling.use_gpu=true with scaling.num_workers={s.num_workers} needs {gpus} GPU(s) but the "
-                         f"Ray cluster at {address} has {have.get('GPU', 0):g}")
+        short = (f"scaling.num_workers={s.num_workers} x scaling.cpus_per_worker={s.cpus_per_worker:g} needs "
+                 f"{cpus:g} CPUs but the Ray cluster at {address} has {have.get('CPU', 0):g}")
+        fits = int(have.get("CPU", 0) // s.cpus_per_worker)
+    elif gpus > have.get("GPU", 0):
+        short = (f"scaling.use_gpu=true with scaling.num_workers={s.num_workers} needs {gpus} GPU(s) but the Ray "
+                 f"cluster at {address} has {have.get('GPU', 0):g}")
+        fits = int(have.get("GPU", 0))
+    else:
+        return
+    dead = [name.split(":", 1)[0] for name in dead_nodes()]
+    died = f" (node(s) died: {', '.join(dead)})" if dead else ""
+    fewer = f"; a range such as scaling.num_workers={fits}-{s.max_workers} runs on what fits" if fits >= 1 else ""
+    raise UsageError(short + died + fewer)
 
 
 def check_before_ray(job: str, cfg: Config, reach: bool = True) -> None:

@@ -5,19 +5,12 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.nn.parallel import DistributedDataParallel
 
 from raydist.commstats import allreduce_bytes, tensor_bytes
 from raydist.train.strategy import Strategy
-
-
-def _allreduce_measuring(strategy: "SyncDDP", bucket):  # no annotations: DDP checks them as objects
-    """DDP's own all-reduce (mean), after adding the bucket's squared norm when a desync check wants this
-    rank's gradient norm from before the exchange."""
-    if strategy.local_sq is not None:
-        strategy.local_sq += bucket.buffer().detach().double().pow(2).sum()
-    return default_hooks.allreduce_hook(None, bucket)
 
 
 class SyncDDP(Strategy):
@@ -27,23 +20,36 @@ class SyncDDP(Strategy):
         self.model = model
         self.ddp = DistributedDataParallel(model, device_ids=[self.ctx.device] if self.ctx.device.type == "cuda" else None)
         self.step_bytes = allreduce_bytes(tensor_bytes(model), self.world_size)  # every gradient, once a step
-        self.local_sq: torch.Tensor | None = None
-        if self.cfg.faults.desync_every_steps:
-            self.ddp.register_comm_hook(self, _allreduce_measuring)
+        self.measuring = False
+        self.local_norm: torch.Tensor | None = None
         return self.ddp
 
     def measure_local_grad_norm(self, on: bool) -> None:
-        self.local_sq = torch.zeros((), dtype=torch.float64, device=self.ctx.device) if on else None
+        # On a desync check's step DDP leaves the gradients alone (no_sync) and after_backward reads this rank's
+        # norm before averaging them itself: every other step keeps DDP's bucketed, overlapped all-reduce.
+        self.measuring = on and self.world_size > 1
+        self.local_norm = None
 
     def local_grad_norm(self) -> torch.Tensor | None:
-        return None if self.local_sq is None else self.local_sq.sqrt()
+        return self.local_norm
 
     def replicas_agree(self, final: bool) -> bool:
         return True  # DDP's replicas start from rank 0's weights and apply the same averaged gradient
 
     def micro_step(self, last: bool) -> contextlib.AbstractContextManager:
         # Only the step's last micro-batch all-reduces: the others accumulate gradients locally.
-        return contextlib.nullcontext() if last else self.ddp.no_sync()
+        return contextlib.nullcontext() if last and not self.measuring else self.ddp.no_sync()
+
+    def after_backward(self, step: int) -> None:
+        if not self.measuring:
+            return
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        flat = _flatten_dense_tensors(grads)
+        self.local_norm = torch.linalg.vector_norm(flat.double())
+        dist.all_reduce(flat)
+        flat.div_(self.world_size)
+        for g, mean in zip(grads, _unflatten_dense_tensors(flat, grads)):
+            g.copy_(mean)
 
     def synchronize(self, final: bool) -> None:
         self.comm.add(self.step_bytes)  # DDP's all-reduce already ran inside backward
