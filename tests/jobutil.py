@@ -93,3 +93,14 @@ def wait_for_steps(metrics: Path, steps: int, proc: subprocess.Popen, timeout: f
         time.sleep(0.2)
     proc.kill()
     raise AssertionError(f"no {steps} steps in {metrics} within {timeout} s")
+
+
+def load_benchmark(name: str):
+    """benchmarks/<name>.py as a module: tests run the short versions of the benchmarks' chaos harnesses."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a dataclass in it looks its module up there
+    spec.loader.exec_module(module)
+    return module

@@ -3,10 +3,8 @@ SIGKILLed mid-save, and a real sync run resumed after its newest checkpoint and 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,6 @@ from raydist.checkpoint import (MANIFEST, RAY_SNAPSHOT, STATE_FILE, Progress, lo
                                 rng_state, save_state, set_aside_broken_snapshot, sha256_of, skipped_line, verify)
 from raydist.errors import RaydistError
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _save(directory: Path, step: int) -> Path:
@@ -143,11 +140,9 @@ def test_ps_save_renames_a_complete_directory_into_place_and_keeps_the_newest_va
 
 
 def _chaos_module():
-    spec = importlib.util.spec_from_file_location("checkpoint_chaos", REPO / "benchmarks" / "checkpoint_chaos.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks itself up there
-    spec.loader.exec_module(module)
-    return module
+    from jobutil import load_benchmark
+
+    return load_benchmark("checkpoint_chaos")
 
 
 @pytest.mark.parametrize("writer", ["sync", "local_sgd", "ps"])

@@ -116,15 +116,9 @@ def test_a_stopped_worker_fails_the_run_within_the_bound_naming_its_rank_and_nod
 def test_worker_sigkills_at_random_moments_cost_no_step_and_no_accuracy(tmp_path):
     """benchmarks/train_chaos.py, short: two SIGKILLs of random training workers; Ray Train restarts the group
     from the last checkpoint each time and the run completes every step with the undisturbed run's accuracy."""
-    import importlib.util
-    import sys
+    from jobutil import load_benchmark
 
-    from jobutil import REPO
-
-    spec = importlib.util.spec_from_file_location("train_chaos", REPO / "benchmarks" / "train_chaos.py")
-    chaos = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = chaos
-    spec.loader.exec_module(chaos)
+    chaos = load_benchmark("train_chaos")
     calm = chaos.run(str(tmp_path), "calm", 0, seed=0)
     hit = chaos.run(str(tmp_path), "chaos", 2, seed=0)
     assert hit["kills"] == 2

@@ -7,28 +7,18 @@ the long version: three kills of each).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
-import sys
 
 import pytest
 
-from jobutil import REPO
+from jobutil import load_benchmark
 from raydist.metrics import read_steps
 
 pytestmark = pytest.mark.slow
 
 
-def _chaos_module():
-    spec = importlib.util.spec_from_file_location("ps_chaos", REPO / "benchmarks" / "ps_chaos.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks itself up there
-    spec.loader.exec_module(module)
-    return module
-
-
-chaos = _chaos_module()
+chaos = load_benchmark("ps_chaos")
 
 
 @pytest.fixture(scope="module")
