@@ -8,12 +8,14 @@ sys.path.insert(0, str(Path(__file__).with_name("cluster")))
 from pytest_emucluster import slurm_cluster  # noqa: E402,F401
 
 
+import pytest  # noqa: E402
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     """Under `-n 2` (make test) each module's tests run in one xdist worker, so a module's shared fixtures (a Ray
     head, compare's runs) are built once; every test on the emulated SLURM cluster runs in the same worker, so the
     session builds one cluster (two at once would share the machine's munge and SLURM ports)."""
-    import pytest
-
     for item in items:
         slurm = "slurm_cluster" in getattr(item, "fixturenames", ())
         item.add_marker(pytest.mark.xdist_group("slurm" if slurm else item.module.__name__))

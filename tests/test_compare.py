@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 STRATEGIES = ("sync", "local_sgd", "async")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # not module: under xdist a module fixture can be built twice
 def compared(tmp_path_factory):
     storage = tmp_path_factory.mktemp("compare")
     proc = run_job("compare", f"run.storage_path={storage}", "run.name=cmp", "compare.plot_width=900",

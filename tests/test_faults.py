@@ -119,8 +119,9 @@ def test_worker_sigkills_at_random_moments_cost_no_step_and_no_accuracy(tmp_path
     from jobutil import load_benchmark
 
     chaos = load_benchmark("train_chaos")
-    calm = chaos.run(str(tmp_path), "calm", 0, seed=0)
-    hit = chaos.run(str(tmp_path), "chaos", 2, seed=0)
+    short = ["train.epochs=6"]
+    calm = chaos.run(str(tmp_path), "calm", 0, seed=0, overrides=short)
+    hit = chaos.run(str(tmp_path), "chaos", 2, seed=0, overrides=short)
     assert hit["kills"] == 2
     assert hit["status"] == "completed" and hit["steps"] == hit["total_steps"] == calm["total_steps"]
     assert abs(hit["test_accuracy"] - calm["test_accuracy"]) <= 0.01, (hit, calm)

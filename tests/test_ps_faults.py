@@ -68,7 +68,7 @@ def test_a_kill_beyond_max_failures_fails_the_run_with_one_line_naming_the_actor
 def test_a_stopped_shard_and_a_stopped_worker_are_replaced_within_the_bound(tmp_path):
     """SIGSTOP (not a death: Ray reports nothing) of a server shard, then of a worker: each is named within
     faults.hang_timeout_s, every actor restarts from the last checkpoint, and the run completes its budget."""
-    job = chaos.Job(tmp_path, "frozen", [*chaos.CONFIG, "train.epochs=12", "faults.hang_timeout_s=5",
+    job = chaos.Job(tmp_path, "frozen", [*chaos.CONFIG, "train.epochs=8", "faults.hang_timeout_s=5",
                                          "scaling.max_failures=2"])
     stopped: list[int] = []
     try:
