@@ -20,7 +20,7 @@ def test_only_the_named_worker_sleeps_in_proportion_to_its_own_step_time():
 @pytest.mark.slow
 def test_a_3x_straggler_slows_sync_ddp_but_not_the_async_ps(tmp_path):
     # 3 workers on this machine's 2 cores; samples/s is each job's training-loop throughput (set-up excluded).
-    common = [f"run.storage_path={tmp_path}", "scaling.num_workers=3", "train.epochs=10"]
+    common = [f"run.storage_path={tmp_path}", "scaling.num_workers=3", "train.epochs=20"]
     straggle = ["straggler.worker=2", "straggler.slowdown=3"]
     slowdown = {}
     for job in ("sync", "async"):
