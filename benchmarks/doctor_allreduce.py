@@ -1,0 +1,122 @@
+"""Is `raydist doctor`'s all-reduce figure right? Against a raw torch.distributed loop on the same hosts.
+
+    flock /tmp/raydist-emu.lock .venv/bin/python benchmarks/doctor_allreduce.py --rounds 5 --bytes 16MiB --iters 10
+
+(root: it builds the emulated 3-host SLURM cluster of tests/cluster/emucluster.py and brings Ray up on it with
+cluster/ray_up.slurm). Each round runs, in alternating order, `raydist doctor --json` on master-node (its agents
+are Ray actors, one per host) and three plain processes, one per host, that time `dist.all_reduce` in a loop over
+gloo on each host's own interface, written here without any raydist code. Both report the same bus bandwidth
+(2(n-1)/n x bytes / slowest rank's time per iteration). Prints every round, the medians and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RAW_PORT = 19555  # below the cluster config's port range: Ray's blocks never take it
+
+
+def raw_rank(rank: int, world: int, master: str, nbytes: int, iters: int) -> None:
+    """One rank of the raw loop: the textbook way, no raydist."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://{master}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    buf = torch.ones(nbytes // 4, dtype=torch.float32)
+    dist.all_reduce(buf)
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(buf)
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        per_iter = elapsed.item() / iters
+        print(json.dumps({"bus_gbps": 2 * (world - 1) / world * buf.numel() * 4 * 8 / per_iter / 1e9,
+                          "seconds": per_iter}), flush=True)
+    dist.destroy_process_group()
+
+
+def run_raw(cluster, nbytes: int, iters: int) -> float:
+    hosts = list(cluster.hosts.values())
+    master = f"{hosts[0].ip}:{RAW_PORT}"
+    procs = []
+    for rank, h in enumerate(hosts):
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--raw-rank", str(rank), "--world", str(len(hosts)),
+               "--master", master, "--bytes", str(nbytes), "--iters", str(iters)]
+        procs.append(cluster.popen(h.name, cmd, env=cluster.env(GLOO_SOCKET_IFNAME=h.iface),
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        if p.returncode != 0:
+            raise SystemExit(f"raw rank failed ({p.returncode}): {err[-2000:]}")
+    return json.loads(outs[0][0].strip().splitlines()[-1])["bus_gbps"]
+
+
+def run_doctor(cluster, job, nbytes: int, iters: int, show: bool) -> float:
+    r = cluster.run("master-node", ["raydist", "doctor", "--json", "--bytes", str(nbytes), "--iters", str(iters)],
+                    env=job.env(), timeout=300)
+    if r.returncode != 0:
+        raise SystemExit(f"doctor exited {r.returncode}: {r.stderr[-2000:]}")
+    if show:
+        table = cluster.run("master-node", ["raydist", "doctor", "--bytes", str(nbytes), "--iters", str(iters)],
+                            env=job.env(), timeout=300)
+        print(table.stdout, flush=True)
+    return json.loads(r.stdout)["bandwidth"]["allreduce_bus_gbps"]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--bytes", default="16MiB")
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--raw-rank", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--world", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--master", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    sys.path.insert(0, str(REPO))
+    from raydist.slurm.settings import parse_size
+
+    nbytes = parse_size(a.bytes, "--bytes")
+    if a.raw_rank is not None:
+        raw_rank(a.raw_rank, a.world, a.master, nbytes, a.iters)
+        return 0
+
+    sys.path.insert(0, str(REPO / "tests" / "cluster"))
+    import rayup
+    from emucluster import EmulatedCluster
+
+    with EmulatedCluster() as cluster:
+        job = rayup.submit(cluster, rayup.write_config(cluster, "doctor-bench"))
+        job.wait_for("Ray cluster ready", timeout=180)
+        doctor, raw = [], []
+        for i in range(a.rounds):
+            # Alternate which goes first, so a drift in the machine's load does not favour one side.
+            order = ("doctor", "raw") if i % 2 == 0 else ("raw", "doctor")
+            for which in order:
+                if which == "doctor":
+                    doctor.append(run_doctor(cluster, job, nbytes, a.iters, show=i == 0))
+                else:
+                    raw.append(run_raw(cluster, nbytes, a.iters))
+            print(f"round {i + 1}: doctor {doctor[-1]:.3f} Gb/s, raw torch.distributed {raw[-1]:.3f} Gb/s, "
+                  f"ratio {doctor[-1] / raw[-1]:.3f}", flush=True)
+        md, mr = statistics.median(doctor), statistics.median(raw)
+        print(f"median over {a.rounds} rounds ({a.bytes} x {a.iters}, 3 hosts, gloo): doctor {md:.3f} Gb/s, "
+              f"raw {mr:.3f} Gb/s, ratio {md / mr:.3f}", flush=True)
+        cluster.run("master-node", ["scancel", str(job.job_id)])
+        rayup.wait_no_leftovers(cluster, job.job_id)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
