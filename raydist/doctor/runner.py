@@ -225,7 +225,8 @@ def _diagnose(report: Report, alive: list[RayNode], agents: dict[str, Any], name
                     x for x in (row.detail if row.status == FAIL else "", f"no peer reaches {h}") if x))
             report.rows.append(row)
 
-    bad = sorted(set(errors) | (set(names) - set(targets)) | {h for h, row in matrix.items() if any(not p.ok for p in row.values())})
+    cut_off = {h for h, row in matrix.items() if any(not p.ok for p in row.values())}
+    bad = sorted(set(errors) | (set(names) - set(targets)) | cut_off)
     _bandwidth(report, alive, agents, facts, targets, bad, backend, opts, log)
 
 
