@@ -417,6 +417,32 @@ MessageTimeout=10
         self.state_file.write_text(json.dumps({"init_pids": self.init_pids, "hosts": [
             dataclasses.asdict(h) for h in self.hosts.values()]}, indent=1))
 
+    # ---- the network -------------------------------------------------------------------------------------
+    def link_names(self) -> dict[str, tuple[str, str]]:
+        """host -> (its interface, the bridge-side end of its veth)."""
+        return {h.name: (h.iface, f"v{i}-{h.name}"[:15]) for i, h in enumerate(self.hosts.values())}
+
+    def shape(self, rate_mbit: float | None, hosts: list[str] | None = None) -> None:
+        """Limit each host's link to `rate_mbit` in both directions (None: unlimited again), like a switch port of
+        that speed: a token bucket (tc tbf) on the host's interface (what it sends) and on the bridge's end of its
+        veth (what it receives). Latency is not added: this kernel has no sch_netem (docs/testing.md)."""
+        if not self.init_pids:
+            self.init_pids = json.loads(self.state_file.read_text())["init_pids"]
+        br = str(self.init_pids["bridge"])
+        for name, (iface, peer) in self.link_names().items():
+            if hosts is not None and name not in hosts:
+                continue
+            for pid, dev in ((str(self.init_pids[name]), iface), (br, peer)):
+                if rate_mbit is None:
+                    cmd = f"tc qdisc del dev {dev} root 2>/dev/null || true"
+                else:
+                    # The bucket holds 10 ms of traffic (at least 64 KiB: tbf needs rate/HZ plus a packet); the
+                    # queue 20 ms, about what a switch port buffers.
+                    burst = max(64 * 1024, int(rate_mbit * 1e6 / 8 / 100))
+                    cmd = f"tc qdisc replace dev {dev} root tbf rate {rate_mbit:g}mbit burst {burst} latency 20ms"
+                subprocess.run(["nsenter", "-t", pid, "--net", "--", "bash", "-ec", cmd], check=True,
+                               capture_output=True, text=True)
+
     def _start_daemons(self) -> None:
         w = self.workdir
         for name in self.hosts:
@@ -438,6 +464,10 @@ def _main(argv: list[str]) -> int:
     up.add_argument("--workdir", help="state dir (default: a new /var/tmp/raydist-emu-*)")
     down = sub.add_parser("down", help="stop a cluster and remove its state dir")
     down.add_argument("workdir")
+    sh = sub.add_parser("shape", help="limit every host's link to RATE Mbit/s each way ('off': unlimited)")
+    sh.add_argument("workdir")
+    sh.add_argument("rate")
+    sh.add_argument("hosts", nargs="*", help="only these hosts (default: all)")
     sh = sub.add_parser("exec", help="run a command inside a host")
     sh.add_argument("workdir")
     sh.add_argument("host")
@@ -449,6 +479,8 @@ def _main(argv: list[str]) -> int:
             print(c.workdir)
         elif a.cmd == "down":
             EmulatedCluster(a.workdir).stop()
+        elif a.cmd == "shape":
+            EmulatedCluster(a.workdir).shape(None if a.rate == "off" else float(a.rate), a.hosts or None)
         else:
             c = EmulatedCluster(a.workdir)
             c.init_pids = json.loads(c.state_file.read_text())["init_pids"]
