@@ -1,0 +1,199 @@
+"""The async PS run as the Ray dashboard sees it: readable actor names, and a run in Ray Train's state actor.
+
+The async PS is plain Ray actors, not Ray Train, so without this the dashboard lists anonymous `ParameterShard` and
+`DownpourWorker` actors and Ray Train's run list (`/api/train/v2/runs/v1`, which sync and local SGD fill through
+Ray Train) does not have it. Here every actor gets a name that says run, role and rank, and the run, each start of
+its actors (an attempt) and its workers are written to Ray Train's state actor in Ray Train's own schema, so both
+kinds of run read the same.
+
+Nothing here may fail the training run: the first failure to register prints one warning line and turns the
+registration off for the rest of the run (the actor names stay).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+import warnings
+from typing import Any
+
+PREFIX = "raydist"
+REGISTER_TIMEOUT_S = 10  # a state actor that does not answer in this long is given up on (one warning)
+
+
+def actor_name(run: str, role: str, index: int | None = None, attempt: int = 0) -> str:
+    """'raydist/<run>/worker-1', 'raydist/<run>/server-0', 'raydist/<run>/gate'; a restart's actors add
+    '/restart-<n>' (the killed ones of the previous start may still hold their names while they die)."""
+    name = f"{PREFIX}/{run}/{role}" + (f"-{index}" if index is not None else "")
+    return name + (f"/restart-{attempt}" if attempt else "")
+
+
+def _whereabouts(_actor: Any) -> dict[str, Any]:
+    """Runs inside an actor (through `__ray_call__`): what the Train view shows of a worker."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    return {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(), "pid": os.getpid(),
+            "gpu_ids": [int(g) for g in ray.get_gpu_ids() if str(g).isdigit()]}
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def _enabled() -> bool:
+    # The same switch as Ray Train's own state tracking (raydist.launch turns it on for every job).
+    return os.environ.get("RAY_TRAIN_ENABLE_STATE_TRACKING", "0").lower() in ("1", "true")
+
+
+class TrainView:
+    """One session of an async PS run in the dashboard. The driver names actors through `options`, and calls
+    `running` after each start of the actors, `restarting` when they are replaced and `end` once."""
+
+    def __init__(self, cfg: Any, strategy: str = "async"):
+        self.cfg, self.strategy = cfg, strategy
+        self.attempt = 0  # starts of the actors so far, less one: the suffix of the current start's names
+        self.run_id = uuid.uuid4().hex
+        # Actor names are unique per namespace; one of our own per session keeps a resumed run of the same name in
+        # the same driver (tests do that) clear of the previous session's actors while they die.
+        self.namespace = f"{PREFIX}-{self.run_id[:12]}"
+        self.enabled = _enabled()
+        self.actor = None
+        self.run = None
+        self.attempt_state = None
+
+    def options(self, role: str, index: int | None = None) -> dict[str, Any]:
+        """Ray actor options that name one actor of the current start."""
+        return {"name": actor_name(self.cfg.run.name, role, index, self.attempt), "namespace": self.namespace}
+
+    # ---- the run in Ray Train's state actor ------------------------------------------------------------------
+
+    def running(self, crew: Any) -> None:
+        """The actors of this start are up (after `Crew.locate`): the run and this attempt are RUNNING."""
+        self._safely(self._running, crew)
+
+    def restarting(self, why: str) -> None:
+        """An actor died or hung: this attempt ERRORED, the run RESTARTING; the next start's names get a suffix."""
+        self.attempt += 1
+        self._safely(self._attempt_ended, "ERRORED", why, "RESTARTING", None)
+
+    def end(self, error: BaseException | None = None, stop_reason: str | None = None) -> None:
+        """FINISHED (a completed or stopped session), or ERRORED with the error's line."""
+        if error is None:
+            self._safely(self._attempt_ended, "FINISHED", stop_reason, "FINISHED", stop_reason)
+        else:
+            line = str(error).splitlines()[0] if str(error) else type(error).__name__
+            self._safely(self._attempt_ended, "ERRORED", line, "ERRORED", line)
+
+    def _safely(self, step, *args) -> None:
+        if not self.enabled:
+            return
+        try:
+            step(*args)
+        except Exception as e:  # the dashboard is a view: the run goes on without it
+            self.enabled = False
+            print(f"[raydist] {self.strategy}: the dashboard's Train view will not show this run "
+                  f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else '-'})", file=sys.stderr, flush=True)
+
+    def _state_actor(self):
+        from ray.train.v2._internal.state.state_actor import get_or_create_state_actor
+
+        if self.actor is None:
+            self.actor = get_or_create_state_actor()
+        return self.actor
+
+    def _put(self, block: bool = False) -> None:
+        import ray
+
+        refs = [self._state_actor().create_or_update_train_run.remote(self.run)]
+        if self.attempt_state is not None:
+            refs.append(self.actor.create_or_update_train_run_attempt.remote(self.attempt_state))
+        if block:
+            ray.get(refs, timeout=REGISTER_TIMEOUT_S)
+
+    def _running(self, crew: Any) -> None:
+        import ray
+        from ray.train.v2._internal.state.schema import (
+            ActorStatus, RunAttemptStatus, RunStatus, TrainResources, TrainRunAttempt, TrainWorker)
+        from ray.train.v2._internal.state.util import current_time_ns
+
+        cfg = self.cfg
+        where = ray.get([w.__ray_call__.remote(_whereabouts) for w in crew.workers], timeout=REGISTER_TIMEOUT_S)
+        per_worker = {"CPU": cfg.scaling.cpus_per_worker, **({"GPU": 1} if cfg.scaling.use_gpu else {})}
+        nodes: list[str] = []  # node ids in the order of their first worker: node_rank
+        workers = []
+        for rank, (actor, w) in enumerate(zip(crew.workers, where)):
+            if w["node_id"] not in nodes:
+                nodes.append(w["node_id"])
+            workers.append(TrainWorker(
+                world_rank=rank, local_rank=sum(1 for v in where[:rank] if v["node_id"] == w["node_id"]),
+                node_rank=nodes.index(w["node_id"]), actor_id=actor._actor_id.hex(), node_id=w["node_id"],
+                node_ip=w["node_ip"], pid=w["pid"], gpu_ids=w["gpu_ids"], status=ActorStatus.ALIVE,
+                resources=TrainResources(resources=per_worker)))
+        servers = ", ".join(actor_name(cfg.run.name, "server", i, self.attempt) for i in range(len(crew.shards)))
+        self.attempt_state = TrainRunAttempt(
+            run_id=self.run_id, attempt_id=f"{self.run_id}-{self.attempt}", status=RunAttemptStatus.RUNNING,
+            status_detail=f"parameter server shards: {servers}", start_time_ns=current_time_ns(),
+            resources=[TrainResources(resources=per_worker) for _ in workers], workers=workers)
+        # The dashboard takes a RUNNING run whose controller actor is dead for aborted. The async PS has no
+        # controller actor (the driver is one): server shard 0 stands in, as it hands out the run's steps and
+        # dies with the driver (it is not detached), so a killed driver shows as aborted, as Ray Train's does.
+        controller = crew.shards[0]._actor_id.hex()
+        if self.run is None:
+            self.run = self._new_run(controller)
+        self.run.controller_actor_id = controller
+        self.run.status, self.run.status_detail = RunStatus.RUNNING, None
+        self._put()
+
+    def _attempt_ended(self, attempt_status: str, attempt_detail: str | None, run_status: str,
+                       run_detail: str | None) -> None:
+        from ray.train.v2._internal.state.schema import RunAttemptStatus, RunStatus
+        from ray.train.v2._internal.state.util import current_time_ns, mark_workers_dead
+
+        if self.run is None:  # the actors never came up: there is nothing to show
+            return
+        if self.attempt_state is not None and not self.attempt_state.status.is_terminal():
+            self.attempt_state.status = RunAttemptStatus(attempt_status)
+            self.attempt_state.status_detail = attempt_detail
+            self.attempt_state.end_time_ns = current_time_ns()
+            mark_workers_dead(self.attempt_state)
+        self.run.status, self.run.status_detail = RunStatus(run_status), run_detail
+        if self.run.status.is_terminal():
+            self.run.end_time_ns = current_time_ns()
+        self._put(block=True)  # before the driver exits and the actor's queue with it
+
+    def _new_run(self, controller: str):
+        import ray
+        from ray.train._internal.data_config import DataConfig
+        from ray.train.v2._internal.state.schema import (
+            BackendConfig, CheckpointConfig, FailureConfig, RunConfig, RunSettings, RunStatus, ScalingConfig,
+            TrainRun)
+        from ray.train.v2._internal.state.util import construct_data_config, current_time_ns
+
+        cfg = self.cfg
+        with warnings.catch_warnings():  # Ray Data's default options set a field it has deprecated: not ours to see
+            warnings.simplefilter("ignore")
+            data_config = construct_data_config(DataConfig())
+        settings = RunSettings(
+            train_loop_config=cfg.to_dict(),
+            backend_config=BackendConfig(framework=None, config={"strategy": self.strategy,
+                                                                  "num_servers": cfg.async_ps.num_servers}),
+            scaling_config=ScalingConfig(
+                num_workers=cfg.scaling.max_workers, use_gpu=cfg.scaling.use_gpu,
+                resources_per_worker={"CPU": cfg.scaling.cpus_per_worker}, placement_strategy="SPREAD",
+                use_tpu=False),
+            datasets=[], data_config=data_config,
+            run_config=RunConfig(
+                name=cfg.run.name,
+                failure_config=FailureConfig(max_failures=cfg.scaling.max_failures, controller_failure_limit=0),
+                worker_runtime_env={},
+                checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep, checkpoint_score_order="max"),
+                storage_path=cfg.run.storage_dir),
+        )
+        return TrainRun(
+            id=self.run_id, name=cfg.run.name, job_id=ray.get_runtime_context().get_job_id(),
+            controller_actor_id=controller, status=RunStatus.RUNNING, start_time_ns=current_time_ns(),
+            framework_versions={"ray": ray.__version__, "torch": _torch_version()}, run_settings=settings)
