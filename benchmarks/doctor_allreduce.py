@@ -1,6 +1,7 @@
 """Is `raydist doctor`'s all-reduce figure right? Against a raw torch.distributed loop on the same hosts.
 
     flock /tmp/raydist-emu.lock .venv/bin/python benchmarks/doctor_allreduce.py --rounds 5 --bytes 16MiB --iters 10
+    flock /tmp/raydist-emu.lock .venv/bin/python benchmarks/doctor_allreduce.py --rounds 5 --link-mbit 1000
 
 (root: it builds the emulated 3-host SLURM cluster of tests/cluster/emucluster.py and brings Ray up on it with
 cluster/ray_up.slurm). Each round runs, in alternating order, `raydist doctor --json` on master-node (its agents
@@ -80,6 +81,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--bytes", default="16MiB")
     p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--link-mbit", type=float, help="shape every host's link to this many Mbit/s each way "
+                                                   "(tests/cluster/emucluster.py shape); default: unshaped")
     p.add_argument("--raw-rank", type=int, help=argparse.SUPPRESS)
     p.add_argument("--world", type=int, help=argparse.SUPPRESS)
     p.add_argument("--master", help=argparse.SUPPRESS)
@@ -99,6 +102,8 @@ def main() -> int:
     with EmulatedCluster() as cluster:
         job = rayup.submit(cluster, rayup.write_config(cluster, "doctor-bench"))
         job.wait_for("Ray cluster ready", timeout=180)
+        if a.link_mbit:
+            cluster.shape(a.link_mbit)
         doctor, raw = [], []
         for i in range(a.rounds):
             # Alternate which goes first, so a drift in the machine's load does not favour one side.
@@ -111,7 +116,8 @@ def main() -> int:
             print(f"round {i + 1}: doctor {doctor[-1]:.3f} Gb/s, raw torch.distributed {raw[-1]:.3f} Gb/s, "
                   f"ratio {doctor[-1] / raw[-1]:.3f}", flush=True)
         md, mr = statistics.median(doctor), statistics.median(raw)
-        print(f"median over {a.rounds} rounds ({a.bytes} x {a.iters}, 3 hosts, gloo): doctor {md:.3f} Gb/s, "
+        links = f"links shaped to {a.link_mbit:g} Mbit/s" if a.link_mbit else "unshaped links"
+        print(f"median over {a.rounds} rounds ({a.bytes} x {a.iters}, 3 hosts, gloo, {links}): doctor {md:.3f} Gb/s, "
               f"raw {mr:.3f} Gb/s, ratio {md / mr:.3f}", flush=True)
         cluster.run("master-node", ["scancel", str(job.job_id)])
         rayup.wait_no_leftovers(cluster, job.job_id)

@@ -52,20 +52,22 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def save_state(
     directory: str,
     *,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    model: torch.nn.Module | None,
+    optimizer: torch.optim.Optimizer | None,
     scheduler: Any,
     progress: Progress,
     rng_per_rank: list[dict[str, Any]],
     extra: dict[str, Any] | None = None,
     fsync: bool = True,
 ) -> str:
-    """Write the state and then its manifest into `directory`; returns the state file's path."""
+    """Write the state and then its manifest into `directory`; returns the state file's path. `model` and
+    `optimizer` are None for a sharded strategy, whose ranks have already written their shards into `directory`:
+    the manifest, written last, covers those files too."""
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, STATE_FILE)
     state = {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
+        "model": model.state_dict() if model is not None else None,
+        "optimizer": optimizer.state_dict() if optimizer is not None else None,
         "scheduler": scheduler.state_dict(),
         "progress": asdict(progress),
         "rng_per_rank": rng_per_rank,

@@ -13,6 +13,8 @@ from raydist.errors import exits_cleanly, fail
 COMMANDS = [
     "raydist.commands.config_cmd",
     "raydist.slurm.commands",
+    "raydist.doctor.command",
+    "raydist.commands.top_cmd",
 ]
 
 

@@ -24,7 +24,8 @@ from raydist.summary import SUMMARY_FILE, JobSummary
 
 REPO = Path(__file__).resolve().parents[1]
 # What every strategy shares; optim and schedule stay each job's own (its tuned defaults in raydist/configs/).
-SHARED_SECTIONS = ("model", "data", "train", "scaling", "checkpoint", "straggler", "faults", "local_sgd", "async_ps")
+SHARED_SECTIONS = ("model", "data", "train", "scaling", "checkpoint", "straggler", "faults", "local_sgd", "async_ps",
+                   "fsdp")
 PROGRESS_MARK = "[raydist] "  # a job's progress lines, echoed as they come
 
 
@@ -41,6 +42,8 @@ def shared_config(cfg: Config) -> dict[str, Any]:
     shared = {k: everything[k] for k in SHARED_SECTIONS}
     if cfg.run.address:
         shared["run"] = {"address": cfg.run.address}
+    if not cfg.run.tensorboard:  # the only other run key each strategy's job takes from compare's command line
+        shared.setdefault("run", {})["tensorboard"] = False
     return shared
 
 
@@ -217,6 +220,8 @@ def compare(cfg: Config, started: float | None = None) -> CompareSummary:
                                              "strategies": {k: dataclasses.asdict(v) for k, v in results.items()}})
     plot(results, target, out / "plot.png", cfg.compare.plot_width, cfg.compare.plot_height)
     print("\n" + table, flush=True)
+    if cfg.run.tensorboard:  # each run writes runs/<strategy>/tensorboard: their parent shows them side by side
+        print(f"[compare] TensorBoard, every strategy: tensorboard --logdir {out / 'runs'}", flush=True)
     return CompareSummary(
         strategy="compare", run_name=cfg.run.name, run_dir=str(out), workers=cfg.scaling.max_workers,
         wall_s=round(time.perf_counter() - start, 3), results=str(out / "results.json"),

@@ -259,6 +259,11 @@ class RunConfig:
         "metrics from rank 0 (`--verbose` on a job's command line); false shows one progress bar per run. Ray's log "
         "files keep everything either way",
     )
+    tensorboard: bool = opt(
+        True, "write TensorBoard event files to tensorboard/ in the run directory from the same records as "
+        "metrics.jsonl (per-step and per-evaluation scalars, the config as text; docs/running.md#tensorboard); "
+        "false: metrics.jsonl only",
+    )
 
     @property
     def storage_dir(self) -> str:
@@ -347,11 +352,20 @@ class AsyncPSConfig:
 
 
 @dataclass
+class FSDPConfig:
+    """jobs/fsdp.py: fully sharded data parallel (FSDP2); each worker holds 1/W of the parameters and optimizer state."""
+
+    reshard_after_forward: bool = opt(
+        True, "free each layer's gathered parameters after its forward and gather them again in backward (least "
+        "memory, 1.5x sync's communication); false keeps them until backward (sync's communication, more memory)")
+
+
+@dataclass
 class CompareConfig:
     """jobs/compare.py: run several strategies on one setting and report them side by side."""
 
     strategies: str = opt(
-        ",".join(registry.names()),
+        ",".join(registry.compared()),
         f"comma-separated strategies to run, in this order; any of: {', '.join(registry.names())}",
         parse=_strategy_names,
     )
@@ -383,6 +397,7 @@ class Config:
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     local_sgd: LocalSGDConfig = field(default_factory=LocalSGDConfig)
     async_ps: AsyncPSConfig = field(default_factory=AsyncPSConfig)
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
 
     def check(self, prefix: str) -> None:

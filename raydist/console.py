@@ -68,8 +68,11 @@ class ProgressBar:
     REFRESH_S, and plain lines are printed only at the first step, at each tenth of `total` and at `close`."""
 
     def __init__(self, label: str, total: int | None = None, *, samples_per_step: int | None = None,
-                 stream: TextIO | None = None, tty: bool | None = None, clock: Callable[[], float] = time.monotonic):
+                 stream: TextIO | None = None, tty: bool | None = None, clock: Callable[[], float] = time.monotonic,
+                 export: Any = None):
+        """export: a raydist.ray_metrics.Exporter that the driver's view of the run also goes to."""
         self.label = label
+        self.export = export
         self.total = total
         self.samples_per_step = samples_per_step
         self.stream = stream if stream is not None else sys.stderr
@@ -134,6 +137,13 @@ class ProgressBar:
                 self._given_rate = samples_per_s
             if extra:
                 self.extra.update(extra)
+            if self.export is not None:
+                sps = self._given_rate
+                if sps is None and self.samples_per_step and (rate := self.steps_per_s()) is not None:
+                    sps = rate * self.samples_per_step
+                self.export.observe(step=step, total_steps=self.total, loss=loss, test_accuracy=test_accuracy,
+                                    samples_per_s=sps)
+                self.export.maybe_export()
             if self.tty:
                 if now - self._last_draw >= REFRESH_S:
                     self._draw(now)

@@ -58,6 +58,10 @@ def parse_job_args(job: str, argv: list[str] | None, doc: str | None = None) -> 
 def prepare_ray_environment() -> None:
     """Ray settings raydist relies on; each can still be overridden from the environment."""
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+    # Ray Train then records each run, its attempts and workers in its state actor, which the dashboard's Train
+    # API (/api/train/v2/runs/v1) reads; off by default in Ray 2.60. Read by the trainer in this process, and by
+    # raydist.ps.train_view for the async PS.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")
     # Ray Train holds one pending report per worker and drains it on each controller poll (2 s by
     # default), so a report every epoch of a small model would stall training; poll faster instead
     # (at 0.1 s the loop runs at 0.98x the steps/s of plain torchrun, 0.54x at 0.2 s; see benchmarks/).
@@ -67,6 +71,9 @@ def prepare_ray_environment() -> None:
     # After a worker hung, Ray Train waits this long for every worker to leave the process group before it
     # kills them (30 s by default); the hung one never answers. Workers started by this process inherit it.
     os.environ.setdefault("TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S", "5")
+    # How often each process's metrics reach its node's agent (10 s by default): raydist's metrics (ray_metrics.py)
+    # are meant to be watched live. Read by the Ray processes this driver starts (the embedded instance).
+    os.environ.setdefault("RAY_metrics_report_interval_ms", "2000")
 
 
 def connect(cfg: Config) -> str:
@@ -87,13 +94,32 @@ def connect(cfg: Config) -> str:
     # The embedded default: a private instance that ends with this process.
     # address="local": a new instance even when /tmp/ray/ray_current_cluster names another (maybe dead) one.
     # Loopback only: nothing outside this machine can reach (or needs) a private instance.
+    # Ray's own actors (Ray Train's state actor and placement-group cleaner) find the state API through
+    # RAY_API_SERVER_ADDRESS, else by looking for a Ray instance on the machine, which finds the wrong one, or
+    # several, when others run beside this one (the dashboard then marks our run aborted). They inherit this
+    # process's environment, so name our dashboard before it starts.
+    dashboard_port = _free_loopback_port()
+    os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{dashboard_port}"
     ray.init(address="local", num_cpus=local_cpus(cfg), include_dashboard=True,
-             dashboard_host="127.0.0.1",
-             _node_ip_address="127.0.0.1")
+             dashboard_host="127.0.0.1", dashboard_port=dashboard_port,
+             _node_ip_address="127.0.0.1", runtime_env={"env_vars": {"PYTHONWARNINGS": QUIET_WARNINGS}})
     if token:
         print(f"[raydist] local Ray: token auth on; the dashboard's token is in {token} (readable by this user "
               f"only, removed when the job ends)", flush=True)
     return "local"
+
+
+QUIET_WARNINGS = "ignore:`ExecutionOptions.exclude_resources` is deprecated"
+"""Ray Train's controller trips over Ray Data's own deprecation at every start once state tracking is on: two lines
+of Ray's business on the user's console. The embedded instance's processes skip that one warning."""
+
+
+def _free_loopback_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def last_error_line(e: BaseException) -> str:
@@ -215,6 +241,7 @@ def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session)
     from raydist.checkpoint import set_aside_broken_snapshot
     from raydist.cluster_watch import NodeWatcher, dead_nodes
     from raydist.console import MetricsTail, ProgressBar, start_line
+    from raydist.ray_metrics import Exporter
 
     # run_job checked the config (check_before_ray); connect checks what a named cluster can hold.
     session.ray = connect(cfg)
@@ -225,7 +252,7 @@ def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session)
     failure = Path(cfg.run.run_dir) / FAILURE_FILE
     failure.unlink(missing_ok=True)  # an earlier session's
     print(start_line(spec.name, cfg.run.run_dir), file=sys.stderr, flush=True)
-    bar = ProgressBar(spec.name)
+    bar = ProgressBar(spec.name, export=Exporter(cfg.run.name, spec.name, "driver", 0))
     tail = MetricsTail(os.path.join(cfg.run.run_dir, METRICS_FILE), bar).start()
     completed = False
     try:
@@ -241,6 +268,7 @@ def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session)
         raise RaydistError(f"training failed: {json.loads(failure.read_text())['reason']}")
     m = result.metrics or {}
     comm = m.get("comm") or {}
+    memory = m.get("memory") or {}
     total = m.get("total_steps")
     return JobSummary(
         strategy=spec.name, run_name=cfg.run.name, run_dir=cfg.run.run_dir, ray=session.ray,
@@ -254,6 +282,8 @@ def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session)
         checkpoint=result.checkpoint.path if result.checkpoint else None,
         metrics_file=os.path.join(cfg.run.run_dir, "metrics.jsonl"),
         bytes_per_worker=comm.get("bytes_per_worker", []), wait_s_per_worker=comm.get("wait_s_per_worker", []),
+        peak_memory_bytes_per_worker=memory.get("peak_memory_bytes_per_worker", []),
+        param_bytes_per_worker=memory.get("param_bytes_per_worker", []),
         stop_reason=m.get("stop_reason"),
     )
 

@@ -173,6 +173,28 @@ def check_before_ray(job: str, cfg: Config, reach: bool = True) -> None:
     spec = registry.get(job)
     if spec.check:
         spec.load("check")(cfg)
+    if spec.worker:
+        check_checkpoint_kind(spec, cfg.run.run_dir)
+
+
+def check_checkpoint_kind(spec: registry.StrategySpec, run_dir: str) -> None:
+    """A loop strategy resumes only checkpoints of its own kind: sharded (FSDP's, with DCP's `.metadata`) or whole.
+    Reads the newest checkpoint's manifest only; the workers still verify the files before loading."""
+    from raydist.checkpoint import STATE_FILE, checkpoint_dirs, read_manifest
+
+    for _, path in checkpoint_dirs(run_dir):
+        try:
+            names = {entry.get("name") for entry in read_manifest(path)["files"]}
+        except (OSError, ValueError):
+            continue  # broken: resume passes over it
+        if STATE_FILE not in names:
+            return  # another kind of job's checkpoint (the async PS): its own loader refuses it
+        sharded = ".metadata" in names
+        if sharded != spec.load("worker").sharded_state:
+            kind = "sharded (fsdp)" if sharded else "whole-model (sync, local_sgd)"
+            raise UsageError(f"run.name={os.path.basename(run_dir)}: its checkpoints are {kind}, which {spec.name} "
+                             f"cannot resume from: use a new run.name")
+        return
 
 
 

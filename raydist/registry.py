@@ -34,6 +34,8 @@ class StrategySpec:
     check: str = "raydist.preflight:check_loop"
     """"module:function" taking (cfg): what only this job can check before Ray starts (raises a UsageError,
     writes nothing); run by `raydist.preflight.check_before_ray` after the checks every job shares."""
+    compared: bool = True
+    """Whether `compare` runs it by default (any strategy can still be named in `compare.strategies`)."""
 
     @property
     def defaults(self) -> Path | None:
@@ -56,6 +58,9 @@ STRATEGIES: dict[str, StrategySpec] = {
                      worker="raydist.strategies.local_sgd:LocalSGD"),
         StrategySpec("async", "async PS", "Downpour SGD: workers push gradients to parameter-server actors without waiting",
                      driver="raydist.ps.driver:run", check="raydist.preflight:check_async"),
+        StrategySpec("fsdp", "FSDP", "fully sharded data parallel (FSDP2): each worker holds 1/W of the parameters, "
+                     "gradients and optimizer state; sharded checkpoints", worker="raydist.strategies.fsdp:FSDP",
+                     compared=False),
     )
 }
 
@@ -73,6 +78,11 @@ def get(name: str) -> StrategySpec:
 
 def names() -> list[str]:
     return list(STRATEGIES)
+
+
+def compared() -> list[str]:
+    """The strategies `compare` runs unless `compare.strategies` names others."""
+    return [name for name, spec in STRATEGIES.items() if spec.compared]
 
 
 def jobs() -> list[str]:

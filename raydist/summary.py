@@ -29,9 +29,9 @@ def _f(help: str, default: Any = dataclasses.MISSING) -> Any:
 
 @dataclass
 class JobSummary:
-    """One training job's outcome (sync DDP, local SGD, async PS)."""
+    """One training job's outcome (sync DDP, local SGD, async PS, FSDP)."""
 
-    strategy: str = _f("registry name of the strategy: sync, local_sgd, async")
+    strategy: str = _f("registry name of the strategy: sync, local_sgd, async, fsdp")
     run_name: str = _f("run.name")
     run_dir: str = _f("<run.storage_path>/<run.name>: checkpoints, metrics.jsonl, this file")
     ray: str = _f("'local' for the embedded instance, else the cluster address the job used")
@@ -52,6 +52,12 @@ class JobSummary:
     metrics_file: str = _f("per-step records (metrics.jsonl), appended across resumes")
     bytes_per_worker: list[float] = _f("payload bytes each worker sent plus received this session (algorithm volume)", [])
     wait_s_per_worker: list[float] = _f("seconds each worker spent waiting on others this session", [])
+    peak_memory_bytes_per_worker: list[int] = _f(
+        "each worker's peak memory this session: the process's peak resident set on CPU (ru_maxrss; interpreter, "
+        "torch, Ray and data included), torch.cuda.max_memory_allocated on GPU (loop strategies)", [])
+    param_bytes_per_worker: list[int] = _f(
+        "parameter bytes each worker holds between steps: the whole model, or its shard under fsdp (loop strategies)",
+        [])
     stop_reason: str | None = _f(
         "why a stopped run stopped: train.stop_at_step, a stop request (SLURM time limit, preemption), a draining node",
         None)

@@ -189,6 +189,20 @@ class Source:
     token: str | None = None
     sd_file: Path | None = None
     token_path: str | None = None
+    session: str | None = None
+    """Ray's session name of the cluster (every series carries it as SessionName): with several Ray instances on
+    one machine, a dashboard's discovery list can name another instance's endpoints too (Ray's dashboard keeps
+    one global connection per process), so only this session's series count."""
+
+    def session_name(self) -> str | None:
+        if self.session is None and self.dashboard_url is not None:
+            from raydist.slurm import api
+
+            try:
+                self.session = api.get_json(f"{self.dashboard_url}/api/version", self.token).get("session_name")
+            except api.DashboardUnavailable as e:
+                raise RaydistError(f"{self.describe}: {e} (has the cluster ended?)") from None
+        return self.session
 
     def targets(self) -> list[str]:
         if self.sd_file is not None:
@@ -220,7 +234,8 @@ def local_source(temp_dir: str = "/tmp/ray") -> Source:
     sd = Path(temp_dir) / "session_latest" / SD_FILE
     if not sd.exists():
         raise RaydistError(f"no running Ray instance found under {temp_dir} (give --address, --job or --temp-dir)")
-    return Source(describe=f"local Ray ({os.path.realpath(sd.parent)})", sd_file=sd)
+    session = os.path.realpath(sd.parent)
+    return Source(describe=f"local Ray ({session})", sd_file=sd, session=os.path.basename(session))
 
 
 def scrape(target: str, timeout: float = 3.0) -> str:
@@ -230,6 +245,7 @@ def scrape(target: str, timeout: float = 3.0) -> str:
 
 def snapshot(source: Source, fetch: Callable[[str], str] = scrape, clock: Callable[[], float] = time.time) -> dict[str, Any]:
     """One look at the cluster: every process's row, the dead nodes, and any endpoint that did not answer."""
+    session = source.session_name()
     targets = source.targets()
     samples: list[tuple[str, dict[str, str], float]] = []
     errors = []
@@ -244,7 +260,7 @@ def snapshot(source: Source, fetch: Callable[[str], str] = scrape, clock: Callab
         for target, text, err in pool.map(one, targets):
             if err is not None:
                 errors.append(f"{target}: {err}")
-            samples += parse_samples(text)
+            samples += [x for x in parse_samples(text) if session is None or x[1].get("SessionName") == session]
     now = clock()
-    return {"source": source.describe, "time": now, "targets": targets, "unreachable": errors,
+    return {"source": source.describe, "session": session, "time": now, "targets": targets, "unreachable": errors,
             "dead_nodes": source.dead_nodes(), "runs": runs_view(group(samples), now)}

@@ -29,24 +29,12 @@ class BrowserUnavailable(RuntimeError):
 
 def chromium() -> str:
     """The chromium binary, installed with apt-get when missing (CI runs as root on a fresh machine)."""
-    found = shutil.which("chromium")
-    if found:
-        return found
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise BrowserUnavailable("no chromium: apt-get install chromium (as root)")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    lock = ["-o", "DPkg::Lock::Timeout=300"]  # the SLURM tests may be installing their packages at the same time
-    for cmd in (["apt-get", *lock, "update", "-qq"],
-                ["apt-get", *lock, "install", "-y", "-qq", "--no-install-recommends", *APT_PACKAGES]):
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if r.returncode != 0:
-            tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["?"]
-            raise BrowserUnavailable(f"could not install chromium ({' '.join(cmd[:2])}...: {tail[0]}): "
-                                     f"apt-get install {' '.join(APT_PACKAGES)} by hand")
-    found = shutil.which("chromium")
-    if not found:
-        raise BrowserUnavailable("apt-get installed chromium but there is no chromium binary on PATH")
-    return found
+    from debian import Unavailable, ensure
+
+    try:
+        return ensure("chromium", APT_PACKAGES)
+    except Unavailable as e:
+        raise BrowserUnavailable(str(e)) from None
 
 
 class Page:

@@ -16,18 +16,20 @@ from jobutil import REPO, summary
 STRATEGIES = ("sync", "local_sgd", "async")
 EPOCHS = 40
 """Long enough (a few seconds of training per strategy) for metrics exported every second to be seen."""
-PROMETHEUS_QUERIES = {
-    # the largest value each (strategy, role, rank) series reached during the run (staleness: per worker)
-    name: f"max by (strategy, role, rank{', worker' if name == 'staleness' else ''}) "
-          f"(max_over_time(ray_raydist_{name}[30m]))"
-    for name in ("step", "total_steps", "loss", "samples_per_s", "comm_wait_share", "staleness", "ps_updates_per_s",
-                 "peak_memory_bytes", "last_checkpoint_step", "test_accuracy", "comm_bytes_total")
-}
+METRICS = ("step", "total_steps", "loss", "samples_per_s", "comm_wait_share", "staleness", "ps_updates_per_s",
+           "peak_memory_bytes", "last_checkpoint_step", "test_accuracy", "comm_bytes_total")
+
+
+def prometheus_queries(session: str) -> dict[str, str]:
+    """The largest value each (strategy, role, rank) series of this head's session reached during the run
+    (staleness: per worker). Only this session's: other tests' Ray instances may run beside this one."""
+    return {name: f"max by (strategy, role, rank{', worker' if name == 'staleness' else ''}) "
+                  f"(max_over_time(ray_raydist_{name}{{SessionName=\"{session}\"}}[30m]))" for name in METRICS}
 
 
 class Compared(tuple):
     """(summary, stdout, output dir) of the compare run; `.snapshots`: what `raydist top` read, about every
-    second; `.prometheus`: PROMETHEUS_QUERIES' answers after the run; `.prom_targets`: Prometheus's targets."""
+    second; `.prometheus`: prometheus_queries' answers after the run; `.prom_targets`: Prometheus's targets."""
 
     snapshots: list[dict]
     prometheus: dict[str, list[tuple[dict[str, str], float]]]
@@ -48,6 +50,11 @@ def compared(tmp_path_factory):
             prometheus(scrape_config(dashboard_url=head.dashboard_url, token_file=head.token_path, interval_s=1)) as prom:
         source = top.Source("test head", dashboard_url=head.dashboard_url,
                             token=Path(head.token_path).read_text().strip())
+        # Prometheus asks the head for its targets every 30 s: start once it scrapes every one the head lists now.
+        deadline = time.monotonic() + 90
+        while not set(source.targets()) <= {t["labels"]["instance"] for t in prom.targets() if t["health"] == "up"}:
+            assert time.monotonic() < deadline, (source.targets(), prom.targets())
+            time.sleep(0.5)
         args = [sys.executable, str(REPO / "jobs" / "compare.py")]
         for o in (f"run.storage_path={storage}", "run.name=cmp", "compare.plot_width=900", "compare.plot_height=400",
                   f"train.epochs={EPOCHS}", f"run.address={head.gcs_address}"):
@@ -67,7 +74,7 @@ def compared(tmp_path_factory):
                 proc.kill()
             proc.wait()
         time.sleep(2)  # one more scrape of the last exports
-        answers = {name: prom.query(q) for name, q in PROMETHEUS_QUERIES.items()}
+        answers = {name: prom.query(q) for name, q in prometheus_queries(source.session_name()).items()}
         # Every panel of the shipped Grafana dashboard is a query this Prometheus accepts (query() asserts it).
         from raydist.grafana import dashboard
 

@@ -6,6 +6,7 @@ from pathlib import Path
 # The emulated SLURM cluster lives in tests/cluster/ (see emucluster.py); its session fixture is shared here.
 sys.path.insert(0, str(Path(__file__).with_name("cluster")))
 from pytest_emucluster import slurm_cluster  # noqa: E402,F401
+from comparerun import compared  # noqa: E402,F401
 
 
 import pytest  # noqa: E402
@@ -15,7 +16,9 @@ import pytest  # noqa: E402
 def pytest_collection_modifyitems(config, items):
     """Under `-n 2` (make test) each module's tests run in one xdist worker, so a module's shared fixtures (a Ray
     head, compare's runs) are built once; every test on the emulated SLURM cluster runs in the same worker, so the
-    session builds one cluster (two at once would share the machine's munge and SLURM ports)."""
+    session builds one cluster (two at once would share the machine's munge and SLURM ports), and every test that
+    reads the one compare run (tests/comparerun.py) in one worker too, so it runs once."""
     for item in items:
-        slurm = "slurm_cluster" in getattr(item, "fixturenames", ())
-        item.add_marker(pytest.mark.xdist_group("slurm" if slurm else item.module.__name__))
+        names = getattr(item, "fixturenames", ())
+        group = "slurm" if "slurm_cluster" in names else "compare" if "compared" in names else item.module.__name__
+        item.add_marker(pytest.mark.xdist_group(group))

@@ -71,16 +71,20 @@ def _ports() -> list[int]:
 
 
 @contextlib.contextmanager
-def ray_head(num_cpus: int = 2, num_gpus: int | None = None, stop_wait_s: float = 30) -> Iterator[Head]:
+def ray_head(num_cpus: int = 2, num_gpus: int | None = None, stop_wait_s: float = 30,
+             env: dict[str, str] | None = None) -> Iterator[Head]:
     """num_gpus: None lets Ray count this machine's; stop_wait_s: how long `ray start --block` gets to stop the
-    daemons after SIGTERM before what is left of them is killed."""
+    daemons after SIGTERM before what is left of them is killed; env: more environment for the head's processes."""
+    extra_env = env or {}
     temp_dir = tempfile.mkdtemp(prefix="rdh-", dir="/tmp")  # short: Ray's unix socket paths must fit 107 bytes
     token_path = os.path.join(temp_dir, "auth_token")
     fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     os.write(fd, secrets.token_hex(32).encode())
     os.close(fd)
     gcs, dash, client, nm, om, agent_l, agent_g, metrics, rtenv, wmin = _ports()
-    env = clean_env(PATH=f"{VENV_BIN}:{os.environ['PATH']}", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token_path)
+    # RAY_API_SERVER_ADDRESS: Ray's own actors find this head's state API, not another test's Ray (launch.py).
+    env = clean_env(PATH=f"{VENV_BIN}:{os.environ['PATH']}", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token_path,
+                    RAY_API_SERVER_ADDRESS=f"http://127.0.0.1:{dash}", **extra_env)
     args = [
         str(VENV_BIN / "ray"), "start", "--head", "--block", f"--temp-dir={temp_dir}",
         "--node-ip-address=127.0.0.1", f"--port={gcs}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from boardutil import config_texts, read_board, scalar_steps
 from jobutil import refusal
 from raydist.config import job_defaults, load_config
 from raydist.metrics import read_steps
@@ -79,6 +80,13 @@ def test_stopped_run_resumes_from_the_servers_checkpoint(run_async, tmp_path):
     assert sorted(read_steps(resumed["metrics_file"])) == list(range(1, 61))  # server versions carry on
     kept = sorted(p.name for p in (tmp_path / "resumed").glob("checkpoint_step*"))
     assert len(kept) == 2 and kept[-1] == "checkpoint_step00000060"  # checkpoint.keep=2
+    # TensorBoard, from the driver: one point per server version over both sessions, evaluations at the stop and the
+    # end (and at an epoch boundary if the driver polled there in time), one config text per session
+    board = read_board(tmp_path / "resumed")
+    assert scalar_steps(board, "train/loss") == scalar_steps(board, "train/staleness") == list(range(1, 61))
+    evals = scalar_steps(board, "eval/test_accuracy")
+    assert evals[0] == 25 and evals[-1] == 60 and evals == sorted(evals), evals
+    assert sorted(config_texts(board)) == [0, 25]
 
     from raydist.errors import RaydistError
 

@@ -130,7 +130,7 @@ CASES = [
          NEEDS.format(66) + " the local Ray instance has {CPUS}"),
     # -- compare: each strategy's checks, before the first one runs
     Case("compare: unknown strategy", "python jobs/compare.py --set compare.strategies=sync,bogus", 2,
-         "compare.strategies: unknown strategy 'bogus' (choose from sync, local_sgd, async)"),
+         "compare.strategies: unknown strategy 'bogus' (choose from sync, local_sgd, async, fsdp)"),
     Case("compare: output dir cannot be created", "python jobs/compare.py --set compare.output_dir=/proc/forbidden", 2,
          "compare.output_dir: cannot write /proc/forbidden: No such file or directory"),
     Case("compare: a setting one strategy refuses", "python jobs/compare.py --set async_ps.num_servers=1000000", 2,
@@ -141,14 +141,15 @@ CASES = [
     Case("usage: flag without its value", "python jobs/sync.py --config", 2,
          "jobs/sync.py: argument --config: expected one argument"),
     Case("usage: no job", "python -m raydist.launch", 2,
-         "usage: python -m raydist.launch JOB [--config FILE] [--set KEY=VALUE]... (JOB: sync, local_sgd, async, compare)"),
+         "usage: python -m raydist.launch JOB [--config FILE] [--set KEY=VALUE]... (JOB: sync, local_sgd, async, fsdp, compare)"),
     Case("usage: unknown job", "python -m raydist.launch fedavg", 2,
-         "unknown job 'fedavg' (choose from sync, local_sgd, async, compare)"),
+         "unknown job 'fedavg' (choose from sync, local_sgd, async, fsdp, compare)"),
     Case("usage: raydist without a command", "raydist", 2, "raydist: the following arguments are required: command"),
     Case("usage: raydist, unknown command", "raydist bogus", 2,
-         "raydist: argument command: invalid choice: 'bogus' (choose from 'config', 'slurm', 'status', 'env')"),
+         "raydist: argument command: invalid choice: 'bogus' (choose from 'config', 'slurm', 'status', 'env', 'doctor', "
+         "'top', 'prometheus-config')"),
     Case("usage: raydist config show, unknown job", "raydist config show --job fedavg", 2,
-         "raydist config show: argument --job: invalid choice: 'fedavg' (choose from 'sync', 'local_sgd', 'async', "
+         "raydist config show: argument --job: invalid choice: 'fedavg' (choose from 'sync', 'local_sgd', 'async', 'fsdp', "
          "'compare')"),
     Case("usage: raydist config show, unknown key", "raydist config show --set train.epochz=3", 2,
          "unknown key 'train.epochz' (did you mean 'train.epochs'?)"),
@@ -158,6 +159,9 @@ CASES = [
          "raydist status: argument --job: invalid int value: 'abc'"),
     Case("usage: raydist slurm run without a command", "raydist slurm run", 2,
          "raydist slurm run: give the command to run, e.g. -- python jobs/sync.py"),
+    Case("usage: raydist top, address not a URL", "raydist top --once --address 127.0.0.1:8265", 2,
+         "--address 127.0.0.1:8265: give the dashboard's URL, http://HOST:PORT"),
+    Case("usage: raydist top, refresh interval", "raydist top --interval 0", 2, "--interval 0: must be > 0"),
     # -- the cluster config (raydist slurm ..., raydist env/status)
     Case("cluster config: a rule across keys", "raydist slurm plan --config {F}/ports.yaml", 2,
          "{F}/ports.yaml: ports: need base < end (got base=50000, end=40000)"),

@@ -7,19 +7,9 @@ import struct
 
 import pytest
 
-from jobutil import run_job, summary
+from comparerun import STRATEGIES
 
 pytestmark = pytest.mark.slow
-
-STRATEGIES = ("sync", "local_sgd", "async")
-
-
-@pytest.fixture(scope="session")  # not module: under xdist a module fixture can be built twice
-def compared(tmp_path_factory):
-    storage = tmp_path_factory.mktemp("compare")
-    proc = run_job("compare", f"run.storage_path={storage}", "run.name=cmp", "compare.plot_width=900",
-                   "compare.plot_height=400", timeout=600)
-    return summary(proc), proc.stdout, storage / "cmp"
 
 
 def test_every_strategy_reaches_the_accuracy_threshold_on_digits(compared):
@@ -57,6 +47,29 @@ def test_compare_writes_results_table_and_a_png_of_the_stated_size(compared):
     import matplotlib.image
 
     assert matplotlib.image.imread(str(out / "plot.png")).shape[:2] == (400, 900)  # it decodes, too
+
+
+def test_one_tensorboard_logdir_shows_every_strategy_side_by_side(compared):
+    from tensorboard.backend.event_processing import event_accumulator, event_multiplexer
+
+    _, stdout, out = compared
+    assert f"tensorboard --logdir {out / 'runs'}" in stdout
+    # What `tensorboard --logdir <out>/runs` loads: one run per strategy, each with its full curves
+    mux = event_multiplexer.EventMultiplexer(size_guidance={event_accumulator.SCALARS: 0})
+    mux.AddRunsFromDirectory(str(out / "runs"))
+    mux.Reload()
+    assert sorted(mux.Runs()) == sorted(f"{s}/tensorboard" for s in STRATEGIES)
+    data = json.loads((out / "results.json").read_text())
+    for strategy, entry in data["strategies"].items():
+        run = f"{strategy}/tensorboard"
+        steps = [e.step for e in mux.Scalars(run, "train/loss")]
+        # one point per step; async's steps are server versions, fewer than the budget by any dropped updates
+        assert steps == list(range(1, len(steps) + 1)), strategy
+        assert len(steps) == entry["summary"]["steps"] - (entry["summary"]["dropped"] or 0), strategy
+        evals = mux.Scalars(run, "eval/test_accuracy")
+        assert len(evals) == len(entry["curves"]["eval"]), strategy
+        assert evals[-1].value == pytest.approx(entry["summary"]["test_accuracy"]), strategy
+        assert "config/text_summary" in mux.GetAccumulator(run).Tags()["tensors"], strategy
 
 
 def test_a_failing_strategy_job_fails_compare_with_its_one_line_reason(tmp_path):

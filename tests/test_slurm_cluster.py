@@ -81,7 +81,7 @@ def test_every_node_joins_on_its_own_interface(slurm_cluster, ray_up):
     assert {h: n["interface"] for h, n in nodes.items()} == EXPECTED_IFACES
     assert {h: n["address"] for h, n in nodes.items()} == {h.name: h.ip for h in slurm_cluster.hosts.values()}
     assert all(n["state"] == "alive" and n["cpus"] == 1 for n in nodes.values())
-    assert "[ " in ray_up.text() and "3/3 nodes joined" in ray_up.text()  # progress was shown
+    assert "[ " in ray_up.text() and "[####################] 3/3 nodes joined" in ray_up.text()  # progress bar
     # Each host's Ray (and so every worker it starts) carries that host's own interface name.
     for host, iface in EXPECTED_IFACES.items():
         r = slurm_cluster.run(host, "tr '\\0' '\\n' < /proc/$(pgrep -x raylet)/environ", check=True)
@@ -119,6 +119,67 @@ def test_dashboard_api_lists_three_alive_nodes_only_with_the_token(slurm_cluster
     assert json.loads(states) == ["ALIVE"] * 3
 
 
+def _doctor(cluster, ray_up, *args: str, timeout: float = 120):
+    """`raydist doctor` from master-node after `eval "$(raydist env)"`, with a tiny bandwidth test: it must stay cheap."""
+    t = time.monotonic()
+    r = cluster.run("master-node", ["raydist", "doctor", "--bytes", "256KiB", "--iters", "2", *args],
+                    env=ray_up.env(), timeout=timeout)
+    return r, time.monotonic() - t
+
+
+def test_doctor_on_a_healthy_cluster_is_one_clean_table(slurm_cluster, ray_up):
+    r, took = _doctor(slurm_cluster, ray_up, "--storage-path", str(slurm_cluster.shared), "--timeout", "30")
+    TIMINGS["doctor_healthy_s"] = took
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["NODE", "CHECK", "STATUS", "VALUE", "DETAIL"]
+    rows = [ln.split(None, 3) for ln in lines[1:]]
+    assert not [ln for ln in lines[1:] if " FAIL " in ln], r.stdout
+    for host in slurm_cluster.hosts.values():
+        assert re.search(rf"(?m)^{host.name} +interface +ok +{host.iface} {host.ip} ", r.stdout), r.stdout
+        assert re.search(rf"(?m)^{host.name} +hostname +ok +{host.name} -> {host.ip} ", r.stdout), r.stdout
+    checks = {(row[0], row[1]) for row in rows}
+    assert {("all", "all-reduce"), ("master-node", "p2p"), ("node02", "reachability")} <= checks, r.stdout
+    assert re.search(r"all-reduce +ok +[0-9.e+-]+ Gb/s +bus bandwidth, gloo, 3 ranks", r.stdout), r.stdout
+
+
+def test_doctor_names_a_host_whose_link_is_down_and_one_whose_name_maps_to_127_0_1_1(slurm_cluster, ray_up):
+    c = slurm_cluster
+    trap = c.workdir / "etc" / "hosts-node01-trap"  # Debian's default: the machine's own name on 127.0.1.1
+    trap.write_text((c.workdir / "etc" / "hosts").read_text().replace("192.168.20.16 node01", "127.0.1.1 node01"))
+    mounted = down = False
+    try:
+        c.run("node01", f"mount --bind {trap} /etc/hosts", check=True)  # node01's mount namespace only
+        mounted = True
+        # Brief: Ray's own health checks would declare node02 dead after some tens of seconds without its link.
+        c.run("node02", "ip link set ens1f0np0 down", check=True)
+        down = True
+        r, took = _doctor(c, ray_up, "--timeout", "6", "--json")
+    finally:
+        if down:
+            c.run("node02", "ip link set ens1f0np0 up", check=True)
+        if mounted:
+            c.run("node01", "umount /etc/hosts", check=True)
+    TIMINGS["doctor_broken_s"] = took
+    assert r.returncode == 1, r.stdout + r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("raydist: error: doctor: ") and "node02 agent" in last and "node01 hostname" in last, last
+    rows = {(row["node"], row["check"]): row for row in json.loads(r.stdout)["rows"]}
+    assert rows[("node01", "hostname")]["value"] == "node01 -> 127.0.1.1"
+    assert "map it to 192.168.20.16" in rows[("node01", "hostname")]["detail"]
+    assert "no answer" in rows[("node02", "agent")]["detail"]
+    assert rows[("master-node", "hostname")]["status"] == "ok"
+    assert rows[("all", "bandwidth")]["status"] == "skip"
+    # Back to whole for the tests after this one.
+    deadline = time.monotonic() + 60
+    while True:
+        s = c.run("node01", ["raydist", "status"], env=ray_up.env())
+        if s.returncode == 0 and "3/3 nodes alive" in s.stdout:
+            break
+        assert time.monotonic() < deadline, s.stdout + s.stderr
+        time.sleep(1)
+
+
 def test_submission_without_the_token_is_refused(slurm_cluster, ray_up, tmp_path):
     home = slurm_cluster.shared / "empty-home"  # no ~/.ray/auth_token to fall back on
     home.mkdir(exist_ok=True)
@@ -133,14 +194,22 @@ def test_submission_without_the_token_is_refused(slurm_cluster, ray_up, tmp_path
 def test_sync_ddp_job_trains_one_worker_per_host_over_gloo(slurm_cluster, ray_up):
     t = time.monotonic()
     peak = [0.0]
+    # 40 epochs: a few seconds of training, long enough for `raydist top` to see the workers at work.
     proc = slurm_cluster.popen(
         "master-node",
         f"ray job submit --working-dir . -- python jobs/sync.py --verbose --set scaling.num_workers=3 "
-        f"--set run.storage_path={slurm_cluster.shared}/runs --set run.name=slurm-e2e",
+        f"--set run.storage_path={slurm_cluster.shared}/runs --set run.name=slurm-e2e --set train.epochs=40",
         env=ray_up.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    top_seen: dict[int, dict] = {}  # rank -> the worker's row, from `raydist top --once --json --job` on node01
     while proc.poll() is None and time.monotonic() - t < 240:
         peak[0] = max(peak[0], rayup.memory_mib(slurm_cluster))
-        time.sleep(2)
+        r = slurm_cluster.run("node01", ["raydist", "top", "--once", "--json", "--job", str(ray_up.job_id)],
+                              env=ray_up.env(), timeout=60)
+        if r.returncode == 0:
+            for run in json.loads(r.stdout)["runs"]:
+                top_seen.update({p["rank"]: p for p in run["processes"] if run["run"] == "slurm-e2e"
+                                 and p["role"] == "worker" and p.get("step")})
+        time.sleep(1)
     out = proc.communicate(timeout=60)[0]
     TIMINGS["train_job_s"] = time.monotonic() - t
     TIMINGS["memory_training_peak_mib"] = peak[0]
@@ -151,6 +220,9 @@ def test_sync_ddp_job_trains_one_worker_per_host_over_gloo(slurm_cluster, ray_up
     assert summary["checkpoint"].startswith(str(slurm_cluster.shared))
     # One Ray Train worker per host: the log prefixes of their lines (--verbose) name the other hosts' addresses.
     assert "ip=192.168.20.16" in out and "ip=192.168.20.17" in out
+    # `raydist top` listed every worker, each on its own host, while it trained.
+    assert set(top_seen) == {0, 1, 2}, top_seen
+    assert sorted(p["node"] for p in top_seen.values()) == sorted(EXPECTED_IFACES), top_seen
 
 
 def test_a_second_job_on_the_same_nodes_skips_busy_ports_and_stops_alone_at_its_time_limit(slurm_cluster, ray_up):

@@ -315,7 +315,8 @@ def test_the_wait_times_out_naming_the_missing_nodes(tmp_path):
     with pytest.raises(readiness.BringupFailed) as e:
         readiness.wait_ready(jd, timeout=0.3, poll=0.05, log=shown.append)
     assert "within 0s" in str(e.value) and "node01: not started" in str(e.value)
-    assert shown and "0/2 nodes joined; waiting for master-node, node01" in shown[0]
+    assert shown and "[--------------------] 0/2 nodes joined; waiting for master-node, node01" in shown[0]
+    assert readiness.joined_bar(2, 3, width=6) == "[####--]" and readiness.joined_bar(3, 3, width=6) == "[######]"
 
 
 def test_the_wait_stops_when_the_node_step_ends(tmp_path):

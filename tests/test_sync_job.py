@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from boardutil import config_texts, read_board, scalar_steps
 from jobutil import run_job, summary
 from raydist.metrics import read_steps
 
@@ -33,6 +34,15 @@ def test_two_workers_reach_the_accuracy_threshold_on_digits(tmp_path):
     assert "Started training worker group" not in proc.stdout + proc.stderr
     assert proc.stdout.splitlines()[-1].startswith('{"strategy": "sync"')
 
+    # TensorBoard: one point per step and per evaluation (each epoch end), the config once, read as tensorboard does
+    board = read_board(tmp_path / "acc")
+    for tag in ("train/loss", "train/grad_norm", "train/lr", "train/step_time_s"):
+        assert scalar_steps(board, tag) == list(range(1, 441)), tag
+    assert scalar_steps(board, "eval/test_accuracy") == scalar_steps(board, "eval/test_loss") == list(range(22, 441, 22))
+    assert board.Scalars("eval/test_accuracy")[-1].value == pytest.approx(result["test_accuracy"])
+    assert board.Scalars("train/samples_per_s") and scalar_steps(board, "run/world_size") == [0]
+    assert list(config_texts(board)) == [0] and "    name: acc\n" in config_texts(board)[0]
+
 
 def test_stopped_run_resumes_at_the_next_step_with_identical_losses(tmp_path):
     common = [f"run.storage_path={tmp_path}", "train.epochs=2", "checkpoint.every_steps=10",
@@ -59,3 +69,13 @@ def test_stopped_run_resumes_at_the_next_step_with_identical_losses(tmp_path):
         assert b[step]["loss"] == a[step]["loss"], (step, a[step], b[step])
         assert b[step]["lr"] == a[step]["lr"]
     assert resumed["test_accuracy"] == straight["test_accuracy"]
+
+    # TensorBoard after the stop and resume: still exactly one point per step, the losses those of metrics.jsonl
+    # (float32 in the event file), evaluations at the stop and at each epoch end, one config text per session.
+    for name, evals, sessions in (("straight", [22, 44], [0]), ("resumed", [13, 22, 44], [0, 13])):
+        board = read_board(tmp_path / name)
+        assert scalar_steps(board, "train/loss") == scalar_steps(board, "train/lr") == list(range(1, 45)), name
+        assert scalar_steps(board, "eval/test_accuracy") == evals, name
+        assert sorted(config_texts(board)) == scalar_steps(board, "run/world_size") == sessions, name
+    for event in read_board(tmp_path / "resumed").Scalars("train/loss"):
+        assert event.value == pytest.approx(b[event.step]["loss"], rel=1e-6)

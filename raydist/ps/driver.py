@@ -23,12 +23,14 @@ from raydist.data import load_splits
 from raydist.errors import RaydistError, UsageError
 from raydist.evaluation import evaluate
 from raydist.flat import as_tensor, flatten_, slice_bounds
-from raydist.metrics import MetricsLog
 from raydist.models import build_model
+from raydist.ray_metrics import Exporter
 from raydist.ps.crew import Crew, Death, Hung, Watchdog
+from raydist.ps.train_view import TrainView
 from raydist.preflight import check_async
 from raydist.ps.messages import Drained, PullReply, WorkerReport
 from raydist.summary import JobSummary
+from raydist.tensorboard_log import RunLog
 
 STRATEGY = "async"
 STATE_FILE = "ps_state.pt"
@@ -193,21 +195,25 @@ class AsyncPSRun:
 
         cfg, ps, W, crew = self.cfg, self.cfg.async_ps, self.cfg.scaling.max_workers, self.crew
         config = cfg.to_dict()
-        Shard = ray.remote(ParameterShard).options(num_cpus=ps.cpus_per_server)
+        named = self.view.options  # 'raydist/<run>/server-0', ...: readable in the dashboard's actor lists
         for i, (a, b) in enumerate(self.bounds):
-            shard = Shard.remote(i, self.init[a:b].numpy(), config, self.budget.total, self.grant_limit)
+            shard = ray.remote(ParameterShard).options(num_cpus=ps.cpus_per_server, **named("server", i)).remote(
+                i, self.init[a:b].numpy(), config, self.budget.total, self.grant_limit)
             crew.shards.append(crew.add(shard, f"server shard {i}"))
         if self.restore:
             ray.get([s.load_state_dict.remote(st, self.done) for s, st in zip(crew.shards, self.restore["shards"])])
         if ps.on_stale == "wait" and ps.max_staleness >= 0:
-            crew.gate = crew.add(ray.remote(StalenessGate).options(num_cpus=0).remote(ps.max_staleness), "staleness gate")
+            crew.gate = crew.add(ray.remote(StalenessGate).options(num_cpus=0, **named("gate")).remote(ps.max_staleness),
+                                 "staleness gate")
         for k in range(W):
             worker = ray.remote(DownpourWorker).options(
                 num_cpus=cfg.scaling.cpus_per_worker, num_gpus=1 if cfg.scaling.use_gpu else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=k),
+                **named("worker", k),
             ).remote(config, k, W, crew.shards, self.bounds, crew.gate)
             crew.workers.append(crew.add(worker, f"worker {k}"))
         crew.locate()  # data loaded: start the clock together
+        self.view.running(crew)
 
     def _wait_placed(self, pg) -> None:
         """Wait for the workers' bundles: at the start, and after a failure, when Ray may be re-placing the
@@ -234,12 +240,14 @@ class AsyncPSRun:
         # re-places the bundles of a dead node by itself.
         bundle = {"CPU": self.cfg.scaling.cpus_per_worker, **({"GPU": 1} if self.cfg.scaling.use_gpu else {})}
         pg = placement_group([bundle] * W, strategy="SPREAD")
-        self.log = MetricsLog(self.cfg.run.run_dir, enabled=True)
+        self.log = RunLog(self.cfg, enabled=True, start_step=self.steps, samples_per_step=self.cfg.train.batch_size)
         self.evaluator = _Evaluator(self.cfg, self.data)
         print(start_line(STRATEGY, self.cfg.run.run_dir), file=sys.stderr, flush=True)
         # One async step is one worker's gradient on train.batch_size samples.
-        self.bar = ProgressBar(STRATEGY, self.budget.total, samples_per_step=self.cfg.train.batch_size)
+        self.bar = ProgressBar(STRATEGY, self.budget.total, samples_per_step=self.cfg.train.batch_size,
+                               export=Exporter(self.cfg.run.name, STRATEGY, "driver", 0))
         completed = False
+        self.view = TrainView(self.cfg, STRATEGY)
         try:
             while True:
                 self._wait_placed(pg)
@@ -247,6 +255,7 @@ class AsyncPSRun:
                 try:
                     summary = self._attempt(pg)
                     completed = True
+                    self.view.end(stop_reason=summary.stop_reason)
                     return summary
                 except ray.exceptions.RayActorError as e:
                     if e.actor_init_failed:  # a constructor raised: starting it again would fail the same way
@@ -258,7 +267,11 @@ class AsyncPSRun:
                     raise RaydistError(f"training failed: {last_error_line(e)}") from None
                 finally:
                     self.crew.kill()
+                self.view.restarting(str(death))
                 self._recover(death)
+        except BaseException as e:
+            self.view.end(error=e)
+            raise
         finally:
             self.bar.close(completed=completed)
             self.log.close()
@@ -283,7 +296,9 @@ class AsyncPSRun:
             raise RaydistError(f"training failed: {death} at step {at}: failure {failure}, more than "
                                f"scaling.max_failures={limit} allows")
         self.restarts = failure
+        self.bar.export.observe(restarts=failure)
         self._restore(latest_checkpoint(self.cfg.run.run_dir))
+        self.log.restart(self.steps)  # TensorBoard hides the failed attempt's points after that checkpoint
         origin = f"checkpoint step {self.steps}" if self.restore else "the initial parameters"
         print(f"[raydist] async: {death} at step {at}; restarting servers and workers from {origin} "
               f"(failure {failure} of {limit if limit >= 0 else 'unlimited'})", flush=True)
@@ -388,6 +403,7 @@ class AsyncPSRun:
         self.last_checkpoint_at = sum(states[0]["done"].values())  # shard 0's count of each worker's steps: where data resumes
         state = {"shards": states, "workers": self.cfg.scaling.max_workers, "steps": self.last_checkpoint_at,
                  "config": self.cfg.to_dict()}
+        self.log.flush()  # TensorBoard's points up to here, on disk before a checkpoint a restart starts after
         return _save(self.cfg.run.run_dir, self.last_checkpoint_at, state, self.cfg.checkpoint.keep)
 
     def _show_progress(self) -> None:

@@ -17,6 +17,7 @@ from raydist.config import Config
 from raydist.flat import as_tensor
 from raydist.optim import build_optimizer, lr_factor
 from raydist.ps.messages import Drained, PullReply
+from raydist.ray_metrics import Exporter
 
 
 class ParameterShard:
@@ -45,6 +46,9 @@ class ParameterShard:
         self.grant_limit = grant_limit
         self.granted = 0
         self.records: list[dict[str, Any]] = []
+        self.bytes_moved = 0.0  # gradients in, parameters out
+        self.export = Exporter(cfg.run.name, "async", "server", index)
+        self.export.observe(total_steps=schedule_steps)
 
     def lr(self) -> float:
         return self.base_lr * lr_factor(self.version, self.schedule_steps, self.schedule)
@@ -52,6 +56,7 @@ class ParameterShard:
     def push(self, grad: np.ndarray, base_version: int, worker: int, meta: dict[str, Any] | None = None) -> bool:
         """Apply one gradient computed on parameters of version `base_version`; False if dropped as too stale."""
         staleness = self.version - base_version
+        self.bytes_moved += grad.nbytes
         applied = not (0 <= self.drop_past < staleness)
         lr = self.lr() / (max(1, staleness) if self.staleness_lr else 1)
         if applied:
@@ -70,6 +75,11 @@ class ParameterShard:
             if not applied:  # no new version: keep it out of the per-step records (`read_steps`)
                 record["dropped_at_step"] = record.pop("step")
             self.records.append(record)
+            self.export.observe_worker("staleness", worker, staleness)
+        self.export.count("ps_updates_per_s", int(applied))
+        self.export.communication(self.bytes_moved, 0.0)
+        self.export.observe(step=self.version, lr=lr)
+        self.export.maybe_export()
         return applied
 
     def pull(self, want: int = 0) -> PullReply:
@@ -82,6 +92,7 @@ class ParameterShard:
         if want:
             granted = max(0, min(want, self.grant_limit - self.granted))
             self.granted += granted
+        self.bytes_moved += self.param.numel() * self.param.element_size()
         return PullReply(self.version, self.param.detach().numpy(), granted, self.lr())
 
     def stop_granting(self) -> int:

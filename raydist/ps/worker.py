@@ -16,6 +16,7 @@ from raydist.data import load_splits
 from raydist.flat import as_tensor, flatten_
 from raydist.models import build_model
 from raydist.ps.messages import PullReply, WorkerReport
+from raydist.ray_metrics import Exporter
 from raydist.seeding import reseed
 from raydist.sharding import worker_shard
 from raydist.straggler import Straggler
@@ -54,6 +55,7 @@ class DownpourWorker:
         reseed(cfg.train.seed, rank, start_step)  # dropout differs per worker and per resume
 
         comm, straggler = CommStats(), Straggler(cfg.straggler, rank)
+        export = Exporter(cfg.run.name, "async", "worker", rank, device=str(self.device))
         clip = cfg.train.grad_clip if cfg.train.grad_clip > 0 else math.inf
         versions = [0] * len(self.shards)
         pending: list[ray.ObjectRef] = []  # pushes not yet acknowledged: we never wait on them while training
@@ -105,11 +107,17 @@ class DownpourWorker:
             pending += [s.push.remote(grads[a:b].numpy(), versions[i], rank, meta if i == 0 else None)
                         for i, (s, (a, b)) in enumerate(zip(self.shards, self.bounds))]
             comm.add(self.nbytes)
+            export.count("samples_per_s", cfg.train.batch_size)
+            export.communication(comm.bytes, comm.wait_s)
+            export.observe(step=progress.step, loss=meta["loss"], grad_norm=meta["grad_norm"], lr=lr,
+                           step_time_s=step_time)
+            export.maybe_export()
             grant -= 1
             since_fetch += 1
             fetch_due = grant == 0 or since_fetch >= n_fetch
             if not fetch_due:  # Downpour: keep descending locally until the next fetch
                 self.params.add_(self.grads, alpha=-lr)
+        export.maybe_export(force=True)
         steps = progress.step - start_step
         return WorkerReport(rank=rank, steps=steps, samples=steps * cfg.train.batch_size, dropped=dropped,
                             train_time_s=time.perf_counter() - began, bytes=comm.bytes, wait_s=comm.wait_s)

@@ -53,6 +53,13 @@ def _step_ended(pid: int | None) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
+def joined_bar(joined: int, total: int, width: int = 20) -> str:
+    """'[########------------]': nodes joined out of total, for the job's output file (a line per change, not
+    redrawn: sbatch writes it to a file)."""
+    filled = round(width * joined / total) if total else width
+    return "[" + "#" * filled + "-" * (width - filled) + "]"
+
+
 def wait_ready(jd: JobDir, timeout: float, step_pid: int | None = None, user: str = "", log=print,
                poll: float = 0.5, clock: Callable[[], float] = time.monotonic) -> Connection:
     """Poll node records (shared job dir) and the dashboard until all nodes are alive; fail fast on a failed node."""
@@ -75,7 +82,8 @@ def wait_ready(jd: JobDir, timeout: float, step_pid: int | None = None, user: st
         alive = {n.hostname for n in nodes if n.alive}
         missing = [n for n in plan.nodes if n not in alive]
         elapsed = clock() - start
-        msg = f"{len(plan.nodes) - len(missing)}/{len(plan.nodes)} nodes joined"
+        msg = f"{joined_bar(len(plan.nodes) - len(missing), len(plan.nodes))} " \
+              f"{len(plan.nodes) - len(missing)}/{len(plan.nodes)} nodes joined"
         if missing:
             msg += f"; waiting for {', '.join(missing)}"
         if msg != last:

@@ -32,8 +32,10 @@ class Finding:
 
 
 def param_checksum(model: torch.nn.Module) -> torch.Tensor:
-    """Sum of absolute parameter values in float64: one pass, and a perturbation of any sign moves it."""
-    return torch.stack([p.detach().double().abs().sum() for p in model.parameters()]).sum()
+    """Sum of absolute parameter values in float64: one pass, and a perturbation of any sign moves it. Of a
+    sharded model (DTensor parameters), this rank's shards: no collective."""
+    return torch.stack([(p.to_local() if hasattr(p, "to_local") else p).detach().double().abs().sum()
+                        for p in model.parameters()]).sum()
 
 
 def _close(a: float, b: float, tol: float) -> bool:

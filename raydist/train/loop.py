@@ -12,6 +12,8 @@ decisions without clocks of their own. Sync DDP is at a sync point every step; l
 from __future__ import annotations
 
 import math
+import os
+import shutil
 import time
 from typing import Any, Callable
 
@@ -21,18 +23,21 @@ import torch.distributed as dist
 from raydist.checkpoint import Progress, load_state, rng_state, save_state, set_rng_state
 from raydist.commstats import CommStats
 from raydist.config import Config
+from raydist.errors import RaydistError
 from raydist.context import WorkerContext, new_checkpoint_dir
 from raydist.data import load_splits
 from raydist.evaluation import evaluate
-from raydist.metrics import MetricsLog, Throughput, progress_line
+from raydist.metrics import Throughput, progress_line
 from raydist.models import build_model
+from raydist.ray_metrics import Exporter
 from raydist.optim import build_optimizer, build_scheduler
 from raydist.seeding import reseed
 from raydist.sharding import total_steps as run_length, worker_shard
 from raydist.straggler import Straggler
+from raydist.tensorboard_log import RunLog
 from raydist.train import desync
 from raydist.train.step import compute_gradients
-from raydist.train.strategy import Strategy
+from raydist.train.strategy import Strategy, local_tensor
 
 # Slots of the all-reduce every sync point runs.
 _LOSS_SUM, _LOSS_STEPS, _STEP_LOSS, _REPORT_VOTE, _POLL_VOTE, _STOP_VOTE = range(6)
@@ -67,9 +72,10 @@ class Trainer:
         self.aborted: str | None = None
         """Why the run must end as failed with no checkpoint after the last good one (a desync, on_desync=stop)."""
         self.last_desync_check = self.progress.step
-        self.log = MetricsLog(cfg.run.run_dir, enabled=ctx.rank == 0)
+        self.log = RunLog(cfg, enabled=ctx.rank == 0, start_step=self.progress.step)  # metrics.jsonl and TensorBoard
         self.speed = Throughput()
         self.straggler = Straggler(cfg.straggler, ctx.rank)
+        self.export = Exporter(cfg.run.name, strategy.name, "worker", ctx.rank, device=str(ctx.device))
 
     # ---- resume ----------------------------------------------------------------------------------
 
@@ -79,9 +85,19 @@ class Trainer:
             if directory is None:
                 return None
             state = load_state(directory)
+            sharded = state["model"] is None  # a sharded strategy's ranks wrote the model and optimizer themselves
+            if sharded != self.strategy.sharded_state:
+                raise RaydistError(
+                    f"checkpoint {os.path.basename(os.path.normpath(directory))} holds a "
+                    f"{'sharded' if sharded else 'full'} model written by {state['extra'].get('strategy_name')}, which "
+                    f"{self.strategy.name} cannot resume from: use a new run.name")
+            if sharded:  # every rank reads its part while the directory is at hand (DCP reshards for another W)
+                self.strategy.load_sharded(directory, self.optimizer)
         extra = state["extra"]
         rank, same_world = self.ctx.rank, extra["world_size"] == self.ctx.world_size
-        if self.strategy.per_rank_state:  # each rank takes back its own; with another world size, rank 0's
+        if sharded:
+            pass  # loaded above
+        elif self.strategy.per_rank_state:  # each rank takes back its own; with another world size, rank 0's
             mine = extra["per_rank"][rank if same_world else 0]
             self.model.load_state_dict(mine["model"])
             self.optimizer.load_state_dict(mine["optimizer"])
@@ -108,16 +124,53 @@ class Trainer:
             every = [None] * W
             dist.all_gather_object(every, mine)
         directory = None
+        began = time.perf_counter()
+        sharded = self.strategy.sharded_state
+        if sharded:  # every rank writes its shards into one directory on the run's shared storage
+            directory = self._sharded_staging_dir()
+            self.strategy.save_sharded(directory, self.optimizer)
         if self.ctx.rank == 0:
-            directory = new_checkpoint_dir()
+            self.log.flush()  # TensorBoard's points so far on disk before a checkpoint a resume starts after
+            directory = directory or new_checkpoint_dir()
             extra = {"config": self.cfg.to_dict(), "world_size": W, "strategy_name": self.strategy.name,
                      "strategy": self.strategy.state_dict()}
             if self.strategy.per_rank_state:
                 extra["per_rank"] = [{"model": r["model"], "optimizer": r["optimizer"]} for r in every]
-            save_state(directory, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+            # Last: with sharded state, the manifest then covers every rank's shard files (all written by now).
+            save_state(directory, model=None if sharded else self.model,
+                       optimizer=None if sharded else self.optimizer, scheduler=self.scheduler,
                        progress=self.progress, rng_per_rank=[r["rng"] for r in every], extra=extra)
-        self.ctx.report(metrics, directory, self.progress.step)
+        self.ctx.report(metrics, directory if self.ctx.rank == 0 else None, self.progress.step)
         self.last_checkpoint_step = self.progress.step
+        self.export.observe(checkpoint_s=time.perf_counter() - began, last_checkpoint_step=self.progress.step)
+
+    def _sharded_staging_dir(self) -> str:
+        """Where every rank writes its shards of this step's checkpoint: in the run directory, which all ranks share
+        (a temp directory is node-local). Rank 0 empties it of a killed save's leftovers before anyone writes; then
+        it hands the finished directory to the runtime like any other and removes it."""
+        path = os.path.join(self.cfg.run.run_dir, f".staging-checkpoint_step{self.progress.step:08d}")
+        if self.ctx.rank == 0:
+            shutil.rmtree(path, ignore_errors=True)
+            os.makedirs(path)
+        if dist.is_initialized() and self.ctx.world_size > 1:
+            dist.barrier()
+        return path
+
+    def _memory(self, W: int) -> dict[str, list[int]]:
+        """Every rank's peak memory (GPU: allocated by torch; CPU: the process's peak resident set) and the
+        parameter bytes it holds, in rank order; a collective when a process group is up."""
+        if self.ctx.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self.ctx.device)
+        else:
+            import resource
+
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        every: list[Any] = [(peak, self.strategy.held_param_bytes())]
+        if dist.is_initialized() and W > 1:
+            every = [None] * W
+            dist.all_gather_object(every, (peak, self.strategy.held_param_bytes()))
+        return {"peak_memory_bytes_per_worker": [int(p) for p, _ in every],
+                "param_bytes_per_worker": [int(b) for _, b in every]}
 
     # ---- the loop ----------------------------------------------------------------------------------
 
@@ -148,7 +201,7 @@ class Trainer:
         f = self.cfg.faults
         if f.inject_desync_rank == self.ctx.rank and step == f.inject_desync_step and self.resumed_from is None:
             with torch.no_grad():
-                next(self.model.parameters()).view(-1)[0] += 1.0
+                local_tensor(next(self.model.parameters())).view(-1)[0] += 1.0
             print(f"[raydist] faults.inject_desync_rank: rank {self.ctx.rank} perturbed a parameter after step {step}",
                   flush=True)
 
@@ -191,7 +244,7 @@ class Trainer:
             strategy.measure_local_grad_norm(self._desync_due(p.step + 1))
             loss_sum = compute_gradients(self.forward_model, micro_batches, cfg, ctx.device, strategy.micro_step)
             strategy.after_backward(p.step)
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+            grad_norm = strategy.clip_grad_norm(clip)
             lr = self.scheduler.get_last_lr()[0]
             self.optimizer.step()
             self._maybe_inject(p.step + 1)
@@ -215,8 +268,11 @@ class Trainer:
                 "step_time_s": time.perf_counter() - t0,
                 "time_s": time.perf_counter() - self.speed.session_start,
             }
+            self.export.count("samples_per_s", global_batch / W)
+            self.export.communication(self.comm.bytes, self.comm.wait_s)
             if not strategy.is_sync_point(p.step, final=at_end or stop_at):
                 self.log.write(record)
+                self._export(record)
                 continue
 
             # A sync point: every rank is here, at this step.
@@ -243,6 +299,7 @@ class Trainer:
             if strategy.global_step_loss():
                 record["loss"] = votes[_STEP_LOSS].item() / W
             self.log.write(record)
+            self._export(record)
             if check_due:
                 self.last_desync_check = p.step
                 self._check_desync(votes[_FINGERPRINTS:].view(W, desync.SLOTS).tolist(), strategy.replicas_agree(at_end))
@@ -270,9 +327,11 @@ class Trainer:
                 scores = evaluate(strategy.eval_model(final=at_end), self.data, cfg, ctx)
                 metrics.update(scores)
                 self.log.write({"eval_at_step": p.step, "time_s": record["time_s"], **scores})
+                self.export.observe(test_accuracy=scores.get("test_accuracy"))
                 eval_due = False
             if at_end or stopping:
                 metrics["comm"] = self.comm.gather(W)
+                metrics["memory"] = self._memory(W)
                 metrics["total_steps"] = self.total_steps
                 metrics["world_size"] = W
                 if stopping:
@@ -292,4 +351,10 @@ class Trainer:
         # A run resumed at its very end takes no step and reports nothing: its last checkpoint already holds the
         # final metrics, which Ray Train returns as the result.
         self.log.close()
+        self.export.maybe_export(force=True)
         return last
+
+    def _export(self, record: dict[str, Any]) -> None:
+        self.export.observe(step=record["step"], total_steps=self.total_steps, loss=record["loss"],
+                            grad_norm=record["grad_norm"], lr=record["lr"], step_time_s=record["step_time_s"])
+        self.export.maybe_export()

@@ -17,10 +17,18 @@ from raydist.config import Config
 from raydist.context import WorkerContext
 
 
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor: a DTensor's local shard (a sharded strategy's parameters), else the tensor."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 class Strategy:
     name = "base"
     per_rank_state = False
     """True when ranks' models and optimizers differ between sync points: the checkpoint then keeps each rank's."""
+    sharded_state = False
+    """True when each rank holds only a shard of the model and optimizer: every rank then writes and reads its
+    part of the checkpoint itself (`save_sharded` / `load_sharded`), beside the loop's state file."""
 
     def __init__(self, cfg: Config, ctx: WorkerContext, comm: CommStats):
         self.cfg, self.ctx, self.comm = cfg, ctx, comm
@@ -37,6 +45,10 @@ class Strategy:
 
     def after_backward(self, step: int) -> None:
         """Gradients of step `step` (0-based) are complete on this rank; runs before clipping and the optimizer."""
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """Clip the step's gradients to `max_norm` (inf: only measure); returns their global norm as a plain tensor."""
+        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
 
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.zero_grad(set_to_none=True)
@@ -81,6 +93,19 @@ class Strategy:
 
     def load_state_dict(self, state: dict[str, Any], same_world: bool) -> None:
         """Restore `state_dict()`; `same_world` is False when the worker count changed since the checkpoint."""
+
+    def save_sharded(self, directory: str, optimizer: torch.optim.Optimizer) -> None:
+        """`sharded_state` only: every rank writes its part of the model and optimizer into `directory` (the same
+        path on every rank, on storage they share); returns once every rank's part is written."""
+        raise NotImplementedError
+
+    def load_sharded(self, directory: str, optimizer: torch.optim.Optimizer) -> None:
+        """`sharded_state` only: every rank reads its part back from a checkpoint's `directory`."""
+        raise NotImplementedError
+
+    def held_param_bytes(self) -> int:
+        """Bytes of parameters this rank holds between steps: the full model, or its shard of a sharded one."""
+        return sum(local_tensor(p).numel() * p.element_size() for p in self.model.parameters())
 
     def describe(self) -> str:
         """Extra words for the start line, e.g. the averaging period."""
