@@ -123,6 +123,9 @@ class ModelConfig:
         "mlp", "simple: the seeds' SimpleModel (in -> 50 -> out); mlp: `depth` hidden layers; cnn: small CNN (image data only)"
     )
     hidden: int = opt(128, "width of the MLP's hidden layers", ge=1)
+    params: int = opt(
+        0, "mlp: size the model by parameter count instead (e.g. 10000000 on data.name=synthetic): the hidden width "
+        "that comes closest at this depth replaces `hidden`; 0 = use `hidden`", ge=0, special={0: "use hidden"})
     depth: int = opt(2, "number of hidden layers of the MLP", ge=1)
     dropout: float = opt(0.0, "dropout probability after each hidden layer (mlp, cnn)", ge=0, lt=1)
 
@@ -403,6 +406,8 @@ class Config:
     def check(self, prefix: str) -> None:
         _check(not (self.model.name == "cnn" and self.data.name != "digits"), "model.name",
                "cnn needs image data: set data.name=digits")
+        _check(not (self.model.params and self.model.name != "mlp"), "model.params",
+               f"sizes the mlp only (model.name={self.model.name})")
         _check(self.straggler.worker < self.scaling.max_workers, "straggler.worker",
                f"must be below scaling.num_workers={self.scaling.max_workers} (got {self.straggler.worker})")
         _check(self.faults.inject_desync_rank < self.scaling.max_workers, "faults.inject_desync_rank",

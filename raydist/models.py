@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -52,10 +54,25 @@ class SmallCNN(nn.Module):
         return self.head(self.features(x.view(-1, *self.image_shape)))
 
 
+def mlp_params(in_features: int, out_features: int, hidden: int, depth: int) -> int:
+    """Weights and biases of MLP(in, out, hidden, depth)."""
+    return (in_features + 1) * hidden + (depth - 1) * (hidden + 1) * hidden + (hidden + 1) * out_features
+
+
+def mlp_width(params: int, in_features: int, out_features: int, depth: int) -> int:
+    """The hidden width whose MLP comes closest to `params` parameters (at least 1)."""
+    # (depth-1) h^2 + (in + 1 + (depth-1) + out) h + out = params: the positive root, then the better neighbour.
+    a, b, c = depth - 1, in_features + depth + out_features, out_features - params
+    h = -c / b if a == 0 else (-b + math.sqrt(b * b - 4 * a * c)) / (2 * a)
+    candidates = {max(1, math.floor(h)), max(1, math.ceil(h))}
+    return min(candidates, key=lambda w: abs(mlp_params(in_features, out_features, w, depth) - params))
+
+
 def build_model(cfg: ModelConfig, data: Splits) -> nn.Module:
     if cfg.name == "simple":
         return SimpleModel(data.num_features, data.num_classes)
     if cfg.name == "mlp":
-        return MLP(data.num_features, data.num_classes, cfg.hidden, cfg.depth, cfg.dropout)
+        hidden = mlp_width(cfg.params, data.num_features, data.num_classes, cfg.depth) if cfg.params else cfg.hidden
+        return MLP(data.num_features, data.num_classes, hidden, cfg.depth, cfg.dropout)
     assert data.image_shape is not None, "Config.validate rejects cnn without image data"
     return SmallCNN(data.image_shape, data.num_classes, cfg.dropout)

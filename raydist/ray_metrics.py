@@ -76,7 +76,7 @@ def peak_memory_bytes(device: str = "cpu") -> int:
     if device.startswith("cuda"):
         import torch
 
-        return int(torch.cuda.max_memory_allocated())
+        return int(torch.cuda.max_memory_allocated(device))
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 

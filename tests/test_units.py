@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.utils.data import TensorDataset
 
@@ -44,3 +45,27 @@ def test_checkpoint_round_trip_restores_rng_and_progress(tmp_path):
     assert loaded["progress"] == Progress(7, 1, 3)
     set_rng_state(loaded["rng_per_rank"][0])
     assert torch.equal(torch.rand(4), expected)
+
+
+@pytest.mark.parametrize("params", [1_000_000, 10_000_000, 50_000_000])
+@pytest.mark.parametrize("depth", [1, 2, 4])
+def test_model_params_sizes_the_mlp_within_a_percent(params, depth):
+    from raydist.models import mlp_params, mlp_width
+
+    width = mlp_width(params, 64, 10, depth)
+    assert abs(mlp_params(64, 10, width, depth) / params - 1) < 0.01
+    assert mlp_params(64, 10, width + 1, depth) > mlp_params(64, 10, width, depth)  # the count grows with width
+
+
+def test_model_params_builds_that_model_and_is_refused_for_other_models():
+    from raydist.config import load_config
+    from raydist.errors import ConfigError
+    from raydist.data import load_splits
+    from raydist.models import build_model
+
+    cfg = load_config(None, [], ["data.name=synthetic", "data.synthetic_features=32", "data.synthetic_samples=100",
+                                 "model.params=2000000", "model.depth=3"])
+    model = build_model(cfg.model, load_splits(cfg.data))
+    assert abs(sum(p.numel() for p in model.parameters()) / 2_000_000 - 1) < 0.01
+    with pytest.raises(ConfigError, match="model.params: sizes the mlp only"):
+        load_config(None, [], ["model.name=cnn", "model.params=1000000"])

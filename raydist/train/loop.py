@@ -29,7 +29,7 @@ from raydist.data import load_splits
 from raydist.evaluation import evaluate
 from raydist.metrics import Throughput, progress_line
 from raydist.models import build_model
-from raydist.ray_metrics import Exporter
+from raydist.ray_metrics import Exporter, peak_memory_bytes
 from raydist.optim import build_optimizer, build_scheduler
 from raydist.seeding import reseed
 from raydist.sharding import total_steps as run_length, worker_shard
@@ -95,13 +95,11 @@ class Trainer:
                 self.strategy.load_sharded(directory, self.optimizer)
         extra = state["extra"]
         rank, same_world = self.ctx.rank, extra["world_size"] == self.ctx.world_size
-        if sharded:
-            pass  # loaded above
-        elif self.strategy.per_rank_state:  # each rank takes back its own; with another world size, rank 0's
+        if self.strategy.per_rank_state and not sharded:  # each rank takes back its own; another world size: rank 0's
             mine = extra["per_rank"][rank if same_world else 0]
             self.model.load_state_dict(mine["model"])
             self.optimizer.load_state_dict(mine["optimizer"])
-        else:
+        elif not sharded:  # (sharded: every rank loaded its part above)
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -159,16 +157,11 @@ class Trainer:
     def _memory(self, W: int) -> dict[str, list[int]]:
         """Every rank's peak memory (GPU: allocated by torch; CPU: the process's peak resident set) and the
         parameter bytes it holds, in rank order; a collective when a process group is up."""
-        if self.ctx.device.type == "cuda":
-            peak = torch.cuda.max_memory_allocated(self.ctx.device)
-        else:
-            import resource
-
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        peak = peak_memory_bytes(str(self.ctx.device))
         every: list[Any] = [(peak, self.strategy.held_param_bytes())]
         if dist.is_initialized() and W > 1:
             every = [None] * W
-            dist.all_gather_object(every, (peak, self.strategy.held_param_bytes()))
+            dist.all_gather_object(every, every[0])
         return {"peak_memory_bytes_per_worker": [int(p) for p, _ in every],
                 "param_bytes_per_worker": [int(b) for _, b in every]}
 
