@@ -134,6 +134,20 @@ def runs_view(procs: list[Proc], now: float) -> list[dict[str, Any]]:
     return list(runs.values())
 
 
+def with_gone(previous: list[dict[str, Any]], current: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`current` runs, plus each process an earlier look saw in a run that is still going and this look does not:
+    its series went with its process (a dead or killed worker), so it is shown as `gone` with what it last did."""
+    before = {r["run"]: r for r in previous}
+    out = []
+    for run in current:
+        seen = {(p["role"], p["rank"]) for p in run["processes"]}
+        lost = [{**p, "state": "gone"} for p in before.get(run["run"], {}).get("processes", [])
+                if (p["role"], p["rank"]) not in seen]
+        out.append({**run, "processes": sorted(run["processes"] + lost, key=lambda p: (
+            {"driver": 0, "server": 1}.get(p["role"], 2), p["rank"]))})
+    return out
+
+
 def _fmt(value: Any, kind: str = "") -> str:
     if value is None:
         return "-"
@@ -158,7 +172,7 @@ def table(runs: list[dict[str, Any]], dead_nodes: list[str], source: str, now: f
     for r in runs:
         for x in r["processes"]:
             step = _fmt(x.get("step")) + (f"/{x['total_steps']}" if "total_steps" in x else "")
-            state = x["state"] + (f" {x['age_s']:.0f}s" if x["state"] != "alive" and x["age_s"] is not None else "")
+            state = x["state"] + (f" {x['age_s']:.0f}s" if x["state"] == "stalled" and x["age_s"] is not None else "")
             rows.append((r["run"] if x is r["processes"][0] else "", x["role"], str(x["rank"]), x["node"], step,
                          _fmt(x.get("samples_per_s"), "rate"), _fmt(x.get("comm_wait_share"), "pct"),
                          _fmt(x.get("staleness")), _fmt(x.get("loss")), _fmt(x.get("last_checkpoint_step")), state))

@@ -93,6 +93,16 @@ def test_top_groups_series_by_process_keeps_the_newest_and_names_stalled_ones():
     assert "stalled 15s" in text and "dead nodes: node03" in text and text.count("\n") == 6
 
 
+def test_top_keeps_a_worker_that_died_on_its_runs_list_as_gone():
+    procs = top.group(top.parse_samples(PAGE))
+    before = top.runs_view(procs, now=1000.0)
+    after = top.runs_view([p for p in procs if not (p.run == "r" and p.rank == 1)], now=1002.0)
+    shown = {r["run"]: r for r in top.with_gone(before, after)}
+    assert [(p["rank"], p["state"]) for p in shown["r"]["processes"]] == [(0, "alive"), (1, "gone")]
+    assert shown["r"]["processes"][1]["step"] == 11  # what it last did
+    assert top.with_gone(before, [r for r in after if r["run"] != "r"])[0]["run"] == "p"  # a finished run goes
+
+
 def test_top_refuses_bad_input_and_a_missing_cluster_in_one_line(tmp_path):
     def run(*args):
         return subprocess.run([sys.executable, "-m", "raydist.cli", "top", *args], cwd=REPO, capture_output=True,

@@ -55,10 +55,12 @@ def _top(args) -> int:
             print(top.table(snap["runs"], snap["dead_nodes"], snap["source"], snap["time"]))
         return 0
     tty = sys.stdout.isatty()
+    shown: list = []
     try:
         while True:
             snap = top.snapshot(source)
-            text = top.table(snap["runs"], snap["dead_nodes"], snap["source"], snap["time"])
+            shown = top.with_gone(shown, snap["runs"])  # a worker that died stays on its run's list as `gone`
+            text = top.table(shown, snap["dead_nodes"], snap["source"], snap["time"])
             if snap["unreachable"]:
                 text += "\nno answer from: " + "; ".join(snap["unreachable"])
             # In place on a terminal (home, clear to the end); a log gets one table after another.
