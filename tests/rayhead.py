@@ -71,10 +71,11 @@ def _ports() -> list[int]:
 
 
 @contextlib.contextmanager
-def ray_head(num_cpus: int = 2, num_gpus: int | None = None, stop_wait_s: float = 30,
+def ray_head(num_cpus: int = 2, num_gpus: int | None = None, stop_wait_s: float = 5,
              env: dict[str, str] | None = None) -> Iterator[Head]:
     """num_gpus: None lets Ray count this machine's; stop_wait_s: how long `ray start --block` gets to stop the
-    daemons after SIGTERM before what is left of them is killed; env: more environment for the head's processes."""
+    daemons after SIGTERM before what is left of them is killed (it first drains its node, for up to 30 s, which
+    a test head has no use for); env: more environment for the head's processes."""
     extra_env = env or {}
     temp_dir = tempfile.mkdtemp(prefix="rdh-", dir="/tmp")  # short: Ray's unix socket paths must fit 107 bytes
     token_path = os.path.join(temp_dir, "auth_token")

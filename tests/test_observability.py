@@ -50,17 +50,19 @@ def test_prometheus_scraped_every_workers_metrics_with_plausible_values(compared
 @pytest.mark.slow
 def test_top_saw_every_strategys_workers_on_their_node_while_they_trained(compared):
     seen: dict[str, dict[int, dict]] = {}
+    staleness_seen = False
     for snap in compared.snapshots:
         for run in snap["runs"]:
             for p in run["processes"]:
                 if p["role"] == "worker" and p.get("step"):
                     seen.setdefault(run["strategy"], {})[p["rank"]] = p
+                    staleness_seen |= run["strategy"] == "async" and "staleness" in p
     assert set(seen) == set(STRATEGIES), [s.get("error") for s in compared.snapshots if "error" in s]
     for strategy, workers in seen.items():
         assert set(workers) == {0, 1}, (strategy, workers)
         for p in workers.values():
             assert p["node"] == HOST and p["state"] == "alive" and p["step"] > 0, p
-    assert "staleness" in seen["async"][0] or "staleness" in seen["async"][1]
+    assert staleness_seen  # an async worker's row carried the staleness its server measured
 
 
 # ---- `raydist top` without a cluster ------------------------------------------------------------------------

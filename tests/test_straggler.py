@@ -18,18 +18,18 @@ def test_only_the_named_worker_sleeps_in_proportion_to_its_own_step_time():
 
 
 @pytest.mark.slow
-def test_a_3x_straggler_slows_sync_ddp_but_not_the_async_ps(tmp_path):
-    # 3 workers on this machine's 2 cores; samples/s is each job's training-loop throughput (set-up excluded).
-    common = [f"run.storage_path={tmp_path}", "scaling.num_workers=3", "train.epochs=20"]
-    straggle = ["straggler.worker=2", "straggler.slowdown=3"]
-    slowdown = {}
-    for job in ("sync", "async"):
-        base = summary(run_job(job, *common, f"run.name={job}-base"))
-        slow = summary(run_job(job, *common, *straggle, f"run.name={job}-slow"))
-        slowdown[job] = base["samples_per_s"] / slow["samples_per_s"]
-        if job == "sync":  # the fast workers' waiting is where the time goes
-            assert min(slow["wait_s_per_worker"][:2]) > 2 * slow["wait_s_per_worker"][2], slow
-    # Measured side by side: sync waits for the slow worker every step (~2.3x measured), the async PS barely
-    # (~1.1x alone, 1.4x with the machine busy); what the user relies on is that sync suffers far more.
-    assert slowdown["sync"] > 1.5, slowdown
-    assert slowdown["async"] < 0.75 * slowdown["sync"], slowdown
+def test_a_3x_straggler_holds_sync_ddp_back_but_not_the_async_ps(tmp_path):
+    # Read from what the runs did, not from their speed: on a machine shared with other tests, samples/s ratios
+    # between runs measure the other tests (a side-by-side speed comparison is benchmarks/ and compare's job).
+    common = [f"run.storage_path={tmp_path}", "scaling.num_workers=3", "train.epochs=20", "straggler.worker=2",
+              "straggler.slowdown=3"]
+    sync = summary(run_job("sync", *common, "run.name=sync-slow"))
+    # Lockstep: the two fast workers spend the straggler's extra time waiting for it at every step.
+    assert min(sync["wait_s_per_worker"][:2]) > 2 * sync["wait_s_per_worker"][2], sync
+    assert sync["steps"] == sync["total_steps"]
+    ps = summary(run_job("async", *common, "run.name=async-slow"))
+    # Nobody waits for it: the fast workers take over part of its share of the budget (in lockstep all three would
+    # take the same; measured 338, 312, 190 with 3 workers on 2 cores, where its sleeping frees a core for them).
+    fast, slow = min(ps["steps_per_worker"][:2]), ps["steps_per_worker"][2]
+    assert slow < 0.8 * fast, ps["steps_per_worker"]
+    assert sum(ps["steps_per_worker"]) == ps["total_steps"] and ps["test_accuracy"] >= 0.9, ps

@@ -157,11 +157,11 @@ class Trainer:
     def _memory(self, W: int) -> dict[str, list[int]]:
         """Every rank's peak memory (GPU: allocated by torch; CPU: the process's peak resident set) and the
         parameter bytes it holds, in rank order; a collective when a process group is up."""
-        peak = peak_memory_bytes(str(self.ctx.device))
-        every: list[Any] = [(peak, self.strategy.held_param_bytes())]
+        mine = (peak_memory_bytes(str(self.ctx.device)), self.strategy.held_param_bytes())
+        every: list[Any] = [mine]
         if dist.is_initialized() and W > 1:
             every = [None] * W
-            dist.all_gather_object(every, every[0])
+            dist.all_gather_object(every, mine)
         return {"peak_memory_bytes_per_worker": [int(p) for p, _ in every],
                 "param_bytes_per_worker": [int(b) for _, b in every]}
 
