@@ -18,17 +18,18 @@ def _indent(text: str, n: int) -> str:
 
 
 def scrape_config(*, dashboard_url: str | None = None, token_file: str | None = None, sd_file: str | None = None,
-                  job: str = "raydist", interval_s: float = SCRAPE_INTERVAL_S) -> str:
-    """prometheus.yml text (JSON is YAML: every value quoted safely). Exactly one of dashboard_url / sd_file."""
+                  job: str = "raydist", interval_s: float = SCRAPE_INTERVAL_S, refresh_s: float = 30) -> str:
+    """prometheus.yml text (JSON is YAML: every value quoted safely). Exactly one of dashboard_url / sd_file;
+    refresh_s: how often Prometheus asks for the list of nodes again."""
     if (dashboard_url is None) == (sd_file is None):
         raise ValueError("give a dashboard URL or a service-discovery file")
     if dashboard_url is not None:
-        sd: dict = {"url": f"{dashboard_url.rstrip('/')}/api/prometheus/sd", "refresh_interval": "30s"}
+        sd: dict = {"url": f"{dashboard_url.rstrip('/')}/api/prometheus/sd", "refresh_interval": f"{refresh_s:g}s"}
         if token_file:
             sd["authorization"] = {"type": "Bearer", "credentials_file": token_file}
         discovery = {"http_sd_configs": [sd]}
     else:
-        discovery = {"file_sd_configs": [{"files": [sd_file], "refresh_interval": "10s"}]}
+        discovery = {"file_sd_configs": [{"files": [sd_file], "refresh_interval": f"{refresh_s:g}s"}]}
     config = {
         "global": {"scrape_interval": f"{interval_s:g}s", "evaluation_interval": f"{interval_s:g}s"},
         "scrape_configs": [{"job_name": job, **discovery}],

@@ -47,10 +47,11 @@ def compared(tmp_path_factory):
     logs = tmp_path_factory.mktemp("compare-logs")
     # Metrics reach the node's agent every second (Ray's default: 10 s), as raydist's own instances do every 2 s.
     with ray_head(num_cpus=4, env={"RAY_metrics_report_interval_ms": "1000"}) as head, \
-            prometheus(scrape_config(dashboard_url=head.dashboard_url, token_file=head.token_path, interval_s=1)) as prom:
+            prometheus(scrape_config(dashboard_url=head.dashboard_url, token_file=head.token_path, interval_s=1,
+                                     refresh_s=2)) as prom:
         source = top.Source("test head", dashboard_url=head.dashboard_url,
                             token=Path(head.token_path).read_text().strip())
-        # Prometheus asks the head for its targets every 30 s: start once it scrapes every one the head lists now.
+        # Start once Prometheus scrapes every target the head lists now (it asks for the list every 2 s here).
         deadline = time.monotonic() + 90
         while not set(source.targets()) <= {t["labels"]["instance"] for t in prom.targets() if t["health"] == "up"}:
             assert time.monotonic() < deadline, (source.targets(), prom.targets())

@@ -21,13 +21,15 @@ def ensure(binary: str, packages: list[str]) -> str:
         raise Unavailable(f"no {binary}: apt-get install {' '.join(packages)} (as root)")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     lock = ["-o", "DPkg::Lock::Timeout=300"]  # another test may be installing its packages at the same time
-    for cmd in (["apt-get", *lock, "update", "-qq"],
-                ["apt-get", *lock, "install", "-y", "-qq", "--no-install-recommends", *packages]):
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if r.returncode != 0:
-            tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["?"]
-            raise Unavailable(f"could not install {' '.join(packages)} ({' '.join(cmd[:2])}...: {tail[0]}): "
-                              f"apt-get install {' '.join(packages)} by hand")
+    install = ["apt-get", *lock, "install", "-y", "-qq", "--no-install-recommends", *packages]
+    # The package lists the machine has usually suffice; refresh them (slow) only when they do not.
+    if subprocess.run(install, env=env, capture_output=True, text=True).returncode != 0:
+        for cmd in (["apt-get", *lock, "update", "-qq"], install):
+            r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if r.returncode != 0:
+                tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["?"]
+                raise Unavailable(f"could not install {' '.join(packages)} ({' '.join(cmd[:2])}...: {tail[0]}): "
+                                  f"apt-get install {' '.join(packages)} by hand")
     found = shutil.which(binary)
     if not found:
         raise Unavailable(f"apt-get installed {' '.join(packages)} but there is no {binary} on PATH")
