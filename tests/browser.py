@@ -32,7 +32,7 @@ def chromium() -> str:
     from debian import Unavailable, ensure
 
     try:
-        return ensure("chromium", APT_PACKAGES)
+        return ensure("chromium", APT_PACKAGES)  # tests/cluster/debian.py
     except Unavailable as e:
         raise BrowserUnavailable(str(e)) from None
 

@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import debian  # tests/cluster/debian.py, beside this file
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -93,21 +95,10 @@ def check_prerequisites(install: bool = True) -> None:
     if os.geteuid() != 0:
         raise ClusterUnavailable("the emulated SLURM cluster needs root (namespaces, mounts, slurmd); "
                                  "run the slurm tests as root, or deselect them with -m 'not slurm'")
-    missing = [b for b in REQUIRED_BINARIES if shutil.which(b) is None]
-    if missing and install:
-        if shutil.which("apt-get") is None:
-            raise ClusterUnavailable(f"missing {', '.join(missing)} and no apt-get to install "
-                                     f"{' '.join(APT_PACKAGES)}")
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *APT_PACKAGES]):
-            r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            if r.returncode != 0:
-                tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["?"]
-                raise ClusterUnavailable(f"`{' '.join(cmd)}` failed ({tail[0]}); install "
-                                         f"{' '.join(APT_PACKAGES)} by hand")
-        missing = [b for b in REQUIRED_BINARIES if shutil.which(b) is None]
-    if missing:
-        raise ClusterUnavailable(f"missing {', '.join(missing)}: apt-get install {' '.join(APT_PACKAGES)}")
+    try:
+        debian.ensure(REQUIRED_BINARIES, APT_PACKAGES, install=install)
+    except debian.Unavailable as e:
+        raise ClusterUnavailable(str(e)) from None
     probe = subprocess.run(["unshare", "--net", "--uts", "--mount", "--pid", "--fork", "true"],
                            capture_output=True, text=True)
     if probe.returncode != 0:
