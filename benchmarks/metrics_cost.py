@@ -1,0 +1,54 @@
+"""What raydist's metrics exporter costs the training loop, in a real Ray actor (where ray.util.metrics is live).
+
+    .venv/bin/python benchmarks/metrics_cost.py --rounds 3
+
+Per step: the calls the loop makes every step (count, communication, observe, maybe_export), which export at most
+once a second; per export: a forced export of every value (a dozen Gauge.set calls). Prints each round and the
+min-max over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import ray
+
+
+@ray.remote
+class Bench:
+    def run(self, steps: int, exports: int) -> tuple[float, float]:
+        from raydist.ray_metrics import Exporter
+
+        e = Exporter("bench", "sync", "worker", 0)
+        t = time.perf_counter()
+        for i in range(steps):
+            e.count("samples_per_s", 32)
+            e.communication(i * 1000.0, i * 0.001)
+            e.observe(step=i, total_steps=steps, loss=0.5, grad_norm=1.0, lr=0.1, step_time_s=0.001)
+            e.maybe_export()
+        per_step = (time.perf_counter() - t) / steps
+        t = time.perf_counter()
+        for _ in range(exports):
+            e.maybe_export(force=True)
+        return per_step * 1e6, (time.perf_counter() - t) / exports * 1e6
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=20000)
+    p.add_argument("--exports", type=int, default=200)
+    a = p.parse_args()
+    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
+    rows = []
+    for i in range(a.rounds):
+        rows.append(ray.get(Bench.remote().run.remote(a.steps, a.exports)))
+        print(f"round {i + 1}: {rows[-1][0]:.2f} us per step, {rows[-1][1]:.1f} us per export", flush=True)
+    steps, exports = [r[0] for r in rows], [r[1] for r in rows]
+    print(f"over {a.rounds} rounds: {min(steps):.2f}-{max(steps):.2f} us per step, "
+          f"{min(exports):.1f}-{max(exports):.1f} us per export")
+
+
+if __name__ == "__main__":
+    main()
