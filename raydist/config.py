@@ -352,6 +352,11 @@ class AsyncPSConfig:
     cpus_per_server: float = opt(
         0.0, "Ray CPUs reserved per server actor; 0 = none (a server mostly waits for messages)", ge=0
     )
+    server_placement: Literal["spread", "default"] = opt(
+        "spread", "spread = server shards on different nodes as far as the cluster allows, so that the workers' "
+        "pushes fan in over several links, not one (benchmarks: docs/benchmarks.md); default = Ray's own choice, "
+        "which packs actors that reserve no CPU onto the driver's node"
+    )
 
 
 @dataclass

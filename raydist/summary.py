@@ -64,6 +64,7 @@ class JobSummary:
     restarts: int = _f("times the run replaced failed workers or servers and went on from a checkpoint", 0)
     # The parameter server's own books; null for strategies without servers.
     servers: int | None = _f("async: parameter-server shards", None)
+    server_hosts: list[str] | None = _f("async: the host of each server shard (async_ps.server_placement)", None)
     staleness_mean: float | None = _f("async: mean staleness (server versions) of the applied updates", None)
     staleness_max: int | None = _f("async: largest staleness of an applied update", None)
     dropped: int | None = _f("async: gradients discarded as too stale (async_ps.on_stale=drop)", None)

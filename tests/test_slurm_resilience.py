@@ -115,11 +115,14 @@ def test_async_batch_job_keeps_its_servers_and_budget_across_the_requeue(slurm_c
     job, stopped_at = _warn_and_resume(
         slurm_cluster, "batch-async",
         ["python", "jobs/async.py", "--set", "scaling.num_workers=2", "--set", "async_ps.num_servers=2",
-         "--set", "train.epochs=20", "--set", "straggler.worker=0", "--set", "straggler.slowdown=4",
+         # 60 epochs (~15 s of training): at 20 a loaded machine's run once finished before the batch shell's
+         # warning handler reached Ray, and there was nothing left to stop.
+         "--set", "train.epochs=60", "--set", "straggler.worker=0", "--set", "straggler.slowdown=4",
          "--set", f"run.storage_path={storage}", "--set", "run.name=batch-async"], storage / "batch-async")
     result = json.loads((storage / "batch-async" / "summary.json").read_text())
     assert result["status"] == "completed" and result["steps"] == result["total_steps"], result
     assert result["resumed_from_step"] == stopped_at
+    assert len(set(result["server_hosts"])) == 2, result  # async_ps.server_placement=spread: one link each
     # Every server version from 1 to the budget exists once: the versions carried over the requeue.
     assert sorted(read_steps(result["metrics_file"])) == list(range(1, result["steps"] + 1))
     print("\nslurm resilience measurements: " + json.dumps({k: round(v, 2) for k, v in MEASURED.items()}))

@@ -197,7 +197,9 @@ class AsyncPSRun:
         config = cfg.to_dict()
         named = self.view.options  # 'raydist/<run>/server-0', ...: readable in the dashboard's actor lists
         for i, (a, b) in enumerate(self.bounds):
-            shard = ray.remote(ParameterShard).options(num_cpus=ps.cpus_per_server, **named("server", i)).remote(
+            placement = {"scheduling_strategy": "SPREAD"} if ps.server_placement == "spread" else {}
+            shard = ray.remote(ParameterShard).options(num_cpus=ps.cpus_per_server, **placement,
+                                                       **named("server", i)).remote(
                 i, self.init[a:b].numpy(), config, self.budget.total, self.grant_limit)
             crew.shards.append(crew.add(shard, f"server shard {i}"))
         if self.restore:
@@ -447,6 +449,7 @@ class AsyncPSRun:
             checkpoint=checkpoint, metrics_file=self.log.path,
             **per_worker_summary([{"bytes": r.bytes, "wait_s": r.wait_s} for r in reports]),
             servers=len(self.crew.shards),
+            server_hosts=[self.crew.hosts.get(s._actor_id.hex(), "?") for s in self.crew.shards],
             staleness_mean=sum(k * v for k, v in staleness.items()) / updates if updates else 0.0,
             staleness_max=max(staleness, default=0), dropped=dropped,
             steps_per_worker=steps_per_worker, restarts=self.restarts,
