@@ -15,6 +15,7 @@ COMMANDS = [
     "raydist.slurm.commands",
     "raydist.doctor.command",
     "raydist.commands.top_cmd",
+    "raydist.commands.plan_cmd",
 ]
 
 

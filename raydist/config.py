@@ -353,9 +353,9 @@ class AsyncPSConfig:
         0.0, "Ray CPUs reserved per server actor; 0 = none (a server mostly waits for messages)", ge=0
     )
     server_placement: Literal["spread", "default"] = opt(
-        "spread", "spread = server shards on different nodes as far as the cluster allows, so that the workers' "
-        "pushes fan in over several links, not one (benchmarks: docs/benchmarks.md); default = Ray's own choice, "
-        "which packs actors that reserve no CPU onto the driver's node"
+        "spread", "spread = one server shard per node as far as the nodes go, nodes without workers first, so that "
+        "the workers' pushes fan in over several links, not one (docs/benchmarks.md); default = Ray's own choice, "
+        "which may pack actors that reserve no CPU onto one node"
     )
 
 

@@ -187,7 +187,7 @@ class AsyncPSRun:
         """Server shards (restored when there is a checkpoint to start from), the staleness gate if any, and
         workers, each added to self.crew as it is created so that it can be named should it die while starting."""
         import ray
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
         from raydist.ps.gate import StalenessGate
         from raydist.ps.server import ParameterShard
@@ -196,8 +196,11 @@ class AsyncPSRun:
         cfg, ps, W, crew = self.cfg, self.cfg.async_ps, self.cfg.scaling.max_workers, self.crew
         config = cfg.to_dict()
         named = self.view.options  # 'raydist/<run>/server-0', ...: readable in the dashboard's actor lists
+        nodes = self._shard_nodes(pg, ps.num_servers) if ps.server_placement == "spread" else []
         for i, (a, b) in enumerate(self.bounds):
-            placement = {"scheduling_strategy": "SPREAD"} if ps.server_placement == "spread" else {}
+            # Hard affinity: with soft=True, Ray 2.60 placed these 0-CPU actors wherever it liked (measured on the
+            # emulated cluster: 0 of 6 on the node asked for). The nodes are the ones alive at this start.
+            placement = {"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[i], soft=False)} if nodes else {}
             shard = ray.remote(ParameterShard).options(num_cpus=ps.cpus_per_server, **placement,
                                                        **named("server", i)).remote(
                 i, self.init[a:b].numpy(), config, self.budget.total, self.grant_limit)
@@ -216,6 +219,18 @@ class AsyncPSRun:
             crew.workers.append(crew.add(worker, f"worker {k}"))
         crew.locate()  # data loaded: start the clock together
         self.view.running(crew)
+
+    @staticmethod
+    def _shard_nodes(pg, num_servers: int) -> list[str]:
+        """Node ids for the shards (raydist.ps.placement): alive nodes by hostname, the workers' from their bundles."""
+        import ray
+        from ray.util import placement_group_table
+
+        from raydist.ps.placement import shard_nodes
+
+        alive = sorted((n for n in ray.nodes() if n["Alive"]), key=lambda n: (n["NodeManagerHostname"], n["NodeID"]))
+        workers = list(placement_group_table(pg)["bundles_to_node_id"].values())
+        return shard_nodes(num_servers, [n["NodeID"] for n in alive], workers)
 
     def _wait_placed(self, pg) -> None:
         """Wait for the workers' bundles: at the start, and after a failure, when Ray may be re-placing the

@@ -1,0 +1,160 @@
+"""Sync vs async where bandwidth matters: every strategy on the emulated cluster's shaped links.
+
+    flock /tmp/raydist-emu.lock .venv/bin/python benchmarks/shaped_strategies.py --links 100,1000 \
+        --out docs/data/shaped_runs.json
+
+(root: it builds a 6-host emulated SLURM cluster (tests/cluster/emucluster.py), brings Ray up on it with
+cluster/ray_up.slurm and submits every run with `ray job submit` from master-node, as a user would.) For each link
+rate (every host's link shaped to it, both ways: a switch port of that speed):
+
+- fan-in: jobs/async.py, 4 workers (one per host), 1, 2 and 4 server shards spread over the hosts (the two hosts
+  without a worker first); global steps/s against the busiest link's bound (`raydist.costmodel.ps_link_load`);
+- strategies: jobs/compare.py with sync DDP, local SGD, async PS and FSDP, with and without a 4x straggler: time to
+  the target accuracy, final accuracy, steps/s.
+
+Every run's summary lands in one JSON file: the measured points `raydist plan` fits and validates its cost model on
+(docs/costmodel.md). Tables go to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests" / "cluster"))
+
+STRATEGIES = ("sync", "local_sgd", "async", "fsdp")
+
+
+def hosts():
+    from emucluster import DEFAULT_HOSTS, Host
+
+    # Six hosts like the product's typical cluster: 4 workers leave two nodes free for server shards.
+    return (*DEFAULT_HOSTS, Host("node03", "192.168.20.18", "eno1"), Host("node04", "192.168.20.19", "enp3s0"),
+            Host("node05", "192.168.20.20", "ens1f1"))
+
+
+def workload(a: argparse.Namespace) -> list[str]:
+    """The shared setting: the synthetic task and an MLP of a.params parameters, 4 workers, evaluated every epoch."""
+    return ["--set", "data.name=synthetic", "--set", f"data.synthetic_samples={a.samples}",
+            "--set", f"data.synthetic_features={a.features}", "--set", f"data.synthetic_classes={a.classes}",
+            "--set", "model.name=mlp", "--set", f"model.params={a.params}", "--set", f"train.epochs={a.epochs}",
+            "--set", f"scaling.num_workers={a.workers}", "--set", "run.tensorboard=false"]
+
+
+def param_count(a: argparse.Namespace) -> int:
+    from raydist.config import ModelConfig
+    from raydist.models import mlp_params, mlp_width
+
+    depth = ModelConfig().depth
+    return mlp_params(a.features, a.classes, mlp_width(a.params, a.features, a.classes, depth), depth)
+
+
+def submit(cluster, job, args: list[str], what: str) -> None:
+    cmd = ["ray", "job", "submit", "--working-dir", ".", "--", "python", *args]
+    t = time.monotonic()
+    r = cluster.run("master-node", cmd, env=job.env(), timeout=1800)
+    if r.returncode != 0:
+        raise SystemExit(f"{what} failed (exit {r.returncode}): {(r.stdout + r.stderr)[-3000:]}")
+    print(f"  {what}: {time.monotonic() - t:.0f} s", flush=True)
+
+
+def point(summary: dict, **extra) -> dict:
+    keep = ("strategy", "workers", "steps", "steps_per_s", "samples_per_s", "train_time_s", "wall_s", "test_accuracy",
+            "bytes_per_worker", "wait_s_per_worker", "servers", "server_hosts", "staleness_mean", "steps_per_worker",
+            "peak_memory_bytes_per_worker")
+    return {**{k: summary.get(k) for k in keep}, **extra}
+
+
+def fan_in(cluster, job, a, link: float, storage: Path) -> list[dict]:
+    out = []
+    for servers in (1, 2, 4):
+        name = f"fanin-{link:g}-{servers}"
+        submit(cluster, job, ["jobs/async.py", *workload(a), "--set", f"train.epochs={a.fanin_epochs}",
+                              "--set", f"async_ps.num_servers={servers}", "--set", f"run.storage_path={storage}",
+                              "--set", f"run.name={name}"], name)
+        s = json.loads((storage / name / "summary.json").read_text())
+        out.append(point(s, part="fanin", link_mbit=link, params=param_count(a), batch_size=32, straggler=False))
+        print(f"    {servers} shard(s) on {s['server_hosts']}: {s['steps_per_s']:.1f} steps/s", flush=True)
+    return out
+
+
+def strategies(cluster, job, a, link: float, storage: Path, straggler: bool) -> list[dict]:
+    name = f"compare-{link:g}-{'straggler' if straggler else 'even'}"
+    slow = ["--set", "straggler.worker=0", "--set", "straggler.slowdown=4"] if straggler else []
+    submit(cluster, job, ["jobs/compare.py", *workload(a), *slow, "--set", f"compare.strategies={','.join(a.strategies)}",
+                          "--set", f"compare.target_accuracy={a.target}", "--set", f"run.storage_path={storage}",
+                          "--set", f"run.name={name}"], name)
+    results = json.loads((storage / name / "results.json").read_text())
+    out = []
+    for strategy, r in results["strategies"].items():
+        out.append(point(r["summary"], part="compare", link_mbit=link, params=param_count(a), batch_size=32,
+                         straggler=straggler, time_to_target_s=r["time_to_target_s"], target=a.target))
+    return out
+
+
+def table(points: list[dict]) -> str:
+    rows = ["| part | link Mbit/s | strategy | straggler | servers | steps/s | time to target (s) | accuracy |",
+            "|---|---|---|---|---|---|---|---|"]
+    for p in points:
+        ttt = p.get("time_to_target_s")
+        rows.append(f"| {p['part']} | {p['link_mbit']:g} | {p['strategy']} | {'4x' if p['straggler'] else '-'} | "
+                    f"{p['servers'] or '-'} | {p['steps_per_s']:.1f} | "
+                    f"{'-' if p['part'] == 'fanin' else ('not reached' if ttt is None else f'{ttt:.1f}')} | "
+                    f"{p['test_accuracy']:.3f} |")
+    return "\n".join(rows)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--links", default="100,1000", help="link rates in Mbit/s, comma-separated")
+    p.add_argument("--parts", default="fanin,compare")
+    p.add_argument("--strategies", default=",".join(STRATEGIES))
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--params", type=int, default=250_000)
+    p.add_argument("--samples", type=int, default=6000)
+    p.add_argument("--features", type=int, default=64)
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--fanin-epochs", type=int, default=2)
+    p.add_argument("--target", type=float, default=0.8)
+    p.add_argument("--out", type=Path, default=REPO / "docs" / "data" / "shaped_runs.json")
+    a = p.parse_args()
+    a.strategies = a.strategies.split(",")
+    parts = a.parts.split(",")
+    links = [float(x) for x in a.links.split(",")]
+
+    import rayup
+    from emucluster import EmulatedCluster
+
+    points: list[dict] = []
+    started = time.monotonic()
+    with EmulatedCluster(hosts=hosts()) as cluster:
+        job = rayup.submit(cluster, rayup.write_config(cluster, "shaped-bench"), nodes=len(cluster.hosts))
+        job.wait_for("Ray cluster ready", timeout=240)
+        storage = cluster.shared / "runs"
+        for link in links:
+            cluster.shape(link)
+            print(f"links shaped to {link:g} Mbit/s", flush=True)
+            if "fanin" in parts:
+                points += fan_in(cluster, job, a, link, storage)
+            if "compare" in parts:
+                for straggler in (False, True):
+                    points += strategies(cluster, job, a, link, storage, straggler)
+            a.out.parent.mkdir(parents=True, exist_ok=True)
+            a.out.write_text(json.dumps({"setting": {k: v for k, v in vars(a).items() if k != "out"},
+                                         "hosts": len(cluster.hosts), "points": points}, indent=1, default=str))
+        cluster.run("master-node", ["scancel", str(job.job_id)])
+        rayup.wait_no_leftovers(cluster, job.job_id)
+    print(table(points))
+    print(f"{len(points)} runs in {time.monotonic() - started:.0f} s; written to {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""`raydist plan`: which strategy for a cluster that is not there yet, from the cost model (raydist/costmodel.py)
+fitted on measured runs (benchmarks/shaped_strategies.py's JSON; the repo ships one in docs/data/)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from raydist.errors import UsageError
+
+DEFAULT_MEASURED = Path(__file__).resolve().parents[2] / "docs" / "data" / "shaped_runs.json"
+NODES = (8, 16, 32, 64, 128, 256, 512)
+
+
+def _numbers(text: str, what: str, cast=float) -> list:
+    try:
+        values = [cast(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"{what} {text}: expected comma-separated numbers") from None
+    if not values or any(v <= 0 for v in values):
+        raise UsageError(f"{what} {text}: expected comma-separated numbers > 0")
+    return values
+
+
+def parse_count(text: str) -> int:
+    """25M, 1.5B, 250k, 250000."""
+    t = text.strip().upper()
+    scale = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9}.get(t[-1:], 1)
+    return int(float(t[:-1] if scale != 1 else t) * scale)
+
+
+def parse_count_arg(text: str) -> int:
+    try:
+        n = parse_count(text)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise UsageError(f"--params {text}: expected a count > 0 such as 25M or 250000")
+    return n
+
+
+def load_points(path: Path) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise UsageError(f"--measured {path}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--measured {path}: not JSON ({e.msg} at line {e.lineno})") from None
+    points = data.get("points") if isinstance(data, dict) else None
+    if not isinstance(points, list) or not points:
+        raise UsageError(f"--measured {path}: no 'points' list (write one with benchmarks/shaped_strategies.py)")
+    hosts = data.get("hosts", 0)
+    for p in points:
+        p.setdefault("nodes", hosts)
+    return points
+
+
+def samples_to_target(points: list[dict[str, Any]]) -> dict[str, float]:
+    """Per strategy, samples trained until the target accuracy (median over its even runs that reached it)."""
+    got: dict[str, list[float]] = {}
+    for p in points:
+        if p.get("part") == "compare" and not p.get("straggler") and p.get("time_to_target_s"):
+            got.setdefault(p["strategy"], []).append(p["time_to_target_s"] * p["samples_per_s"])
+    return {k: statistics.median(v) for k, v in got.items()}
+
+
+def plan(fit, params: int, links: list[float], nodes: list[int], batch_size: int,
+         to_target: dict[str, float]) -> list[dict[str, Any]]:
+    from raydist.costmodel import Setting, samples_per_s, shards_needed, step_s
+
+    rows = []
+    for link in links:
+        for n in nodes:
+            row: dict[str, Any] = {"link_mbit": link, "nodes": n, "strategies": {}}
+            for strategy in fit.base_s:
+                shards = 1
+                if strategy == "async":
+                    shards = shards_needed(fit, Setting("async", n, params, link, servers=1))
+                s = Setting(strategy, n, params, link, servers=shards)
+                rate = samples_per_s(fit, s, batch_size)
+                entry = {"step_ms": 1e3 * step_s(fit, s), "samples_per_s": rate}
+                if strategy in to_target:
+                    entry["time_to_target_s"] = to_target[strategy] / rate
+                if strategy == "async":
+                    entry["shards"] = shards
+                row["strategies"][strategy] = entry
+            key = "time_to_target_s" if all("time_to_target_s" in e for e in row["strategies"].values()) else None
+            row["choose"] = (min(row["strategies"], key=lambda k: row["strategies"][k][key]) if key else
+                             max(row["strategies"], key=lambda k: row["strategies"][k]["samples_per_s"]))
+            rows.append(row)
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    strategies = list(rows[0]["strategies"]) if rows else []
+    ttt = all("time_to_target_s" in e for r in rows for e in r["strategies"].values())
+    head = "| link | nodes | " + " | ".join(f"{s} step ms / ksamples/s" + (" / time to target s" if ttt else "")
+                                           for s in strategies) + " | choose | async shards |"
+    out = [head, "|" + "---|" * (len(strategies) + 4)]
+    for r in rows:
+        cells = []
+        for s in strategies:
+            e = r["strategies"][s]
+            cell = f"{e['step_ms']:.1f} / {e['samples_per_s'] / 1e3:.1f}"
+            if ttt:
+                cell += f" / {e['time_to_target_s']:.1f}"
+            cells.append(cell)
+        link = f"{r['link_mbit'] / 1e3:g} Gbit/s" if r["link_mbit"] >= 1000 else f"{r['link_mbit']:g} Mbit/s"
+        shards = r["strategies"].get("async", {}).get("shards", "-")
+        out.append(f"| {link} | {r['nodes']} | " + " | ".join(cells) + f" | {r['choose']} | {shards} |")
+    return "\n".join(out)
+
+
+def _plan(args) -> int:
+    from raydist import costmodel
+
+    points = load_points(Path(args.measured))
+    if args.latency_us < 0:
+        raise UsageError(f"--latency-us {args.latency_us:g}: must be >= 0")
+    try:
+        fit, checks = costmodel.validate(points, args.latency_us * 1e-6)
+    except ValueError as e:
+        raise UsageError(f"--measured {args.measured}: {e}") from None
+    params = parse_count_arg(args.params)
+    if args.batch_size <= 0:
+        raise UsageError(f"--batch-size {args.batch_size}: must be > 0")
+    if args.compute_ms is not None:
+        if args.compute_ms <= 0:
+            raise UsageError(f"--compute-ms {args.compute_ms:g}: must be > 0")
+        # Your sync base instead of the scaled one; the other strategies keep their measured ratio to sync.
+        factor = args.compute_ms / 1e3 / (fit.base_s["sync"] * params / fit.base_params)
+        fit.base_s = {k: v * factor for k, v in fit.base_s.items()}
+    links = _numbers(args.link_mbit, "--link-mbit")
+    nodes = _numbers(args.nodes, "--nodes", int)
+    rows = plan(fit, params, links, nodes, args.batch_size, samples_to_target(points))
+    if args.json:
+        print(json.dumps({"fit": fit.to_dict(), "validation": [{**asdict(c), "error": c.error} for c in checks],
+                          "plan": rows}, indent=1))
+        return 0
+    print(f"cost model fitted on {len(fit.fitted_on)} runs of {args.measured} (link efficiency "
+          f"{fit.efficiency:.2f}, latency {args.latency_us:g} us per hop, assumed)")
+    if args.validate:
+        print(costmodel.validation_table(checks))
+        return 0
+    print(f"{params:,} parameters, batch {args.batch_size} per worker:")
+    print(markdown(rows))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("plan", help="predict step time and time to target per strategy for 8-512 nodes",
+                       description=__doc__)
+    p.add_argument("--measured", default=str(DEFAULT_MEASURED), help="measured runs to fit on (default: %(default)s)")
+    p.add_argument("--params", default="25M", help="model parameters, e.g. 25M (default: %(default)s)")
+    p.add_argument("--link-mbit", default="1000,10000", help="each node's link, Mbit/s, comma-separated")
+    p.add_argument("--nodes", default=",".join(map(str, NODES)), help="node counts, comma-separated")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--compute-ms", type=float, help="your model's compute per step on one worker (ms); default: "
+                   "the fitted base scaled by parameter count")
+    p.add_argument("--latency-us", type=float, default=50.0, help="per message hop (assumed; default %(default)s)")
+    p.add_argument("--validate", action="store_true", help="print the fit's validation table (held-out runs) only")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_plan)

@@ -1,0 +1,289 @@
+"""A cost model of one training step for each strategy, fitted on measured runs: what `raydist plan` predicts with.
+
+Time per step = a base time (compute, optimizer, the strategy's fixed per-step overheads; fitted per strategy at a
+link fast enough that the network term is small) + the bytes the strategy moves over the busiest link, divided by the
+link's effective rate (efficiency x rate; the efficiency fitted on sync DDP at two rates) + a latency term per
+message hop (assumed: the emulated links have none to fit it on; docs/costmodel.md).
+
+- sync DDP: ring all-reduce of the gradients, 2(n-1)/n x G each way per worker, every step.
+- local SGD: the same all-reduce of the parameters every H steps (ring averaging: G to one neighbour).
+- FSDP: all-gather in forward and again in backward (reshard_after_forward) plus a reduce-scatter: 3(n-1)/n x G.
+- async PS: no step waits for another worker, so the cluster's rate in steps/s is the lower of what the workers
+  can do (base + their own pushes and fetches) and what the busiest link carries (`ps_link_load`: the fan-in).
+
+Everything here is pure: measured points in, fitted parameters and predictions out (tests/test_costmodel.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+STRATEGIES = ("sync", "local_sgd", "async", "fsdp")
+BYTES_PER_PARAM = 4  # fp32 gradients and parameters on the wire
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What a step's cost depends on, besides the fitted parameters."""
+
+    strategy: str
+    workers: int
+    params: int
+    link_mbit: float
+    servers: int = 1
+    """async: parameter-server shards (async_ps.server_placement=spread)."""
+    nodes: int = 0
+    """Nodes of the cluster, one worker each on the first `workers`; 0 = as many as workers. async: the rest can
+    hold server shards alone."""
+    sync_every: int = 8
+    """local SGD: steps between two averagings (H)."""
+    averaging: str = "allreduce"
+    """local SGD: allreduce, or ring (each worker sends its parameters to one neighbour)."""
+    reshard_after_forward: bool = True
+    """FSDP: gather the parameters again in backward (3 collectives of G per step instead of 2)."""
+
+    @property
+    def grad_bytes(self) -> float:
+        return self.params * BYTES_PER_PARAM
+
+
+@dataclass
+class Fit:
+    """The fitted parameters: one link efficiency, one base time per strategy (seconds per step per worker), and the
+    base's model size (a prediction for another model size scales it linearly: compute grows with parameters)."""
+
+    efficiency: float
+    base_s: dict[str, float]
+    base_params: int
+    latency_s: float = 50e-6
+    """Per message hop (alpha). Assumed, not fitted: a switch hop plus the TCP stack on small clusters."""
+    fitted_on: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def ring_allreduce_bytes(nbytes: float, n: int) -> float:
+    """Bytes each worker sends (and receives) in a ring all-reduce of `nbytes`: reduce-scatter then all-gather."""
+    return 2 * (n - 1) / n * nbytes if n > 1 else 0.0
+
+
+def ps_placement(s: "Setting") -> tuple[list[int], list[int]]:
+    """Node of each worker and of each shard: one worker per node on the first W of `nodes`, the shards placed as
+    raydist places them (raydist.ps.placement: nodes without workers first)."""
+    from raydist.ps.placement import shard_nodes
+
+    nodes = max(s.nodes, s.workers)
+    workers = list(range(s.workers))
+    shards = shard_nodes(s.servers, [str(i) for i in range(nodes)], [str(w) for w in workers])
+    return workers, [int(n) for n in shards]
+
+
+def ps_link_loads(grad_bytes: float, workers: list[int], shards: list[int]) -> dict[int, tuple[float, float]]:
+    """Bytes into and out of each node's link per global step (one step of a worker picked uniformly: its push of
+    G/S to every shard, then its fetch of G/S from every shard; traffic between a node and itself stays local).
+
+    One shard on a node of its own, 4 workers: G in and G out per step, the fan-in. Two such nodes: G/2 each."""
+    loads: dict[int, list[float]] = {}
+    share = grad_bytes / len(shards)
+    for w in workers:
+        for node in shards:
+            if node == w:
+                continue
+            for src, dst in ((w, node), (node, w)):  # push, then fetch
+                loads.setdefault(src, [0.0, 0.0])[1] += share / len(workers)
+                loads.setdefault(dst, [0.0, 0.0])[0] += share / len(workers)
+    return {n: (i, o) for n, (i, o) in loads.items()}
+
+
+def ps_worker_remote_bytes(grad_bytes: float, worker: int, shards: list[int]) -> float:
+    """Bytes one worker's step sends and receives over its own link: pushes and fetches of the remote slices."""
+    return 2 * grad_bytes * sum(1 for n in shards if n != worker) / len(shards)
+
+
+def network_bytes(s: Setting) -> float:
+    """Bytes per step per worker on the worker's own link, each way, for the collective strategies."""
+    g, n = s.grad_bytes, s.workers
+    if s.strategy == "sync":
+        return ring_allreduce_bytes(g, n)
+    if s.strategy == "local_sgd":
+        per_sync = (g if n > 1 else 0.0) if s.averaging == "ring" else ring_allreduce_bytes(g, n)
+        return per_sync / s.sync_every
+    if s.strategy == "fsdp":
+        return (3 if s.reshard_after_forward else 2) * (n - 1) / n * g if n > 1 else 0.0
+    raise ValueError(f"no collective byte count for {s.strategy}")
+
+
+def hops(s: Setting) -> float:
+    """Message hops per step that each pay the latency: 2(n-1) per ring all-reduce."""
+    n = s.workers
+    if s.strategy == "sync":
+        return 2 * (n - 1)
+    if s.strategy == "local_sgd":
+        return (1 if s.averaging == "ring" else 2 * (n - 1)) / s.sync_every
+    if s.strategy == "fsdp":
+        return 3 * (n - 1)
+    return 2 * min(s.servers, n)  # async: a push to and a fetch from each shard
+
+
+def rate_bytes_per_s(link_mbit: float, efficiency: float) -> float:
+    return link_mbit * 1e6 / 8 * efficiency
+
+
+def base_for(fit: Fit, s: Setting) -> float:
+    if s.strategy not in fit.base_s:
+        raise KeyError(f"no fitted base time for {s.strategy}")
+    return fit.base_s[s.strategy] * s.params / fit.base_params
+
+
+def step_s(fit: Fit, s: Setting) -> float:
+    """Predicted seconds per step per worker: the time between one worker's steps."""
+    return 1.0 / steps_per_s(fit, s) * s.workers if s.strategy == "async" else (
+        base_for(fit, s) + network_bytes(s) / rate_bytes_per_s(s.link_mbit, fit.efficiency) + hops(s) * fit.latency_s)
+
+
+def steps_per_s(fit: Fit, s: Setting) -> float:
+    """Predicted steps per second as the summaries count them: synchronous steps for sync, local SGD and FSDP (all
+    workers together), every worker's steps added up for async."""
+    if s.strategy != "async":
+        return 1.0 / step_s(fit, s)
+    return min(ps_worker_bound(fit, s), ps_link_bound(fit, s))
+
+
+def ps_worker_bound(fit: Fit, s: Setting) -> float:
+    """async steps/s if no link were shared: each worker's base, then its push and fetch over its own link."""
+    rate = rate_bytes_per_s(s.link_mbit, fit.efficiency)
+    workers, shards = ps_placement(s)
+    return sum(1 / (base_for(fit, s) + ps_worker_remote_bytes(s.grad_bytes, w, shards) / rate
+                    + hops(s) * fit.latency_s) for w in workers)
+
+
+def ps_link_bound(fit: Fit, s: Setting) -> float:
+    """async steps/s the busiest link allows (the fan-in)."""
+    workers, shards = ps_placement(s)
+    loads = ps_link_loads(s.grad_bytes, workers, shards)
+    busiest = max((max(io) for io in loads.values()), default=0.0)
+    return rate_bytes_per_s(s.link_mbit, fit.efficiency) / busiest if busiest else math.inf
+
+
+def samples_per_s(fit: Fit, s: Setting, batch_size: int) -> float:
+    per_step = batch_size * (1 if s.strategy == "async" else s.workers)
+    return steps_per_s(fit, s) * per_step
+
+
+def shards_needed(fit: Fit, s: Setting) -> int:
+    """Fewest shards at which the links no longer bound the async rate (the workers do)."""
+    for shards in range(1, max(s.nodes, s.workers) + 1):
+        probe = Setting(**{**asdict(s), "servers": shards})
+        if ps_link_bound(fit, probe) >= ps_worker_bound(fit, probe):
+            return shards
+    return max(s.nodes, s.workers)
+
+
+# ---- fitting and validation on measured points ----------------------------------------------------------------
+
+def setting_of(point: dict[str, Any]) -> Setting:
+    """A measured run (benchmarks/shaped_strategies.py's JSON) as a Setting."""
+    return Setting(strategy=point["strategy"], workers=point["workers"], params=point["params"],
+                   link_mbit=point["link_mbit"], servers=point.get("servers") or 1,
+                   sync_every=point.get("sync_every", 8), nodes=point.get("nodes", 0))
+
+
+def usable(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Runs without a straggler (the model has no straggler term) and with a measured rate."""
+    return [p for p in points if not p.get("straggler") and p.get("steps_per_s")]
+
+
+def fit(points: list[dict[str, Any]], latency_s: float = 50e-6) -> Fit:
+    """Efficiency from sync DDP at the lowest and highest link rate (two equations: base + bytes / (eff x rate)),
+    then each strategy's base from its run at the highest rate, with the network term taken out.
+
+    Only runs on the fitting side are used: see `split`."""
+    runs = usable(points)
+    sync = sorted((p for p in runs if p["strategy"] == "sync"), key=lambda p: p["link_mbit"])
+    if len(sync) < 2 or sync[0]["link_mbit"] == sync[-1]["link_mbit"]:
+        raise ValueError("fitting needs sync runs at two link rates")
+    lo, hi = sync[0], sync[-1]
+    s_lo, s_hi = setting_of(lo), setting_of(hi)
+    t_lo, t_hi = 1 / lo["steps_per_s"], 1 / hi["steps_per_s"]
+    # t = base + V / (eff * r) + hops * alpha at both rates: subtract, solve for eff.
+    v = network_bytes(s_lo)
+    delta = (t_lo - t_hi)
+    denom = v / (lo["link_mbit"] * 1e6 / 8) - v / (hi["link_mbit"] * 1e6 / 8)
+    efficiency = min(1.0, denom / delta) if delta > 0 else 1.0
+    top = max(p["link_mbit"] for p in runs)
+    base: dict[str, float] = {}
+    params = s_hi.params
+    probe = Fit(efficiency, {}, params, latency_s)
+    for strategy in STRATEGIES:
+        at_top = [p for p in runs if p["strategy"] == strategy and p["link_mbit"] == top]
+        if strategy == "async":
+            at_top = [p for p in at_top if (p.get("servers") or 1) == max(q.get("servers") or 1 for q in at_top)]
+        if not at_top:
+            continue
+        p = at_top[0]
+        st = setting_of(p)
+        scale = params / st.params
+        if strategy == "async":
+            # The run's mean time between one worker's steps, less its mean push and fetch of remote slices.
+            rate = rate_bytes_per_s(st.link_mbit, efficiency)
+            workers, shards = ps_placement(st)
+            remote = sum(ps_worker_remote_bytes(st.grad_bytes, w, shards) for w in workers) / len(workers)
+            b = st.workers / p["steps_per_s"] - remote / rate - hops(st) * latency_s
+        else:
+            b = 1 / p["steps_per_s"] - network_bytes(st) / rate_bytes_per_s(st.link_mbit, efficiency) \
+                - hops(st) * latency_s
+        base[strategy] = max(b, 1e-6) * scale
+    probe.base_s = base
+    probe.fitted_on = [label(p) for p in fitting_side(points)]
+    return probe
+
+
+def label(p: dict[str, Any]) -> str:
+    extra = f", {p['servers']} shard(s)" if p["strategy"] == "async" and p.get("servers") else ""
+    return f"{p['strategy']} @ {p['link_mbit']:g} Mbit/s{extra}"
+
+
+def fitting_side(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs the fit reads: sync at every rate, and every other strategy at the highest rate only (async: its
+    run with the most shards there). Everything else is held out for validation."""
+    runs = usable(points)
+    if not runs:
+        return []
+    top = max(p["link_mbit"] for p in runs)
+    chosen = [p for p in runs if p["strategy"] == "sync"]
+    for strategy in STRATEGIES[1:]:
+        at_top = [p for p in runs if p["strategy"] == strategy and p["link_mbit"] == top]
+        if strategy == "async" and at_top:
+            most = max(p.get("servers") or 1 for p in at_top)
+            at_top = [p for p in at_top if (p.get("servers") or 1) == most]
+        chosen += at_top[:1]
+    return chosen
+
+
+@dataclass
+class Check:
+    point: str
+    measured: float
+    predicted: float
+
+    @property
+    def error(self) -> float:
+        return (self.predicted - self.measured) / self.measured
+
+
+def validate(points: list[dict[str, Any]], latency_s: float = 50e-6) -> tuple[Fit, list[Check]]:
+    """Fit on `fitting_side`, predict steps/s of every other usable run."""
+    f = fit(points, latency_s)
+    used = {id(p) for p in fitting_side(points)}
+    checks = [Check(label(p), p["steps_per_s"], steps_per_s(f, setting_of(p)))
+              for p in usable(points) if id(p) not in used and p["strategy"] in f.base_s]
+    return f, checks
+
+
+def validation_table(checks: list[Check]) -> str:
+    rows = ["| run (held out) | measured steps/s | predicted | error |", "|---|---|---|---|"]
+    rows += [f"| {c.point} | {c.measured:.1f} | {c.predicted:.1f} | {100 * c.error:+.0f}% |" for c in checks]
+    return "\n".join(rows)
