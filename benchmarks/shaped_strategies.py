@@ -10,7 +10,8 @@ rate (every host's link shaped to it, both ways: a switch port of that speed):
 - fan-in: jobs/async.py, 4 workers (one per host), 1, 2 and 4 server shards spread over the hosts (the two hosts
   without a worker first); global steps/s against the busiest link's bound (`raydist.costmodel.ps_link_load`);
 - strategies: jobs/compare.py with sync DDP, local SGD, async PS and FSDP, with and without a 4x straggler: time to
-  the target accuracy, final accuracy, steps/s.
+  the target accuracy, final accuracy, steps/s;
+- size: sync and async on a model 4x larger, for the cost model's validation.
 
 Every run's summary lands in one JSON file: the measured points `raydist plan` fits and validates its cost model on
 (docs/costmodel.md). Tables go to stdout.
@@ -98,6 +99,20 @@ def strategies(cluster, job, a, link: float, storage: Path, straggler: bool) -> 
     return out
 
 
+def other_size(cluster, job, a, link: float, storage: Path) -> list[dict]:
+    """sync and async (2 shards) on a model a.size_params large: held out of the cost model's fit, they check
+    that its base time scales with the parameter count."""
+    sized = argparse.Namespace(**{**vars(a), "params": a.size_params})
+    out = []
+    for strategy, extra in (("sync", []), ("async", ["--set", "async_ps.num_servers=2"])):
+        name = f"size-{link:g}-{strategy}"
+        submit(cluster, job, [f"jobs/{strategy}.py", *workload(sized), "--set", f"train.epochs={a.fanin_epochs}",
+                              *extra, "--set", f"run.storage_path={storage}", "--set", f"run.name={name}"], name)
+        s = json.loads((storage / name / "summary.json").read_text())
+        out.append(point(s, part="size", link_mbit=link, params=param_count(sized), batch_size=32, straggler=False))
+    return out
+
+
 def table(points: list[dict]) -> str:
     rows = ["| part | link Mbit/s | strategy | straggler | servers | steps/s | time to target (s) | accuracy |",
             "|---|---|---|---|---|---|---|---|"]
@@ -105,7 +120,7 @@ def table(points: list[dict]) -> str:
         ttt = p.get("time_to_target_s")
         rows.append(f"| {p['part']} | {p['link_mbit']:g} | {p['strategy']} | {'4x' if p['straggler'] else '-'} | "
                     f"{p['servers'] or '-'} | {p['steps_per_s']:.1f} | "
-                    f"{'-' if p['part'] == 'fanin' else ('not reached' if ttt is None else f'{ttt:.1f}')} | "
+                    f"{'-' if p['part'] != 'compare' else ('not reached' if ttt is None else f'{ttt:.1f}')} | "
                     f"{p['test_accuracy']:.3f} |")
     return "\n".join(rows)
 
@@ -113,7 +128,8 @@ def table(points: list[dict]) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--links", default="100,1000", help="link rates in Mbit/s, comma-separated")
-    p.add_argument("--parts", default="fanin,compare")
+    p.add_argument("--parts", default="fanin,compare,size")
+    p.add_argument("--size-params", type=int, default=1_000_000, help="the size part's model")
     p.add_argument("--strategies", default=",".join(STRATEGIES))
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--params", type=int, default=250_000)
@@ -146,6 +162,8 @@ def main() -> int:
             if "compare" in parts:
                 for straggler in (False, True):
                     points += strategies(cluster, job, a, link, storage, straggler)
+            if "size" in parts:
+                points += other_size(cluster, job, a, link, storage)
             a.out.parent.mkdir(parents=True, exist_ok=True)
             a.out.write_text(json.dumps({"setting": {k: v for k, v in vars(a).items() if k != "out"},
                                          "hosts": len(cluster.hosts), "points": points}, indent=1, default=str))

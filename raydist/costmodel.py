@@ -198,47 +198,38 @@ def usable(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def fit(points: list[dict[str, Any]], latency_s: float = 50e-6) -> Fit:
     """Efficiency from sync DDP at the lowest and highest link rate (two equations: base + bytes / (eff x rate)),
-    then each strategy's base from its run at the highest rate, with the network term taken out.
-
-    Only runs on the fitting side are used: see `split`."""
-    runs = usable(points)
-    sync = sorted((p for p in runs if p["strategy"] == "sync"), key=lambda p: p["link_mbit"])
+    then each strategy's base from its run at the highest rate, with the network term taken out. Reads only the
+    runs `fitting_side` picks; the rest are for `validate`."""
+    chosen = fitting_side(points)
+    sync = sorted((p for p in chosen if p["strategy"] == "sync"), key=lambda p: p["link_mbit"])
     if len(sync) < 2 or sync[0]["link_mbit"] == sync[-1]["link_mbit"]:
         raise ValueError("fitting needs sync runs at two link rates")
     lo, hi = sync[0], sync[-1]
-    s_lo, s_hi = setting_of(lo), setting_of(hi)
-    t_lo, t_hi = 1 / lo["steps_per_s"], 1 / hi["steps_per_s"]
-    # t = base + V / (eff * r) + hops * alpha at both rates: subtract, solve for eff.
-    v = network_bytes(s_lo)
-    delta = (t_lo - t_hi)
+    # t = base + V / (eff x rate) + hops x alpha at both rates: the difference gives eff.
+    v = network_bytes(setting_of(lo))
+    delta = 1 / lo["steps_per_s"] - 1 / hi["steps_per_s"]
     denom = v / (lo["link_mbit"] * 1e6 / 8) - v / (hi["link_mbit"] * 1e6 / 8)
     efficiency = min(1.0, denom / delta) if delta > 0 else 1.0
-    top = max(p["link_mbit"] for p in runs)
-    base: dict[str, float] = {}
-    params = s_hi.params
-    probe = Fit(efficiency, {}, params, latency_s)
-    for strategy in STRATEGIES:
-        at_top = [p for p in runs if p["strategy"] == strategy and p["link_mbit"] == top]
-        if strategy == "async":
-            at_top = [p for p in at_top if (p.get("servers") or 1) == max(q.get("servers") or 1 for q in at_top)]
-        if not at_top:
-            continue
-        p = at_top[0]
+    result = Fit(efficiency, {}, hi["params"], latency_s, [label(p) for p in chosen])
+    top = hi["link_mbit"]
+    for p in chosen:
         st = setting_of(p)
-        scale = params / st.params
-        if strategy == "async":
-            # The run's mean time between one worker's steps, less its mean push and fetch of remote slices.
-            rate = rate_bytes_per_s(st.link_mbit, efficiency)
-            workers, shards = ps_placement(st)
-            remote = sum(ps_worker_remote_bytes(st.grad_bytes, w, shards) for w in workers) / len(workers)
-            b = st.workers / p["steps_per_s"] - remote / rate - hops(st) * latency_s
+        if p["link_mbit"] != top:
+            continue
+        if st.strategy == "async":
+            # The base at which the workers' bound gives the measured rate (at the fastest link and the most
+            # shards the links should not bound it); the bound falls as the base grows: bisect.
+            lo_b, hi_b = 1e-7, 100.0
+            for _ in range(100):
+                mid = (lo_b + hi_b) / 2
+                trial = Fit(efficiency, {"async": mid}, st.params, latency_s)
+                lo_b, hi_b = (mid, hi_b) if ps_worker_bound(trial, st) > p["steps_per_s"] else (lo_b, mid)
+            b = lo_b
         else:
             b = 1 / p["steps_per_s"] - network_bytes(st) / rate_bytes_per_s(st.link_mbit, efficiency) \
                 - hops(st) * latency_s
-        base[strategy] = max(b, 1e-6) * scale
-    probe.base_s = base
-    probe.fitted_on = [label(p) for p in fitting_side(points)]
-    return probe
+        result.base_s[st.strategy] = max(b, 1e-6)
+    return result
 
 
 def label(p: dict[str, Any]) -> str:
@@ -247,13 +238,18 @@ def label(p: dict[str, Any]) -> str:
 
 
 def fitting_side(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The runs the fit reads: sync at every rate, and every other strategy at the highest rate only (async: its
-    run with the most shards there). Everything else is held out for validation."""
+    """The runs the fit reads, all of the most common model size: sync at every rate, every other strategy at the
+    highest rate only (async: its run with the most shards there). Everything else is held out for validation."""
     runs = usable(points)
     if not runs:
         return []
+    sizes = [p["params"] for p in runs]
+    size = max(sorted(set(sizes)), key=sizes.count)  # the most common model size; the others are held out
+    runs = [p for p in runs if p["params"] == size]
     top = max(p["link_mbit"] for p in runs)
-    chosen = [p for p in runs if p["strategy"] == "sync"]
+    chosen = []
+    for link in sorted({p["link_mbit"] for p in runs}):
+        chosen += [p for p in runs if p["strategy"] == "sync" and p["link_mbit"] == link][:1]
     for strategy in STRATEGIES[1:]:
         at_top = [p for p in runs if p["strategy"] == strategy and p["link_mbit"] == top]
         if strategy == "async" and at_top:

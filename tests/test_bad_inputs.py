@@ -162,6 +162,10 @@ CASES = [
     Case("usage: raydist top, address not a URL", "raydist top --once --address 127.0.0.1:8265", 2,
          "--address 127.0.0.1:8265: give the dashboard's URL, http://HOST:PORT"),
     Case("usage: raydist top, refresh interval", "raydist top --interval 0", 2, "--interval 0: must be > 0"),
+    Case("usage: raydist plan, model size", "raydist plan --params lots", 2,
+         "--params lots: expected a count > 0 such as 25M or 250000"),
+    Case("usage: raydist plan, measured runs missing", "raydist plan --measured {F}/runs.json", 2,
+         "--measured {F}/runs.json: No such file or directory"),
     # -- the cluster config (raydist slurm ..., raydist env/status)
     Case("cluster config: a rule across keys", "raydist slurm plan --config {F}/ports.yaml", 2,
          "{F}/ports.yaml: ports: need base < end (got base=50000, end=40000)"),

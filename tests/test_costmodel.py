@@ -1,0 +1,113 @@
+"""The cost model behind `raydist plan` (raydist/costmodel.py) and where async puts its server shards
+(raydist/ps/placement.py): pure functions, checked by hand-computed values and on the shipped measured runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from raydist import costmodel as cm
+from raydist.commands import plan_cmd
+from raydist.ps.placement import shard_nodes
+
+REPO = Path(__file__).resolve().parents[1]
+G = 1e6  # gradient bytes
+
+
+def test_shards_go_to_nodes_without_workers_first_then_one_per_worker_node():
+    nodes = ["a", "b", "c", "d", "e", "f"]
+    workers = ["a", "b", "c", "d"]
+    assert shard_nodes(1, nodes, workers) == ["e"]
+    assert shard_nodes(2, nodes, workers) == ["e", "f"]
+    assert shard_nodes(4, nodes, workers) == ["e", "f", "a", "b"]
+    assert shard_nodes(8, nodes, workers) == ["e", "f", "a", "b", "c", "d", "e", "f"]
+    assert shard_nodes(2, ["a", "b"], ["a", "a", "b"]) == ["b", "a"]  # the node with fewer workers first
+    assert shard_nodes(3, [], []) == []
+
+
+def test_the_fan_in_one_shard_takes_every_push_through_one_link():
+    workers, shards = cm.ps_placement(cm.Setting("async", 4, 250_000, 100, servers=1, nodes=6))
+    assert shards == [4]
+    loads = cm.ps_link_loads(G, workers, shards)
+    assert loads[4] == pytest.approx((G, G))  # each step: G of pushes in, G of fetches out
+    assert all(loads[w] == pytest.approx((G / 4, G / 4)) for w in workers)
+
+
+def test_more_shards_divide_the_busiest_link():
+    busiest = {}
+    for servers in (1, 2, 4):
+        workers, shards = cm.ps_placement(cm.Setting("async", 4, 250_000, 100, servers=servers, nodes=6))
+        busiest[servers] = max(max(io) for io in cm.ps_link_loads(G, workers, shards).values())
+    # Two free nodes: G/2 each. Four shards, two on worker nodes: such a node takes 3 workers' pushes of G/4
+    # (3/4 of the steps) and its own worker's fetches from 3 remote shards (1/4 of the steps): 3G/16 + 3G/16.
+    assert busiest == pytest.approx({1: G, 2: G / 2, 4: 0.375 * G})
+
+
+def test_ring_allreduce_and_fsdp_volumes():
+    assert cm.ring_allreduce_bytes(G, 1) == 0
+    assert cm.ring_allreduce_bytes(G, 4) == pytest.approx(1.5 * G)
+    params = 250_000
+    sync = cm.network_bytes(cm.Setting("sync", 4, params, 1000))
+    assert cm.network_bytes(cm.Setting("fsdp", 4, params, 1000)) == pytest.approx(1.5 * sync)
+    assert cm.network_bytes(cm.Setting("fsdp", 4, params, 1000, reshard_after_forward=False)) == pytest.approx(sync)
+    assert cm.network_bytes(cm.Setting("local_sgd", 4, params, 1000, sync_every=8)) == pytest.approx(sync / 8)
+
+
+def _synthetic_points(truth: cm.Fit) -> list[dict]:
+    points = []
+    for link in (100, 1000):
+        for strategy in ("sync", "local_sgd", "fsdp"):
+            points.append({"strategy": strategy, "workers": 4, "params": 250_000, "link_mbit": link, "nodes": 6,
+                           "steps_per_s": cm.steps_per_s(truth, cm.Setting(strategy, 4, 250_000, link, nodes=6))})
+        for servers in (1, 2, 4):
+            s = cm.Setting("async", 4, 250_000, link, servers=servers, nodes=6)
+            points.append({"strategy": "async", "workers": 4, "params": 250_000, "link_mbit": link, "nodes": 6,
+                           "servers": servers, "steps_per_s": cm.steps_per_s(truth, s)})
+    return points
+
+
+def test_the_fit_recovers_the_parameters_that_made_the_points():
+    truth = cm.Fit(0.8, {"sync": 0.02, "local_sgd": 0.015, "async": 0.01, "fsdp": 0.03}, 250_000)
+    fit, checks = cm.validate(_synthetic_points(truth))
+    assert fit.efficiency == pytest.approx(0.8)
+    assert fit.base_s == pytest.approx(truth.base_s)
+    assert len(checks) == 7 and all(abs(c.error) < 1e-6 for c in checks)  # 100 Mbit/s runs and the other shards
+
+
+def test_the_fit_refuses_points_it_cannot_fit():
+    with pytest.raises(ValueError, match="two link rates"):
+        cm.fit([{"strategy": "sync", "workers": 4, "params": 10, "link_mbit": 100, "steps_per_s": 1.0}])
+
+
+def test_plan_on_a_slow_link_prefers_less_communication_and_shards_the_ps():
+    fit = cm.Fit(0.9, {"sync": 0.02, "local_sgd": 0.02, "async": 0.02, "fsdp": 0.03}, 1_000_000)
+    rows = plan_cmd.plan(fit, 25_000_000, [1000], [8, 64], 32, {})
+    assert all(r["choose"] == "local_sgd" for r in rows)  # 100 MB of gradients over 1 Gbit/s
+    shards = [r["strategies"]["async"]["shards"] for r in rows]
+    assert shards[0] > 1 and shards[1] > shards[0]  # the more workers, the more shards the fan-in needs
+
+
+@pytest.mark.skipif(not plan_cmd.DEFAULT_MEASURED.is_file(), reason="no measured runs shipped")
+def test_the_shipped_fit_predicts_the_held_out_runs_within_20_percent():
+    points = plan_cmd.load_points(plan_cmd.DEFAULT_MEASURED)
+    fit, checks = cm.validate(points)
+    assert len(checks) >= 5
+    worst = max(checks, key=lambda c: abs(c.error))
+    assert abs(worst.error) <= 0.20, cm.validation_table(checks)
+    table = (REPO / "docs" / "costmodel.md").read_text()
+    assert cm.validation_table(checks) in table, "docs/costmodel.md's validation table is stale: paste " \
+        "`raydist plan --validate`"
+
+
+def test_raydist_plan_prints_a_table_and_json():
+    out = subprocess.run([sys.executable, "-m", "raydist.cli", "plan", "--params", "10M", "--nodes", "8,512",
+                          "--link-mbit", "1000", "--json"], capture_output=True, text=True, cwd=REPO)
+    if not plan_cmd.DEFAULT_MEASURED.is_file():
+        pytest.skip("no measured runs shipped")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["plan"]
+    assert [r["nodes"] for r in rows] == [8, 512] and all(r["choose"] in cm.STRATEGIES for r in rows)
