@@ -11,7 +11,8 @@ rate (every host's link shaped to it, both ways: a switch port of that speed):
   without a worker first); global steps/s against the busiest link's bound (`raydist.costmodel.ps_link_load`);
 - strategies: jobs/compare.py with sync DDP, local SGD, async PS and FSDP, with and without a 4x straggler: time to
   the target accuracy, final accuracy, steps/s;
-- size: sync and async on a model 4x larger, for the cost model's validation.
+- size: sync and async on a model 4x larger, for the cost model's validation;
+- checkpoint (not in the default parts): local SGD with per-epoch checkpoints against only the last one.
 
 Every run's summary lands in one JSON file: the measured points `raydist plan` fits and validates its cost model on
 (docs/costmodel.md). Tables go to stdout.
@@ -30,6 +31,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "cluster"))
 
 STRATEGIES = ("sync", "local_sgd", "async", "fsdp")
+A = argparse.Namespace(samples=0)  # the command line's workload, for `point`
 
 
 def hosts():
@@ -66,10 +68,13 @@ def submit(cluster, job, args: list[str], what: str) -> None:
 
 
 def point(summary: dict, **extra) -> dict:
+    """One run's figures; `checkpoint_every` (steps per epoch: every job checkpoints each epoch) for the cost model."""
     keep = ("strategy", "workers", "steps", "steps_per_s", "samples_per_s", "train_time_s", "wall_s", "test_accuracy",
             "bytes_per_worker", "wait_s_per_worker", "servers", "server_hosts", "staleness_mean", "steps_per_worker",
             "peak_memory_bytes_per_worker")
-    return {**{k: summary.get(k) for k in keep}, **extra}
+    per_step = 32 * (1 if summary["strategy"] == "async" else summary["workers"])
+    steps_per_epoch = int(A.samples * 0.8) // per_step  # data.test_fraction 0.2
+    return {**{k: summary.get(k) for k in keep}, "checkpoint_every": steps_per_epoch, **extra}
 
 
 def fan_in(cluster, job, a, link: float, storage: Path) -> list[dict]:
@@ -113,16 +118,103 @@ def other_size(cluster, job, a, link: float, storage: Path) -> list[dict]:
     return out
 
 
-def table(points: list[dict]) -> str:
-    rows = ["| part | link Mbit/s | strategy | straggler | servers | steps/s | time to target (s) | accuracy |",
-            "|---|---|---|---|---|---|---|---|"]
-    for p in points:
-        ttt = p.get("time_to_target_s")
-        rows.append(f"| {p['part']} | {p['link_mbit']:g} | {p['strategy']} | {'4x' if p['straggler'] else '-'} | "
-                    f"{p['servers'] or '-'} | {p['steps_per_s']:.1f} | "
-                    f"{'-' if p['part'] != 'compare' else ('not reached' if ttt is None else f'{ttt:.1f}')} | "
-                    f"{p['test_accuracy']:.3f} |")
+def checkpoint_cost(cluster, job, a, link: float, storage: Path) -> list[dict]:
+    """local SGD with its per-epoch checkpoints and with none but the last: what its checkpoints cost (each
+    gathers every replica's model and optimizer state on every rank)."""
+    out = []
+    for label, extra in (("per-epoch", []), ("last-only", ["--set", "checkpoint.every_steps=1000000"])):
+        name = f"ckpt-{link:g}-{label}"
+        submit(cluster, job, ["jobs/local_sgd.py", *workload(a), *extra, "--set", f"run.storage_path={storage}",
+                              "--set", f"run.name={name}"], name)
+        s = json.loads((storage / name / "summary.json").read_text())
+        out.append(point(s, part=f"checkpoint-{label}", link_mbit=link, params=param_count(a), batch_size=32,
+                         straggler=False, **({"checkpoint_every": 0} if extra else {})))
+        print(f"    local SGD, checkpoints {label}: {s['steps_per_s']:.1f} steps/s", flush=True)
+    return out
+
+
+def fanin_table(points: list[dict], hosts: int) -> str:
+    """Measured async rate against the busiest link's bound at the raw link rate (raydist.costmodel)."""
+    from raydist import costmodel as cm
+
+    rows = ["| link | shards | on | measured steps/s | busiest link's bound | measured / bound | MB/s moved by the workers |",
+            "|---|---|---|---|---|---|---|"]
+    for p in (p for p in points if p["part"] == "fanin"):
+        s = cm.Setting("async", p["workers"], p["params"], p["link_mbit"], servers=p["servers"], nodes=hosts)
+        bound = cm.ps_link_bound(cm.Fit(1.0, {"async": 0.0}, p["params"]), s)
+        moved = sum(p["bytes_per_worker"]) / p["train_time_s"] / 1e6
+        rows.append(f"| {p['link_mbit']:g} Mbit/s | {p['servers']} | {', '.join(p['server_hosts'])} | "
+                    f"{p['steps_per_s']:.1f} | {bound:.1f} | {p['steps_per_s'] / bound:.2f} | {moved:.1f} |")
     return "\n".join(rows)
+
+
+def strategies_table(points: list[dict]) -> str:
+    rows = ["| link | straggler | strategy | steps/s | samples/s | time to target (s) | final accuracy |",
+            "|---|---|---|---|---|---|---|"]
+    for p in (p for p in points if p["part"] == "compare"):
+        ttt = p.get("time_to_target_s")
+        rows.append(f"| {p['link_mbit']:g} Mbit/s | {'rank 0, 4x' if p['straggler'] else '-'} | {p['strategy']} | "
+                    f"{p['steps_per_s']:.2f} | {p['samples_per_s']:.0f} | "
+                    f"{'not reached' if ttt is None else f'{ttt:.1f}'} | {p['test_accuracy']:.3f} |")
+    return "\n".join(rows)
+
+
+def plots(points: list[dict], hosts: int, directory: Path) -> list[Path]:
+    """docs/images/shaped_fanin.png (async rate per shard count against its link bound) and
+    shaped_time_to_target.png (each strategy's time to the target, per link rate, with and without a straggler)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from raydist import costmodel as cm
+
+    directory.mkdir(parents=True, exist_ok=True)
+    fan = [p for p in points if p["part"] == "fanin"]
+    links = sorted({p["link_mbit"] for p in fan})
+    fig, axes = plt.subplots(1, len(links), figsize=(5 * len(links), 3.6), squeeze=False)
+    for ax, link in zip(axes[0], links):
+        rows = sorted((p for p in fan if p["link_mbit"] == link), key=lambda p: p["servers"])
+        shards = [str(p["servers"]) for p in rows]
+        bounds = [cm.ps_link_bound(cm.Fit(1.0, {"async": 0.0}, p["params"]), cm.Setting(
+            "async", p["workers"], p["params"], link, servers=p["servers"], nodes=hosts)) for p in rows]
+        ax.bar(shards, [p["steps_per_s"] for p in rows], color="tab:blue", label="measured")
+        ax.plot(shards, bounds, "k_", markersize=30, mew=2, label="busiest link's bound")
+        ax.set_title(f"async PS, 4 workers, {link:g} Mbit/s links")
+        ax.set_xlabel("server shards")
+        ax.set_ylabel("steps/s (all workers)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = [directory / "shaped_fanin.png"]
+    fig.savefig(out[0], dpi=110)
+    plt.close(fig)
+
+    comp = [p for p in points if p["part"] == "compare"]
+    settings = sorted({(p["link_mbit"], p["straggler"]) for p in comp})
+    strategies = list(dict.fromkeys(p["strategy"] for p in comp))
+    fig, ax = plt.subplots(figsize=(10, 3.8))
+    width = 0.8 / len(strategies)
+    for i, strategy in enumerate(strategies):
+        values = []
+        for link, straggler in settings:
+            match = [p for p in comp if (p["link_mbit"], p["straggler"], p["strategy"]) == (link, straggler, strategy)]
+            values.append(match[0]["time_to_target_s"] or 0 if match else 0)
+        ax.bar([k + i * width for k in range(len(settings))], values, width, label=strategy)
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(settings))])
+    ax.set_xticklabels([f"{link:g} Mbit/s{', straggler 4x' if s else ''}" for link, s in settings])
+    ax.set_ylabel(f"seconds to {comp[0]['target']:g} test accuracy")
+    ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    ax.set_title("time to target, 4 workers, 0.25M-parameter MLP on the synthetic task")
+    fig.tight_layout()
+    out.append(directory / "shaped_time_to_target.png")
+    fig.savefig(out[1], dpi=110)
+    plt.close(fig)
+    return out
+
+
+def table(points: list[dict], hosts: int) -> str:
+    return fanin_table(points, hosts) + "\n\n" + strategies_table(points)
 
 
 def main() -> int:
@@ -140,7 +232,15 @@ def main() -> int:
     p.add_argument("--fanin-epochs", type=int, default=2)
     p.add_argument("--target", type=float, default=0.8)
     p.add_argument("--out", type=Path, default=REPO / "docs" / "data" / "shaped_runs.json")
+    p.add_argument("--report", type=Path, help="print the tables of an earlier run's JSON and exit")
     a = p.parse_args()
+    A.samples = a.samples
+    if a.report:
+        data = json.loads(a.report.read_text())
+        print(table(data["points"], data["hosts"]))
+        for path in plots(data["points"], data["hosts"], REPO / "docs" / "images"):
+            print(f"wrote {path}")
+        return 0
     a.strategies = a.strategies.split(",")
     parts = a.parts.split(",")
     links = [float(x) for x in a.links.split(",")]
@@ -164,12 +264,15 @@ def main() -> int:
                     points += strategies(cluster, job, a, link, storage, straggler)
             if "size" in parts:
                 points += other_size(cluster, job, a, link, storage)
+            if "checkpoint" in parts:
+                points += checkpoint_cost(cluster, job, a, link, storage)
             a.out.parent.mkdir(parents=True, exist_ok=True)
             a.out.write_text(json.dumps({"setting": {k: v for k, v in vars(a).items() if k != "out"},
                                          "hosts": len(cluster.hosts), "points": points}, indent=1, default=str))
         cluster.run("master-node", ["scancel", str(job.job_id)])
         rayup.wait_no_leftovers(cluster, job.job_id)
-    print(table(points))
+    print(table(points, len(hosts())))
+    plots(points, len(hosts()), REPO / "docs" / "images")
     print(f"{len(points)} runs in {time.monotonic() - started:.0f} s; written to {a.out}")
     return 0
 

@@ -119,15 +119,18 @@ def _worker_count(value: Any, key: str) -> int | str:
 class ModelConfig:
     """Which network to train; input and output sizes come from the data set."""
 
-    name: Literal["simple", "mlp", "cnn"] = opt(
-        "mlp", "simple: the seeds' SimpleModel (in -> 50 -> out); mlp: `depth` hidden layers; cnn: small CNN (image data only)"
+    name: Literal["simple", "mlp", "cnn", "transformer"] = opt(
+        "mlp", "simple: the seeds' SimpleModel (in -> 50 -> out); mlp: `depth` hidden layers; cnn: small CNN (image "
+        "data only); transformer: `depth` pre-norm encoder layers over the input cut into `tokens` pieces"
     )
-    hidden: int = opt(128, "width of the MLP's hidden layers", ge=1)
+    hidden: int = opt(128, "width of the MLP's hidden layers, or the transformer's model width", ge=1)
     params: int = opt(
-        0, "mlp: size the model by parameter count instead (e.g. 10000000 on data.name=synthetic): the hidden width "
-        "that comes closest at this depth replaces `hidden`; 0 = use `hidden`", ge=0, special={0: "use hidden"})
-    depth: int = opt(2, "number of hidden layers of the MLP", ge=1)
-    dropout: float = opt(0.0, "dropout probability after each hidden layer (mlp, cnn)", ge=0, lt=1)
+        0, "mlp, transformer: size the model by parameter count instead (e.g. 10000000 on data.name=synthetic): the "
+        "width that comes closest at this depth replaces `hidden`; 0 = use `hidden`", ge=0, special={0: "use hidden"})
+    depth: int = opt(2, "number of hidden layers of the MLP, or of the transformer's encoder layers", ge=1)
+    dropout: float = opt(0.0, "dropout probability after each hidden layer (mlp, cnn, transformer)", ge=0, lt=1)
+    tokens: int = opt(8, "transformer: the input features are cut into this many equal tokens (digits: 8 rows)", ge=1)
+    heads: int = opt(4, "transformer: attention heads; the width must be a multiple", ge=1)
 
 
 @dataclass
@@ -411,8 +414,14 @@ class Config:
     def check(self, prefix: str) -> None:
         _check(not (self.model.name == "cnn" and self.data.name != "digits"), "model.name",
                "cnn needs image data: set data.name=digits")
-        _check(not (self.model.params and self.model.name != "mlp"), "model.params",
-               f"sizes the mlp only (model.name={self.model.name})")
+        _check(not (self.model.params and self.model.name not in ("mlp", "transformer")), "model.params",
+               f"sizes the mlp and the transformer only (model.name={self.model.name})")
+        if self.model.name == "transformer":
+            features = 64 if self.data.name == "digits" else self.data.synthetic_features
+            _check(features % self.model.tokens == 0, "model.tokens",
+                   f"must divide the {features} input features into equal tokens (got {self.model.tokens})")
+            _check(self.model.params or self.model.hidden % self.model.heads == 0, "model.hidden",
+                   f"must be a multiple of model.heads={self.model.heads} (got {self.model.hidden})")
         _check(self.straggler.worker < self.scaling.max_workers, "straggler.worker",
                f"must be below scaling.num_workers={self.scaling.max_workers} (got {self.straggler.worker})")
         _check(self.faults.inject_desync_rank < self.scaling.max_workers, "faults.inject_desync_rank",

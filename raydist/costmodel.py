@@ -17,7 +17,7 @@ Everything here is pure: measured points in, fitted parameters and predictions o
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 STRATEGIES = ("sync", "local_sgd", "async", "fsdp")
@@ -43,6 +43,12 @@ class Setting:
     """local SGD: allreduce, or ring (each worker sends its parameters to one neighbour)."""
     reshard_after_forward: bool = True
     """FSDP: gather the parameters again in backward (3 collectives of G per step instead of 2)."""
+    checkpoint_every: int = 0
+    """Steps between two checkpoints (0: none). Local SGD's checkpoint gathers every replica's model and
+    optimizer state on every rank (the replicas differ), so it costs network time; the others' do not (sync saves
+    rank 0's copy, FSDP each rank's shard, async the driver's pull from the shards while workers go on)."""
+    state_floats_per_param: int = 3
+    """Model and optimizer state per parameter: 3 for AdamW (the weights and two moments)."""
 
     @property
     def grad_bytes(self) -> float:
@@ -59,6 +65,16 @@ class Fit:
     base_params: int
     latency_s: float = 50e-6
     """Per message hop (alpha). Assumed, not fitted: a switch hop plus the TCP stack on small clusters."""
+    ps_efficiency: float = 0.0
+    """async: the share of a link Ray's object transfers get (fitted on the one-shard run at the slowest link, which
+    the busiest link bounds); 0 = `efficiency`."""
+    checkpoint_s: float = 0.0
+    """local SGD: fixed seconds per checkpoint (serializing, writing and reporting every replica's state)."""
+    checkpoint_efficiency: float = 0.0
+    """local SGD: the share of a link its checkpoint's all-gather of pickled states gets; 0 = `efficiency`."""
+    per_shard_s: float = 0.0
+    """async: what each server shard adds to a worker's step besides its bytes (a push and a fetch call: Ray's cost
+    per call, and on the emulated cluster the shard's process competing for the same cores); not scaled by size."""
     fitted_on: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -135,13 +151,31 @@ def rate_bytes_per_s(link_mbit: float, efficiency: float) -> float:
 def base_for(fit: Fit, s: Setting) -> float:
     if s.strategy not in fit.base_s:
         raise KeyError(f"no fitted base time for {s.strategy}")
-    return fit.base_s[s.strategy] * s.params / fit.base_params
+    base = fit.base_s[s.strategy] * s.params / fit.base_params
+    return base + fit.per_shard_s * s.servers if s.strategy == "async" else base
+
+
+def checkpoint_bytes(s: Setting) -> float:
+    """Bytes into each rank's link per checkpoint: local SGD's all-gather of every replica's state."""
+    if s.strategy != "local_sgd" or not s.checkpoint_every:
+        return 0.0
+    return (s.workers - 1) * s.params * BYTES_PER_PARAM * s.state_floats_per_param
 
 
 def step_s(fit: Fit, s: Setting) -> float:
     """Predicted seconds per step per worker: the time between one worker's steps."""
-    return 1.0 / steps_per_s(fit, s) * s.workers if s.strategy == "async" else (
-        base_for(fit, s) + network_bytes(s) / rate_bytes_per_s(s.link_mbit, fit.efficiency) + hops(s) * fit.latency_s)
+    if s.strategy == "async":
+        return 1.0 / steps_per_s(fit, s) * s.workers
+    return (base_for(fit, s) + network_bytes(s) / rate_bytes_per_s(s.link_mbit, fit.efficiency)
+            + hops(s) * fit.latency_s + checkpoint_s(fit, s) / (s.checkpoint_every or 1))
+
+
+def checkpoint_s(fit: Fit, s: Setting) -> float:
+    """Seconds one checkpoint costs a step of local SGD (the others' are in their base)."""
+    nbytes = checkpoint_bytes(s)
+    if not nbytes:
+        return 0.0
+    return fit.checkpoint_s + nbytes / rate_bytes_per_s(s.link_mbit, fit.checkpoint_efficiency or fit.efficiency)
 
 
 def steps_per_s(fit: Fit, s: Setting) -> float:
@@ -154,7 +188,7 @@ def steps_per_s(fit: Fit, s: Setting) -> float:
 
 def ps_worker_bound(fit: Fit, s: Setting) -> float:
     """async steps/s if no link were shared: each worker's base, then its push and fetch over its own link."""
-    rate = rate_bytes_per_s(s.link_mbit, fit.efficiency)
+    rate = rate_bytes_per_s(s.link_mbit, fit.ps_efficiency or fit.efficiency)
     workers, shards = ps_placement(s)
     return sum(1 / (base_for(fit, s) + ps_worker_remote_bytes(s.grad_bytes, w, shards) / rate
                     + hops(s) * fit.latency_s) for w in workers)
@@ -165,7 +199,7 @@ def ps_link_bound(fit: Fit, s: Setting) -> float:
     workers, shards = ps_placement(s)
     loads = ps_link_loads(s.grad_bytes, workers, shards)
     busiest = max((max(io) for io in loads.values()), default=0.0)
-    return rate_bytes_per_s(s.link_mbit, fit.efficiency) / busiest if busiest else math.inf
+    return rate_bytes_per_s(s.link_mbit, fit.ps_efficiency or fit.efficiency) / busiest if busiest else math.inf
 
 
 def samples_per_s(fit: Fit, s: Setting, batch_size: int) -> float:
@@ -188,7 +222,8 @@ def setting_of(point: dict[str, Any]) -> Setting:
     """A measured run (benchmarks/shaped_strategies.py's JSON) as a Setting."""
     return Setting(strategy=point["strategy"], workers=point["workers"], params=point["params"],
                    link_mbit=point["link_mbit"], servers=point.get("servers") or 1,
-                   sync_every=point.get("sync_every", 8), nodes=point.get("nodes", 0))
+                   sync_every=point.get("sync_every", 8), nodes=point.get("nodes", 0),
+                   checkpoint_every=point.get("checkpoint_every", 0))
 
 
 def usable(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -198,8 +233,9 @@ def usable(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def fit(points: list[dict[str, Any]], latency_s: float = 50e-6) -> Fit:
     """Efficiency from sync DDP at the lowest and highest link rate (two equations: base + bytes / (eff x rate)),
-    then each strategy's base from its run at the highest rate, with the network term taken out. Reads only the
-    runs `fitting_side` picks; the rest are for `validate`."""
+    then each strategy's base from its run at the highest rate, with the network term taken out (async: there the
+    links must not bound it, else its base cannot be seen). Reads only the runs `fitting_side` picks; the rest are
+    for `validate`."""
     chosen = fitting_side(points)
     sync = sorted((p for p in chosen if p["strategy"] == "sync"), key=lambda p: p["link_mbit"])
     if len(sync) < 2 or sync[0]["link_mbit"] == sync[-1]["link_mbit"]:
@@ -210,36 +246,67 @@ def fit(points: list[dict[str, Any]], latency_s: float = 50e-6) -> Fit:
     delta = 1 / lo["steps_per_s"] - 1 / hi["steps_per_s"]
     denom = v / (lo["link_mbit"] * 1e6 / 8) - v / (hi["link_mbit"] * 1e6 / 8)
     efficiency = min(1.0, denom / delta) if delta > 0 else 1.0
-    result = Fit(efficiency, {}, hi["params"], latency_s, [label(p) for p in chosen])
+    result = Fit(efficiency, {}, hi["params"], latency_s, fitted_on=[label(p) for p in chosen])
     top = hi["link_mbit"]
+    slow_ps = [p for p in chosen if p["strategy"] == "async" and p["link_mbit"] < top]
+    if slow_ps:  # bound by its busiest link: the measured rate over the raw link's bound is the efficiency
+        raw = Fit(1.0, {"async": 0.0}, slow_ps[0]["params"])
+        result.ps_efficiency = min(1.0, slow_ps[0]["steps_per_s"] / ps_link_bound(raw, setting_of(slow_ps[0])))
+    async_bases: dict[int, float] = {}
     for p in chosen:
         st = setting_of(p)
         if p["link_mbit"] != top:
             continue
         if st.strategy == "async":
-            # The base at which the workers' bound gives the measured rate (at the fastest link and the most
-            # shards the links should not bound it); the bound falls as the base grows: bisect.
+            # The base at which the workers' bound gives the measured rate (at the fastest link the links should
+            # not bound it); the bound falls as the base grows: bisect.
             lo_b, hi_b = 1e-7, 100.0
             for _ in range(100):
                 mid = (lo_b + hi_b) / 2
-                trial = Fit(efficiency, {"async": mid}, st.params, latency_s)
+                trial = Fit(efficiency, {"async": mid}, st.params, latency_s, result.ps_efficiency)
                 lo_b, hi_b = (mid, hi_b) if ps_worker_bound(trial, st) > p["steps_per_s"] else (lo_b, mid)
-            b = lo_b
-        else:
-            b = 1 / p["steps_per_s"] - network_bytes(st) / rate_bytes_per_s(st.link_mbit, efficiency) \
-                - hops(st) * latency_s
-        result.base_s[st.strategy] = max(b, 1e-6)
+            async_bases[st.servers] = lo_b
+        elif st.strategy != "local_sgd":
+            probe = Fit(efficiency, {st.strategy: 0.0}, st.params, latency_s)
+            result.base_s[st.strategy] = max(1 / p["steps_per_s"] - step_s(probe, st), 1e-6)
+    local = sorted((p for p in chosen if p["strategy"] == "local_sgd"), key=lambda p: p["link_mbit"])
+    if local and "sync" in result.base_s:
+        # Local SGD computes what sync computes: sync's base. What its runs take beyond base and averaging is its
+        # checkpoints: a fixed part and the all-gather of every replica's state, from its runs at two rates.
+        result.base_s["local_sgd"] = result.base_s["sync"]
+        per_ckpt = []
+        for p in (local[0], local[-1]):
+            st = setting_of(p)
+            probe = Fit(efficiency, {"local_sgd": result.base_s["sync"]}, result.base_params, latency_s)
+            unsaved = replace(st, checkpoint_every=0)
+            per_ckpt.append((1 / p["steps_per_s"] - step_s(probe, unsaved)) * (st.checkpoint_every or 1))
+        slow, fast = setting_of(local[0]), setting_of(local[-1])
+        if len(local) > 1 and checkpoint_bytes(slow) and per_ckpt[0] > per_ckpt[1]:
+            seconds_per_byte = (per_ckpt[0] - per_ckpt[1]) / (
+                checkpoint_bytes(slow) * (1 / (slow.link_mbit * 1e6 / 8) - 1 / (fast.link_mbit * 1e6 / 8)))
+            result.checkpoint_efficiency = min(1.0, 1 / seconds_per_byte)
+            result.checkpoint_s = max(0.0, per_ckpt[1] - checkpoint_bytes(fast) / rate_bytes_per_s(
+                fast.link_mbit, result.checkpoint_efficiency))
+    if async_bases:
+        # A line through the fewest and the most shards: base + per_shard x S.
+        few, most = min(async_bases), max(async_bases)
+        if most > few:
+            result.per_shard_s = max(0.0, (async_bases[most] - async_bases[few]) / (most - few))
+        result.base_s["async"] = max(async_bases[few] - result.per_shard_s * few, 1e-6)
     return result
 
 
 def label(p: dict[str, Any]) -> str:
     extra = f", {p['servers']} shard(s)" if p["strategy"] == "async" and p.get("servers") else ""
-    return f"{p['strategy']} @ {p['link_mbit']:g} Mbit/s{extra}"
+    if p["strategy"] == "local_sgd":
+        extra = ", a checkpoint every epoch" if p.get("checkpoint_every") else ", no checkpoint but the last"
+    return f"{p['strategy']}, {p['params'] / 1e6:.2g}M params @ {p['link_mbit']:g} Mbit/s{extra}"
 
 
 def fitting_side(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The runs the fit reads, all of the most common model size: sync at every rate, every other strategy at the
-    highest rate only (async: its run with the most shards there). Everything else is held out for validation."""
+    highest rate only (async: its runs with the fewest and the most shards there, and its one-shard run at the
+    lowest rate, for its transfer efficiency). The rest is for validation."""
     runs = usable(points)
     if not runs:
         return []
@@ -250,13 +317,25 @@ def fitting_side(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     chosen = []
     for link in sorted({p["link_mbit"] for p in runs}):
         chosen += [p for p in runs if p["strategy"] == "sync" and p["link_mbit"] == link][:1]
-    for strategy in STRATEGIES[1:]:
+    low = min(p["link_mbit"] for p in runs)
+    chosen += [p for p in runs if p["strategy"] == "async" and p["link_mbit"] == low and (p.get("servers") or 1) == 1
+               and low < top][:1]
+    # Local SGD with checkpoints at the lowest and the highest rate: its checkpoint cost (its base is sync's).
+    checkpointed = [p for p in runs if p["strategy"] == "local_sgd" and p.get("checkpoint_every")]
+    for link in sorted({low, top}):
+        chosen += [p for p in checkpointed if p["link_mbit"] == link][:1]
+    for strategy in ("async", "fsdp"):
         at_top = [p for p in runs if p["strategy"] == strategy and p["link_mbit"] == top]
         if strategy == "async" and at_top:
-            most = max(p.get("servers") or 1 for p in at_top)
-            at_top = [p for p in at_top if (p.get("servers") or 1) == most]
+            shards = [p.get("servers") or 1 for p in at_top]
+            chosen += [at_top[shards.index(min(shards))]]
+            at_top = [at_top[shards.index(max(shards))]] if max(shards) > min(shards) else []
         chosen += at_top[:1]
     return chosen
+
+
+def same_setting(p: dict[str, Any], q: dict[str, Any]) -> bool:
+    return setting_of(p) == setting_of(q)
 
 
 @dataclass
@@ -271,11 +350,13 @@ class Check:
 
 
 def validate(points: list[dict[str, Any]], latency_s: float = 50e-6) -> tuple[Fit, list[Check]]:
-    """Fit on `fitting_side`, predict steps/s of every other usable run."""
+    """Fit on `fitting_side`, predict steps/s of the other runs."""
     f = fit(points, latency_s)
-    used = {id(p) for p in fitting_side(points)}
+    fitted = fitting_side(points)
+    # Held out: every run whose setting differs from all fitted ones (a repeat of a fitted setting checks
+    # reproducibility, not the model).
     checks = [Check(label(p), p["steps_per_s"], steps_per_s(f, setting_of(p)))
-              for p in usable(points) if id(p) not in used and p["strategy"] in f.base_s]
+              for p in usable(points) if p["strategy"] in f.base_s and not any(same_setting(p, q) for q in fitted)]
     return f, checks
 
 

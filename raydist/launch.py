@@ -139,6 +139,7 @@ def train_worker(config: dict[str, Any]) -> None:
     from raydist.context import RayTrainContext
     from raydist.train import Trainer
 
+    entered = time.time()
     cfg = Config.from_dict(config["config"])
     if not cfg.run.verbose:  # Ray Train's "Reporting training result ..." (its log level does not reach that one)
         from raydist.console import quiet_ray_train_logs
@@ -146,7 +147,7 @@ def train_worker(config: dict[str, Any]) -> None:
         quiet_ray_train_logs()
     strategy = registry.get(config["strategy"]).load("worker")
     ctx = RayTrainContext(async_upload=cfg.checkpoint.async_upload, run_dir=cfg.run.run_dir)
-    trainer = Trainer(cfg, ctx, strategy)
+    trainer = Trainer(cfg, ctx, strategy, entered)
     trainer.fit()
     if trainer.aborted and ctx.rank == 0:  # Ray Train keeps metrics only with checkpoints: say it in a file
         write_json_atomic(Path(cfg.run.run_dir) / FAILURE_FILE, {"reason": trainer.aborted})
@@ -245,6 +246,7 @@ def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session)
 
     # run_job checked the config (check_before_ray); connect checks what a named cluster can hold.
     session.ray = connect(cfg)
+    connected = time.time()
     trainer = build_trainer(cfg, spec)
     moved = set_aside_broken_snapshot(cfg.run.run_dir)  # Ray would refuse to start on a truncated snapshot
     if moved:
@@ -285,7 +287,40 @@ def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session)
         peak_memory_bytes_per_worker=memory.get("peak_memory_bytes_per_worker", []),
         param_bytes_per_worker=memory.get("param_bytes_per_worker", []),
         stop_reason=m.get("stop_reason"),
+        startup_s=startup_seconds(os.path.join(cfg.run.run_dir, METRICS_FILE), connected),
     )
+
+
+def process_start_time() -> float:
+    """Wall time this process started (Linux: /proc; elsewhere the time raydist.launch was imported)."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, counted after the comm field
+        # starttime counts from boot: against CLOCK_BOOTTIME, not /proc/stat's btime (whole seconds).
+        return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return IMPORTED
+
+
+IMPORTED = time.time()
+
+
+def startup_seconds(metrics_file: str, connected: float) -> dict[str, float] | None:
+    """This session's start-up, from rank 0's first `startup` record written after `connected` (a restart writes
+    another), in seconds since this process started."""
+    began = process_start_time()
+    try:
+        with open(metrics_file) as f:
+            for line in f:
+                if '"startup"' not in line:
+                    continue
+                s = json.loads(line)["startup"]
+                if s["worker_entered"] >= connected:
+                    return {"connect": round(connected - began, 3), "workers": round(s["worker_entered"] - began, 3),
+                            "ready": round(s["ready"] - began, 3), "first_step": round(s["first_step"] - began, 3)}
+    except (OSError, ValueError, KeyError):
+        pass
+    return None
 
 
 # ---- every job ------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The networks: the seeds' SimpleModel, an MLP and a small CNN for 8x8 images."""
+"""The networks: the seeds' SimpleModel, an MLP, a small CNN for 8x8 images and a small transformer encoder."""
 
 from __future__ import annotations
 
@@ -54,6 +54,48 @@ class SmallCNN(nn.Module):
         return self.head(self.features(x.view(-1, *self.image_shape)))
 
 
+class TinyTransformer(nn.Module):
+    """A pre-norm transformer encoder over the input cut into `tokens` equal pieces (digits: its 8 rows of 8
+    pixels, as a ViT cuts patches), each embedded linearly with a learned position; mean-pooled into a linear head."""
+
+    def __init__(self, in_features: int, out_features: int, tokens: int, width: int, heads: int, depth: int,
+                 dropout: float):
+        super().__init__()
+        self.tokens, self.piece = tokens, in_features // tokens
+        self.embed = nn.Linear(self.piece, width)
+        self.position = nn.Parameter(torch.zeros(tokens, width))
+        layer = nn.TransformerEncoderLayer(width, heads, 4 * width, dropout, batch_first=True, norm_first=True)
+        # No nested tensors: they need post-norm layers and would only print a warning.
+        self.encoder = nn.TransformerEncoder(layer, depth, norm=nn.LayerNorm(width), enable_nested_tensor=False)
+        self.head = nn.Linear(width, out_features)
+
+    @property
+    def fsdp_units(self) -> list[nn.Module]:
+        """FSDP's units: each encoder layer whole (its attention calls its output projection's weight directly,
+        never the module, so that projection cannot be a unit of its own)."""
+        return list(self.encoder.layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x.view(-1, self.tokens, self.piece)) + self.position
+        return self.head(self.encoder(h).mean(dim=1))
+
+
+def transformer_params(in_features: int, out_features: int, tokens: int, width: int, depth: int) -> int:
+    """Weights of TinyTransformer: embedding, positions, per layer 12 w^2 + 13 w (attention, a 4w MLP, two norms),
+    the final norm and the head."""
+    w = width
+    return (in_features // tokens + 1) * w + tokens * w + depth * (12 * w * w + 13 * w) + 2 * w + (w + 1) * out_features
+
+
+def transformer_width(params: int, in_features: int, out_features: int, tokens: int, heads: int, depth: int) -> int:
+    """The width (a multiple of `heads`) whose TinyTransformer comes closest to `params` parameters."""
+    count = lambda w: transformer_params(in_features, out_features, tokens, w, depth)  # noqa: E731
+    w = heads
+    while count(w + heads) <= params:
+        w += heads
+    return min((w, w + heads), key=lambda v: abs(count(v) - params))
+
+
 def mlp_params(in_features: int, out_features: int, hidden: int, depth: int) -> int:
     """Weights and biases of MLP(in, out, hidden, depth)."""
     return (in_features + 1) * hidden + (depth - 1) * (hidden + 1) * hidden + (hidden + 1) * out_features
@@ -74,5 +116,10 @@ def build_model(cfg: ModelConfig, data: Splits) -> nn.Module:
     if cfg.name == "mlp":
         hidden = mlp_width(cfg.params, data.num_features, data.num_classes, cfg.depth) if cfg.params else cfg.hidden
         return MLP(data.num_features, data.num_classes, hidden, cfg.depth, cfg.dropout)
+    if cfg.name == "transformer":
+        width = (transformer_width(cfg.params, data.num_features, data.num_classes, cfg.tokens, cfg.heads, cfg.depth)
+                 if cfg.params else cfg.hidden)
+        return TinyTransformer(data.num_features, data.num_classes, cfg.tokens, width, cfg.heads, cfg.depth,
+                               cfg.dropout)
     assert data.image_shape is not None, "Config.validate rejects cnn without image data"
     return SmallCNN(data.image_shape, data.num_classes, cfg.dropout)

@@ -61,6 +61,10 @@ class JobSummary:
     stop_reason: str | None = _f(
         "why a stopped run stopped: train.stop_at_step, a stop request (SLURM time limit, preemption), a draining node",
         None)
+    startup_s: dict[str, float] | None = _f(
+        "seconds from the job's process start until: Ray connected (`connect`), the workers' training function began "
+        "(`workers`), model, data and checkpoint were ready (`ready`), the first step was done (`first_step`); "
+        "Ray Train strategies", None)
     restarts: int = _f("times the run replaced failed workers or servers and went on from a checkpoint", 0)
     # The parameter server's own books; null for strategies without servers.
     servers: int | None = _f("async: parameter-server shards", None)

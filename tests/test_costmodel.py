@@ -60,22 +60,30 @@ def test_ring_allreduce_and_fsdp_volumes():
 def _synthetic_points(truth: cm.Fit) -> list[dict]:
     points = []
     for link in (100, 1000):
-        for strategy in ("sync", "local_sgd", "fsdp"):
-            points.append({"strategy": strategy, "workers": 4, "params": 250_000, "link_mbit": link, "nodes": 6,
-                           "steps_per_s": cm.steps_per_s(truth, cm.Setting(strategy, 4, 250_000, link, nodes=6))})
+        for strategy, every in (("sync", 0), ("local_sgd", 37), ("fsdp", 0)):
+            s = cm.Setting(strategy, 4, 100_000, link, nodes=6, checkpoint_every=every)
+            points.append({"strategy": strategy, "workers": 4, "params": 100_000, "link_mbit": link, "nodes": 6,
+                           "checkpoint_every": every, "steps_per_s": cm.steps_per_s(truth, s)})
         for servers in (1, 2, 4):
-            s = cm.Setting("async", 4, 250_000, link, servers=servers, nodes=6)
-            points.append({"strategy": "async", "workers": 4, "params": 250_000, "link_mbit": link, "nodes": 6,
+            s = cm.Setting("async", 4, 100_000, link, servers=servers, nodes=6)
+            points.append({"strategy": "async", "workers": 4, "params": 100_000, "link_mbit": link, "nodes": 6,
                            "servers": servers, "steps_per_s": cm.steps_per_s(truth, s)})
+    s = cm.Setting("local_sgd", 4, 100_000, 100, nodes=6)  # no checkpoints
+    points.append({"strategy": "local_sgd", "workers": 4, "params": 100_000, "link_mbit": 100, "nodes": 6,
+                   "steps_per_s": cm.steps_per_s(truth, s)})
     return points
 
 
 def test_the_fit_recovers_the_parameters_that_made_the_points():
-    truth = cm.Fit(0.8, {"sync": 0.02, "local_sgd": 0.015, "async": 0.01, "fsdp": 0.03}, 250_000)
+    # 100k parameters: at 1 Gbit/s even one shard's link does not bound async (the fit assumes that there).
+    truth = cm.Fit(0.8, {"sync": 0.02, "local_sgd": 0.02, "async": 0.01, "fsdp": 0.03}, 100_000, ps_efficiency=0.7,
+                   checkpoint_s=0.3, checkpoint_efficiency=0.5, per_shard_s=0.002)
     fit, checks = cm.validate(_synthetic_points(truth))
-    assert fit.efficiency == pytest.approx(0.8)
-    assert fit.base_s == pytest.approx(truth.base_s)
-    assert len(checks) == 7 and all(abs(c.error) < 1e-6 for c in checks)  # 100 Mbit/s runs and the other shards
+    assert fit.efficiency == pytest.approx(0.8) and fit.ps_efficiency == pytest.approx(0.7)
+    assert fit.base_s == pytest.approx(truth.base_s) and fit.per_shard_s == pytest.approx(0.002)
+    assert fit.checkpoint_s == pytest.approx(0.3) and fit.checkpoint_efficiency == pytest.approx(0.5)
+    # Held out: FSDP and async with 2 and 4 shards at 100 Mbit/s, async with 2 at 1 Gbit/s, local SGD unsaved.
+    assert len(checks) == 5 and all(abs(c.error) < 1e-6 for c in checks), cm.validation_table(checks)
 
 
 def test_the_fit_refuses_points_it_cannot_fit():

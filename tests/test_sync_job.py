@@ -18,6 +18,9 @@ def test_two_workers_reach_the_accuracy_threshold_on_digits(tmp_path):
     assert result["test_accuracy"] >= 0.95, result
     assert result["steps"] == 20 * 22  # 1437 training digits / 2 workers / batch 32 = 22 steps per epoch
     assert result["checkpoint"].startswith(str(tmp_path / "acc"))
+    # Where the start-up went, in order, all of it before the job's end.
+    up = result["startup_s"]
+    assert 0 < up["connect"] <= up["workers"] <= up["ready"] <= up["first_step"] < result["wall_s"] + 1, up
 
     # A quiet console (not a terminal here: plain progress lines, a bounded number), the JSON line last on stdout.
     # Ray Train's PlacementGroupCleaner actor prints a traceback ("Found multiple active Ray instances") when other

@@ -67,5 +67,51 @@ def test_model_params_builds_that_model_and_is_refused_for_other_models():
                                  "model.params=2000000", "model.depth=3"])
     model = build_model(cfg.model, load_splits(cfg.data))
     assert abs(sum(p.numel() for p in model.parameters()) / 2_000_000 - 1) < 0.01
-    with pytest.raises(ConfigError, match="model.params: sizes the mlp only"):
+    with pytest.raises(ConfigError, match="model.params: sizes the mlp and the transformer only"):
         load_config(None, [], ["model.name=cnn", "model.params=1000000"])
+
+
+@pytest.mark.parametrize("params", [1_000_000, 10_000_000])
+def test_the_transformer_is_sized_by_params_and_counted_exactly(params):
+    from raydist.config import load_config
+    from raydist.data import load_splits
+    from raydist.models import build_model, transformer_params
+
+    cfg = load_config(None, [], ["data.name=synthetic", "data.synthetic_features=64", "data.synthetic_samples=100",
+                                 "model.name=transformer", f"model.params={params}", "model.depth=4"])
+    model = build_model(cfg.model, load_splits(cfg.data))
+    count = sum(p.numel() for p in model.parameters())
+    assert count == transformer_params(64, 2, 8, model.head.in_features, 4)
+    assert abs(count / params - 1) < 0.03 and model.head.in_features % 4 == 0
+
+
+def test_the_transformer_learns_digits_from_their_rows():
+    from raydist.config import load_config
+    from raydist.data import load_splits
+    from raydist.models import build_model
+
+    torch.manual_seed(0)
+    cfg = load_config(None, [], ["model.name=transformer", "model.hidden=32", "model.depth=1"])
+    data = load_splits(cfg.data)
+    model = build_model(cfg.model, data)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    x, y = data.train.tensors
+    for _ in range(3):
+        for i in range(0, len(x), 32):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[i:i + 32]), y[i:i + 32]).backward()
+            opt.step()
+    model.eval()
+    xt, yt = data.test.tensors
+    with torch.no_grad():
+        assert (model(xt).argmax(1) == yt).float().mean() > 0.85
+
+
+def test_the_transformer_refuses_tokens_that_do_not_divide_the_features():
+    from raydist.config import load_config
+    from raydist.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="model.tokens: must divide the 64 input features into equal tokens"):
+        load_config(None, [], ["model.name=transformer", "model.tokens=7"])
+    with pytest.raises(ConfigError, match="model.hidden: must be a multiple of model.heads=4"):
+        load_config(None, [], ["model.name=transformer", "model.hidden=30"])

@@ -41,9 +41,11 @@ class FSDP(Strategy):
         # The model's structure without storage: evaluation loads the gathered full parameters into a copy of it.
         self.skeleton = copy.deepcopy(model).to("meta")
         reshard = self.cfg.fsdp.reshard_after_forward
-        for module in model.modules():  # every layer with parameters of its own is a unit, then the root
-            if module is not model and next(module.parameters(recurse=False), None) is not None:
-                fully_shard(module, reshard_after_forward=reshard)
+        # Every layer with parameters of its own is a unit (or the units the model names), then the root.
+        units = getattr(model, "fsdp_units", None) or [
+            m for m in model.modules() if m is not model and next(m.parameters(recurse=False), None) is not None]
+        for module in units:
+            fully_shard(module, reshard_after_forward=reshard)
         fully_shard(model, reshard_after_forward=reshard)
         full = tensor_bytes(self.skeleton)
         # Per step: the forward's all-gather, the backward's again when the forward resharded, the gradients'

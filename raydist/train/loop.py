@@ -49,7 +49,9 @@ STOP_POLL_S = 1.0
 class Trainer:
     """Train one strategy on this worker from the latest checkpoint to the configured step count."""
 
-    def __init__(self, cfg: Config, ctx: WorkerContext, strategy: type[Strategy]):
+    def __init__(self, cfg: Config, ctx: WorkerContext, strategy: type[Strategy], entered: float | None = None):
+        self.entered = time.time() if entered is None else entered
+        """Wall time this worker's training function began (the `startup` record of metrics.jsonl)."""
         self.cfg, self.ctx = cfg, ctx
         self.comm = CommStats()
         torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
@@ -232,6 +234,7 @@ class Trainer:
         # Where this session starts and what a step is worth: the driver's progress bar follows this file.
         self.log.write({"session_at_step": p.step, "total_steps": self.total_steps, "world_size": W,
                         "samples_per_step": global_batch, "strategy": strategy.name})
+        ready, first_step = time.time(), True
         for micro_batches in self.shard.steps(p, accum, self._finished):
             t0 = time.perf_counter()
             strategy.measure_local_grad_norm(self._desync_due(p.step + 1))
@@ -261,6 +264,9 @@ class Trainer:
                 "step_time_s": time.perf_counter() - t0,
                 "time_s": time.perf_counter() - self.speed.session_start,
             }
+            if first_step:  # where a session's start-up went (wall clock: the driver subtracts its own start)
+                self.log.write({"startup": {"worker_entered": self.entered, "ready": ready, "first_step": time.time()}})
+                first_step = False
             self.export.count("samples_per_s", global_batch / W)
             self.export.communication(self.comm.bytes, self.comm.wait_s)
             if not strategy.is_sync_point(p.step, final=at_end or stop_at):
