@@ -1,4 +1,4 @@
-"""jobs/fsdp.py end to end: it learns on digits and on the synthetic task, each worker holds half the parameters, a
+"""jobs/fsdp.py end to end: it learns on digits and on the synthetic task (with the transformer), each worker holds half the parameters, a
 stopped run resumes exactly from its sharded checkpoint, and the checkpoint resumes with another worker count.
 
 Five runs on one Ray head (each job joins it with run.address instead of starting Ray), concurrently where they can:
@@ -24,7 +24,9 @@ pytestmark = pytest.mark.slow
 # gradient accumulation (only the last micro-batch reduce-scatters).
 DIGITS = ["train.epochs=5", "optim.lr=0.02", "model.dropout=0.2", "train.grad_accum=2", "train.batch_size=16",
           "checkpoint.every_steps=10"]
-SYNTHETIC = ["data.name=synthetic", "data.synthetic_samples=5000", "train.epochs=2", "optim.lr=0.01"]
+# The synthetic task on the small transformer: FSDP's units are its encoder layers (model.fsdp_units).
+SYNTHETIC = ["data.name=synthetic", "data.synthetic_samples=5000", "data.synthetic_features=16", "model.name=transformer",
+             "model.tokens=2", "model.hidden=32", "train.epochs=2", "optim.lr=0.03"]
 STOP = 13  # mid-epoch, three steps after a periodic checkpoint
 FULL_MODEL_BYTES = 4 * (64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10)  # the default MLP on digits, float32
 
@@ -93,10 +95,11 @@ def test_fsdp_learns_digits_and_each_worker_holds_half_the_parameters(runs):
     assert (torn / MANIFEST).exists()
 
 
-def test_fsdp_learns_the_synthetic_task(runs):
+def test_fsdp_learns_the_synthetic_task_on_the_transformer(runs):
     s = runs["synthetic"]
     assert s["status"] == "completed" and s["steps"] == 2 * 62  # 4000 training samples / 2 workers / batch 32
-    assert s["test_accuracy"] >= 0.9, s
+    # Two tokens of 8 features at lr 0.03: 0.898 in a run by hand (0.78 at lr 0.01, 0.76 with four tokens).
+    assert s["test_accuracy"] >= 0.85, s
 
 
 def test_stopped_fsdp_run_resumes_with_identical_losses(runs):
