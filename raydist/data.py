@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,6 +10,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from raydist.config import DataConfig
+from raydist.errors import RaydistError
 
 
 @dataclass
@@ -21,11 +23,55 @@ class Splits:
 
 
 def _digits(cfg: DataConfig) -> tuple[np.ndarray, np.ndarray, tuple[int, int, int]]:
-    from sklearn.datasets import load_digits
+    # The file scikit-learn's load_digits reads, bundled inside its wheel (no network), read without importing
+    # scikit-learn: with scipy that import is ~0.9 s of every worker's start-up.
+    import importlib.util
+    import os
 
-    d = load_digits()  # bundled inside scikit-learn's wheel: no network
-    x = (d.data / 16.0).astype(np.float32)  # pixel intensities are 0..16
-    return x, d.target.astype(np.int64), (1, 8, 8)
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise RaydistError("data.name=digits needs scikit-learn installed (it ships the digits)")
+    path = os.path.join(list(spec.submodule_search_locations)[0], "datasets", "data", "digits.csv.gz")
+    table = np.loadtxt(path, delimiter=",")
+    x = (table[:, :-1] / 16.0).astype(np.float32)  # pixel intensities are 0..16
+    return x, table[:, -1].astype(np.int64), (1, 8, 8)
+
+
+def _approximate_mode(class_counts: np.ndarray, n_draws: int, rng: np.random.RandomState) -> np.ndarray:
+    """scikit-learn's utils.extmath._approximate_mode: per-class draws that add up to n_draws, ties broken by rng."""
+    continuous = class_counts / class_counts.sum() * n_draws
+    floored = np.floor(continuous)
+    need_to_add = int(n_draws - floored.sum())
+    if need_to_add > 0:
+        remainder = continuous - floored
+        for value in np.sort(np.unique(remainder))[::-1]:
+            (inds,) = np.where(remainder == value)
+            add_now = min(len(inds), need_to_add)
+            floored[rng.choice(inds, size=add_now, replace=False)] += 1
+            need_to_add -= add_now
+            if need_to_add == 0:
+                break
+    return floored.astype(int)
+
+
+def stratified_split(y: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Train and test indices, the same as scikit-learn's train_test_split(stratify=y, random_state=seed) gives
+    (its StratifiedShuffleSplit, step for step; tests/test_units.py compares them), without importing it."""
+    n = len(y)
+    n_test = math.ceil(test_fraction * n)
+    n_train = n - n_test
+    _, y_indices, class_counts = np.unique(y, return_inverse=True, return_counts=True)
+    class_indices = np.split(np.argsort(y_indices, kind="stable"), np.cumsum(class_counts)[:-1])
+    rng = np.random.RandomState(seed)
+    n_i = _approximate_mode(class_counts, n_train, rng)
+    t_i = _approximate_mode(class_counts - n_i, n_test, rng)
+    train: list[int] = []
+    test: list[int] = []
+    for i in range(len(class_counts)):
+        members = class_indices[i].take(rng.permutation(class_counts[i]), mode="clip")
+        train.extend(members[: n_i[i]])
+        test.extend(members[n_i[i]: n_i[i] + t_i[i]])
+    return rng.permutation(train), rng.permutation(test)
 
 
 def _synthetic(cfg: DataConfig) -> tuple[np.ndarray, np.ndarray, None]:
@@ -39,12 +85,9 @@ def _synthetic(cfg: DataConfig) -> tuple[np.ndarray, np.ndarray, None]:
 
 def load_splits(cfg: DataConfig) -> Splits:
     """The whole data set in memory, split by a stratified shuffle that depends only on cfg.split_seed."""
-    from sklearn.model_selection import train_test_split
-
     x, y, image_shape = _digits(cfg) if cfg.name == "digits" else _synthetic(cfg)
-    x_tr, x_te, y_tr, y_te = train_test_split(
-        x, y, test_size=cfg.test_fraction, random_state=cfg.split_seed, stratify=y
-    )
+    train, test = stratified_split(y, cfg.test_fraction, cfg.split_seed)
+    x_tr, x_te, y_tr, y_te = x[train], x[test], y[train], y[test]
     return Splits(
         train=TensorDataset(torch.from_numpy(x_tr), torch.from_numpy(y_tr)),
         test=TensorDataset(torch.from_numpy(x_te), torch.from_numpy(y_te)),
