@@ -357,8 +357,9 @@ class AsyncPSConfig:
     )
     server_placement: Literal["spread", "default"] = opt(
         "spread", "spread = one server shard per node as far as the nodes go, nodes without workers first, so that "
-        "the workers' pushes fan in over several links, not one (docs/benchmarks.md); default = Ray's own choice, "
-        "which may pack actors that reserve no CPU onto one node"
+        "the workers' pushes fan in over several links, not one (docs/benchmarks.md); with cpus_per_server > 0, Ray's "
+        "SPREAD over nodes with free CPUs; default = Ray's own choice, which may pack actors that reserve no CPU onto "
+        "one node"
     )
 
 

@@ -196,11 +196,15 @@ class AsyncPSRun:
         cfg, ps, W, crew = self.cfg, self.cfg.async_ps, self.cfg.scaling.max_workers, self.crew
         config = cfg.to_dict()
         named = self.view.options  # 'raydist/<run>/server-0', ...: readable in the dashboard's actor lists
-        nodes = self._shard_nodes(pg, ps.num_servers) if ps.server_placement == "spread" else []
+        # Servers that reserve no CPU fit on any node: pinned where raydist.ps.placement says. Ones that reserve
+        # CPUs go where Ray finds them free, spread as far as it can (a pin could wait for ever on a full node).
+        spread = ps.server_placement == "spread"
+        nodes = self._shard_nodes(pg, ps.num_servers) if spread and ps.cpus_per_server == 0 else []
         for i, (a, b) in enumerate(self.bounds):
             # Hard affinity: with soft=True, Ray 2.60 placed these 0-CPU actors wherever it liked (measured on the
             # emulated cluster: 0 of 6 on the node asked for). The nodes are the ones alive at this start.
-            placement = {"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[i], soft=False)} if nodes else {}
+            placement = ({"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[i], soft=False)} if nodes else
+                         {"scheduling_strategy": "SPREAD"} if spread else {})
             shard = ray.remote(ParameterShard).options(num_cpus=ps.cpus_per_server, **placement,
                                                        **named("server", i)).remote(
                 i, self.init[a:b].numpy(), config, self.budget.total, self.grant_limit)
