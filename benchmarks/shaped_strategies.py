@@ -12,6 +12,7 @@ rate (every host's link shaped to it, both ways: a switch port of that speed):
 - strategies: jobs/compare.py with sync DDP, local SGD, async PS and FSDP, with and without a 4x straggler: time to
   the target accuracy, final accuracy, steps/s;
 - size: sync and async on a model 4x larger, for the cost model's validation;
+- ring: local SGD with ring averaging, with and without the straggler;
 - checkpoint (not in the default parts): local SGD with per-epoch checkpoints against only the last one.
 
 Every run's summary lands in one JSON file: the measured points `raydist plan` fits and validates its cost model on
@@ -104,6 +105,19 @@ def strategies(cluster, job, a, link: float, storage: Path, straggler: bool) -> 
     return out
 
 
+def ring(cluster, job, a, link: float, storage: Path, straggler: bool) -> list[dict]:
+    """Local SGD with ring averaging (each worker mixes in one neighbour's parameters) in a compare run of its own:
+    compare runs a strategy once per run."""
+    name = f"ring-{link:g}-{'straggler' if straggler else 'even'}"
+    slow = ["--set", "straggler.worker=0", "--set", "straggler.slowdown=4"] if straggler else []
+    submit(cluster, job, ["jobs/compare.py", *workload(a), *slow, "--set", "compare.strategies=local_sgd",
+                          "--set", "local_sgd.averaging=ring", "--set", f"compare.target_accuracy={a.target}",
+                          "--set", f"run.storage_path={storage}", "--set", f"run.name={name}"], name)
+    r = json.loads((storage / name / "results.json").read_text())["strategies"]["local_sgd"]
+    return [point(r["summary"], part="compare", link_mbit=link, params=param_count(a), batch_size=32,
+                  straggler=straggler, time_to_target_s=r["time_to_target_s"], target=a.target, averaging="ring")]
+
+
 def other_size(cluster, job, a, link: float, storage: Path) -> list[dict]:
     """sync and async (2 shards) on a model a.size_params large: held out of the cost model's fit, they check
     that its base time scales with the parameter count."""
@@ -153,7 +167,8 @@ def strategies_table(points: list[dict]) -> str:
             "|---|---|---|---|---|---|---|"]
     for p in (p for p in points if p["part"] == "compare"):
         ttt = p.get("time_to_target_s")
-        rows.append(f"| {p['link_mbit']:g} Mbit/s | {'rank 0, 4x' if p['straggler'] else '-'} | {p['strategy']} | "
+        name = p["strategy"] + (" (ring)" if p.get("averaging") == "ring" else "")
+        rows.append(f"| {p['link_mbit']:g} Mbit/s | {'rank 0, 4x' if p['straggler'] else '-'} | {name} | "
                     f"{p['steps_per_s']:.2f} | {p['samples_per_s']:.0f} | "
                     f"{'not reached' if ttt is None else f'{ttt:.1f}'} | {p['test_accuracy']:.3f} |")
     return "\n".join(rows)
@@ -191,13 +206,14 @@ def plots(points: list[dict], hosts: int, directory: Path) -> list[Path]:
 
     comp = [p for p in points if p["part"] == "compare"]
     settings = sorted({(p["link_mbit"], p["straggler"]) for p in comp})
-    strategies = list(dict.fromkeys(p["strategy"] for p in comp))
+    key = lambda p: p["strategy"] + (" (ring)" if p.get("averaging") == "ring" else "")  # noqa: E731
+    strategies = list(dict.fromkeys(key(p) for p in comp))
     fig, ax = plt.subplots(figsize=(10, 3.8))
     width = 0.8 / len(strategies)
     for i, strategy in enumerate(strategies):
         values = []
         for link, straggler in settings:
-            match = [p for p in comp if (p["link_mbit"], p["straggler"], p["strategy"]) == (link, straggler, strategy)]
+            match = [p for p in comp if (p["link_mbit"], p["straggler"], key(p)) == (link, straggler, strategy)]
             values.append(match[0]["time_to_target_s"] or 0 if match else 0)
         ax.bar([k + i * width for k in range(len(settings))], values, width, label=strategy)
     ax.set_xticks([k + 0.4 - width / 2 for k in range(len(settings))])
@@ -220,7 +236,7 @@ def table(points: list[dict], hosts: int) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--links", default="100,1000", help="link rates in Mbit/s, comma-separated")
-    p.add_argument("--parts", default="fanin,compare,size")
+    p.add_argument("--parts", default="fanin,compare,ring,size")
     p.add_argument("--size-params", type=int, default=1_000_000, help="the size part's model")
     p.add_argument("--strategies", default=",".join(STRATEGIES))
     p.add_argument("--workers", type=int, default=4)
@@ -233,6 +249,7 @@ def main() -> int:
     p.add_argument("--target", type=float, default=0.8)
     p.add_argument("--out", type=Path, default=REPO / "docs" / "data" / "shaped_runs.json")
     p.add_argument("--report", type=Path, help="print the tables of an earlier run's JSON and exit")
+    p.add_argument("--append", action="store_true", help="add this run's points to those already in --out")
     a = p.parse_args()
     A.samples = a.samples
     if a.report:
@@ -248,7 +265,13 @@ def main() -> int:
     import rayup
     from emucluster import EmulatedCluster
 
+    this = {k: v for k, v in vars(a).items() if k not in ("out", "append")}
+    header = {"setting": this, "appended": []}
     points: list[dict] = []
+    if a.append and a.out.exists():  # the first run's setting stays; this one is listed after it
+        earlier = json.loads(a.out.read_text())
+        points, header = earlier["points"], {"setting": earlier["setting"], "appended": earlier.get("appended", [])}
+        header["appended"].append(this)
     started = time.monotonic()
     with EmulatedCluster(hosts=hosts()) as cluster:
         job = rayup.submit(cluster, rayup.write_config(cluster, "shaped-bench"), nodes=len(cluster.hosts))
@@ -264,11 +287,14 @@ def main() -> int:
                     points += strategies(cluster, job, a, link, storage, straggler)
             if "size" in parts:
                 points += other_size(cluster, job, a, link, storage)
+            if "ring" in parts:
+                for straggler in (False, True):
+                    points += ring(cluster, job, a, link, storage, straggler)
             if "checkpoint" in parts:
                 points += checkpoint_cost(cluster, job, a, link, storage)
             a.out.parent.mkdir(parents=True, exist_ok=True)
-            a.out.write_text(json.dumps({"setting": {k: v for k, v in vars(a).items() if k != "out"},
-                                         "hosts": len(cluster.hosts), "points": points}, indent=1, default=str))
+            a.out.write_text(json.dumps({**header, "hosts": len(cluster.hosts), "points": points}, indent=1,
+                                        default=str))
         cluster.run("master-node", ["scancel", str(job.job_id)])
         rayup.wait_no_leftovers(cluster, job.job_id)
     print(table(points, len(hosts())))

@@ -223,6 +223,7 @@ def setting_of(point: dict[str, Any]) -> Setting:
     return Setting(strategy=point["strategy"], workers=point["workers"], params=point["params"],
                    link_mbit=point["link_mbit"], servers=point.get("servers") or 1,
                    sync_every=point.get("sync_every", 8), nodes=point.get("nodes", 0),
+                   averaging=point.get("averaging", "allreduce"),
                    checkpoint_every=point.get("checkpoint_every", 0))
 
 
@@ -299,7 +300,8 @@ def fit(points: list[dict[str, Any]], latency_s: float = 50e-6) -> Fit:
 def label(p: dict[str, Any]) -> str:
     extra = f", {p['servers']} shard(s)" if p["strategy"] == "async" and p.get("servers") else ""
     if p["strategy"] == "local_sgd":
-        extra = ", a checkpoint every epoch" if p.get("checkpoint_every") else ", no checkpoint but the last"
+        extra = (", ring" if p.get("averaging") == "ring" else "") + (
+            ", a checkpoint every epoch" if p.get("checkpoint_every") else ", no checkpoint but the last")
     return f"{p['strategy']}, {p['params'] / 1e6:.2g}M params @ {p['link_mbit']:g} Mbit/s{extra}"
 
 
@@ -321,7 +323,8 @@ def fitting_side(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     chosen += [p for p in runs if p["strategy"] == "async" and p["link_mbit"] == low and (p.get("servers") or 1) == 1
                and low < top][:1]
     # Local SGD with checkpoints at the lowest and the highest rate: its checkpoint cost (its base is sync's).
-    checkpointed = [p for p in runs if p["strategy"] == "local_sgd" and p.get("checkpoint_every")]
+    checkpointed = [p for p in runs if p["strategy"] == "local_sgd" and p.get("checkpoint_every")
+                    and p.get("averaging", "allreduce") == "allreduce"]
     for link in sorted({low, top}):
         chosen += [p for p in checkpointed if p["link_mbit"] == link][:1]
     for strategy in ("async", "fsdp"):
