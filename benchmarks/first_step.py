@@ -42,7 +42,11 @@ def ray_round(cluster, job, storage: Path, name: str) -> float:
                     env=job.env(), timeout=600)
     if r.returncode != 0:
         raise SystemExit(f"ray job submit failed: {(r.stdout + r.stderr)[-3000:]}")
-    return first_step(storage / name, launched)
+    took = first_step(storage / name, launched)
+    # The driver's own split, from its process start: what came before it is `ray job submit`'s and the job's.
+    up = json.loads((storage / name / "summary.json").read_text())["startup_s"]
+    print(f"  ray: submit to driver start {took - up['first_step']:.1f} s, then {up}", flush=True)
+    return took
 
 
 def torchrun_round(cluster, job, storage: Path, name: str) -> float:
