@@ -8,7 +8,7 @@ cluster/ray_up.slurm and submits every run with `ray job submit` from master-nod
 rate (every host's link shaped to it, both ways: a switch port of that speed):
 
 - fan-in: jobs/async.py, 4 workers (one per host), 1, 2 and 4 server shards spread over the hosts (the two hosts
-  without a worker first); global steps/s against the busiest link's bound (`raydist.costmodel.ps_link_load`);
+  without a worker first); global steps/s against the busiest link's bound (`raydist.costmodel.ps_link_bound`);
 - strategies: jobs/compare.py with sync DDP, local SGD, async PS and FSDP, with and without a 4x straggler: time to
   the target accuracy, final accuracy, steps/s;
 - size: sync and async on a model 4x larger, for the cost model's validation;

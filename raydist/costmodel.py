@@ -1,15 +1,16 @@
 """A cost model of one training step for each strategy, fitted on measured runs: what `raydist plan` predicts with.
 
-Time per step = a base time (compute, optimizer, the strategy's fixed per-step overheads; fitted per strategy at a
-link fast enough that the network term is small) + the bytes the strategy moves over the busiest link, divided by the
-link's effective rate (efficiency x rate; the efficiency fitted on sync DDP at two rates) + a latency term per
-message hop (assumed: the emulated links have none to fit it on; docs/costmodel.md).
+Time per step = a base time (compute, optimizer, the strategy's fixed per-step costs) + the bytes the strategy moves
+over the busiest link / (efficiency x the link's rate) + a latency per message hop (assumed: the emulated links have
+none to fit it on). docs/costmodel.md says what is fitted on which runs, and how well it predicts the others.
 
 - sync DDP: ring all-reduce of the gradients, 2(n-1)/n x G each way per worker, every step.
-- local SGD: the same all-reduce of the parameters every H steps (ring averaging: G to one neighbour).
+- local SGD: sync's base; the same all-reduce of the parameters every H steps (ring averaging: G to one
+  neighbour); and its checkpoints, which all-gather every replica's model and optimizer state.
 - FSDP: all-gather in forward and again in backward (reshard_after_forward) plus a reduce-scatter: 3(n-1)/n x G.
 - async PS: no step waits for another worker, so the cluster's rate in steps/s is the lower of what the workers
-  can do (base + their own pushes and fetches) and what the busiest link carries (`ps_link_load`: the fan-in).
+  can do (base, a cost per shard, their own pushes and fetches) and what the busiest link carries
+  (`ps_link_bound`: the fan-in), at the efficiency Ray's object transfers get.
 
 Everything here is pure: measured points in, fitted parameters and predictions out (tests/test_costmodel.py).
 """
@@ -210,7 +211,7 @@ def samples_per_s(fit: Fit, s: Setting, batch_size: int) -> float:
 def shards_needed(fit: Fit, s: Setting) -> int:
     """Fewest shards at which the links no longer bound the async rate (the workers do)."""
     for shards in range(1, max(s.nodes, s.workers) + 1):
-        probe = Setting(**{**asdict(s), "servers": shards})
+        probe = replace(s, servers=shards)
         if ps_link_bound(fit, probe) >= ps_worker_bound(fit, probe):
             return shards
     return max(s.nodes, s.workers)
