@@ -4,6 +4,7 @@ fitted on measured runs (benchmarks/shaped_strategies.py's JSON; the repo ships 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import asdict
 from pathlib import Path
@@ -20,7 +21,7 @@ def _numbers(text: str, what: str, cast=float) -> list:
         values = [cast(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise UsageError(f"{what} {text}: expected comma-separated numbers") from None
-    if not values or any(v <= 0 for v in values):
+    if not values or any(not math.isfinite(v) or v <= 0 for v in values):
         raise UsageError(f"{what} {text}: expected comma-separated numbers > 0")
     return values
 
@@ -35,7 +36,7 @@ def parse_count(text: str) -> int:
 def parse_count_arg(text: str) -> int:
     try:
         n = parse_count(text)
-    except ValueError:
+    except (ValueError, OverflowError):  # 'lots', 'inf'
         n = 0
     if n <= 0:
         raise UsageError(f"--params {text}: expected a count > 0 such as 25M or 250000")
@@ -118,8 +119,8 @@ def _plan(args) -> int:
     from raydist import costmodel
 
     points = load_points(Path(args.measured))
-    if args.latency_us < 0:
-        raise UsageError(f"--latency-us {args.latency_us:g}: must be >= 0")
+    if not math.isfinite(args.latency_us) or args.latency_us < 0:
+        raise UsageError(f"--latency-us {args.latency_us:g}: must be a finite number >= 0")
     try:
         fit, checks = costmodel.validate(points, args.latency_us * 1e-6)
     except ValueError as e:
@@ -128,8 +129,8 @@ def _plan(args) -> int:
     if args.batch_size <= 0:
         raise UsageError(f"--batch-size {args.batch_size}: must be > 0")
     if args.compute_ms is not None:
-        if args.compute_ms <= 0:
-            raise UsageError(f"--compute-ms {args.compute_ms:g}: must be > 0")
+        if not math.isfinite(args.compute_ms) or args.compute_ms <= 0:
+            raise UsageError(f"--compute-ms {args.compute_ms:g}: must be a finite number > 0")
         # Your sync base instead of the scaled one; the other strategies keep their measured ratio to sync.
         factor = args.compute_ms / 1e3 / (fit.base_s["sync"] * params / fit.base_params)
         fit.base_s = {k: v * factor for k, v in fit.base_s.items()}
