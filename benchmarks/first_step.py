@@ -25,14 +25,15 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from raydist.metrics import startup_records  # noqa: E402
 PORT = 19556  # below the cluster config's port range: Ray's blocks never take it
 JOB = ["--set", "scaling.num_workers=2", "--set", "train.epochs=1", "--set", "run.tensorboard=false"]
 
 
 def first_step(run_dir: Path, launched: float) -> float:
-    with open(run_dir / "metrics.jsonl") as f:
-        startup = next(json.loads(line)["startup"] for line in f if '"startup"' in line)
-    return startup["first_step"] - launched
+    return startup_records(str(run_dir / "metrics.jsonl"))[0]["first_step"] - launched
 
 
 def ray_round(cluster, job, storage: Path, name: str) -> float:

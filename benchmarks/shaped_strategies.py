@@ -32,7 +32,6 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "cluster"))
 
 STRATEGIES = ("sync", "local_sgd", "async", "fsdp")
-A = argparse.Namespace(samples=0)  # the command line's workload, for `point`
 
 
 def hosts():
@@ -68,14 +67,16 @@ def submit(cluster, job, args: list[str], what: str) -> None:
     print(f"  {what}: {time.monotonic() - t:.0f} s", flush=True)
 
 
-def point(summary: dict, **extra) -> dict:
-    """One run's figures; `checkpoint_every` (steps per epoch: every job checkpoints each epoch) for the cost model."""
+def point(summary: dict, a: argparse.Namespace, link: float, **extra) -> dict:
+    """One run's figures, with what the cost model needs of its setting: the model's parameter count, the link and
+    `checkpoint_every` (steps per epoch: every job checkpoints each epoch)."""
     keep = ("strategy", "workers", "steps", "steps_per_s", "samples_per_s", "train_time_s", "wall_s", "test_accuracy",
             "bytes_per_worker", "wait_s_per_worker", "servers", "server_hosts", "staleness_mean", "steps_per_worker",
             "peak_memory_bytes_per_worker")
     per_step = 32 * (1 if summary["strategy"] == "async" else summary["workers"])
-    steps_per_epoch = int(A.samples * 0.8) // per_step  # data.test_fraction 0.2
-    return {**{k: summary.get(k) for k in keep}, "checkpoint_every": steps_per_epoch, **extra}
+    steps_per_epoch = int(a.samples * 0.8) // per_step  # data.test_fraction 0.2
+    return {**{k: summary.get(k) for k in keep}, "link_mbit": link, "params": param_count(a), "batch_size": 32,
+            "checkpoint_every": steps_per_epoch, **extra}
 
 
 def fan_in(cluster, job, a, link: float, storage: Path) -> list[dict]:
@@ -86,7 +87,7 @@ def fan_in(cluster, job, a, link: float, storage: Path) -> list[dict]:
                               "--set", f"async_ps.num_servers={servers}", "--set", f"run.storage_path={storage}",
                               "--set", f"run.name={name}"], name)
         s = json.loads((storage / name / "summary.json").read_text())
-        out.append(point(s, part="fanin", link_mbit=link, params=param_count(a), batch_size=32, straggler=False))
+        out.append(point(s, a, link, part="fanin", straggler=False))
         print(f"    {servers} shard(s) on {s['server_hosts']}: {s['steps_per_s']:.1f} steps/s", flush=True)
     return out
 
@@ -99,9 +100,9 @@ def strategies(cluster, job, a, link: float, storage: Path, straggler: bool) -> 
                           "--set", f"run.name={name}"], name)
     results = json.loads((storage / name / "results.json").read_text())
     out = []
-    for strategy, r in results["strategies"].items():
-        out.append(point(r["summary"], part="compare", link_mbit=link, params=param_count(a), batch_size=32,
-                         straggler=straggler, time_to_target_s=r["time_to_target_s"], target=a.target))
+    for r in results["strategies"].values():
+        out.append(point(r["summary"], a, link, part="compare", straggler=straggler,
+                         time_to_target_s=r["time_to_target_s"], target=a.target))
     return out
 
 
@@ -114,8 +115,8 @@ def ring(cluster, job, a, link: float, storage: Path, straggler: bool) -> list[d
                           "--set", "local_sgd.averaging=ring", "--set", f"compare.target_accuracy={a.target}",
                           "--set", f"run.storage_path={storage}", "--set", f"run.name={name}"], name)
     r = json.loads((storage / name / "results.json").read_text())["strategies"]["local_sgd"]
-    return [point(r["summary"], part="compare", link_mbit=link, params=param_count(a), batch_size=32,
-                  straggler=straggler, time_to_target_s=r["time_to_target_s"], target=a.target, averaging="ring")]
+    return [point(r["summary"], a, link, part="compare", straggler=straggler, time_to_target_s=r["time_to_target_s"],
+                  target=a.target, averaging="ring")]
 
 
 def other_size(cluster, job, a, link: float, storage: Path) -> list[dict]:
@@ -128,7 +129,7 @@ def other_size(cluster, job, a, link: float, storage: Path) -> list[dict]:
         submit(cluster, job, [f"jobs/{strategy}.py", *workload(sized), "--set", f"train.epochs={a.fanin_epochs}",
                               *extra, "--set", f"run.storage_path={storage}", "--set", f"run.name={name}"], name)
         s = json.loads((storage / name / "summary.json").read_text())
-        out.append(point(s, part="size", link_mbit=link, params=param_count(sized), batch_size=32, straggler=False))
+        out.append(point(s, sized, link, part="size", straggler=False))
     return out
 
 
@@ -141,8 +142,8 @@ def checkpoint_cost(cluster, job, a, link: float, storage: Path) -> list[dict]:
         submit(cluster, job, ["jobs/local_sgd.py", *workload(a), *extra, "--set", f"run.storage_path={storage}",
                               "--set", f"run.name={name}"], name)
         s = json.loads((storage / name / "summary.json").read_text())
-        out.append(point(s, part=f"checkpoint-{label}", link_mbit=link, params=param_count(a), batch_size=32,
-                         straggler=False, **({"checkpoint_every": 0} if extra else {})))
+        out.append(point(s, a, link, part=f"checkpoint-{label}", straggler=False,
+                         **({"checkpoint_every": 0} if extra else {})))
         print(f"    local SGD, checkpoints {label}: {s['steps_per_s']:.1f} steps/s", flush=True)
     return out
 
@@ -251,7 +252,6 @@ def main() -> int:
     p.add_argument("--report", type=Path, help="print the tables of an earlier run's JSON and exit")
     p.add_argument("--append", action="store_true", help="add this run's points to those already in --out")
     a = p.parse_args()
-    A.samples = a.samples
     if a.report:
         data = json.loads(a.report.read_text())
         print(table(data["points"], data["hosts"]))

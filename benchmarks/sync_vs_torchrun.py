@@ -25,6 +25,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from raydist.metrics import startup_records  # noqa: E402
 
 
 def run(cmd: list[str], run_dir: Path) -> dict:
@@ -34,9 +37,7 @@ def run(cmd: list[str], run_dir: Path) -> dict:
     if proc.returncode != 0 or not lines:
         sys.exit(f"benchmark run failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
     result = json.loads(lines[-1])
-    with open(run_dir / "metrics.jsonl") as f:
-        startup = next(json.loads(ln)["startup"] for ln in f if '"startup"' in ln)
-    result["first_step_s"] = startup["first_step"] - launched
+    result["first_step_s"] = startup_records(str(run_dir / "metrics.jsonl"))[0]["first_step"] - launched
     return result
 
 

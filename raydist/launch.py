@@ -308,19 +308,18 @@ IMPORTED = time.time()
 def startup_seconds(metrics_file: str, connected: float) -> dict[str, float] | None:
     """This session's start-up, from rank 0's first `startup` record written after `connected` (a restart writes
     another), in seconds since this process started."""
+    from raydist.metrics import startup_records
+
     began = process_start_time()
     try:
-        with open(metrics_file) as f:
-            for line in f:
-                if '"startup"' not in line:
-                    continue
-                s = json.loads(line)["startup"]
-                if s["worker_entered"] >= connected:
-                    return {"connect": round(connected - began, 3), "workers": round(s["worker_entered"] - began, 3),
-                            "ready": round(s["ready"] - began, 3), "first_step": round(s["first_step"] - began, 3)}
+        ours = [s for s in startup_records(metrics_file) if s["worker_entered"] >= connected]
     except (OSError, ValueError, KeyError):
-        pass
-    return None
+        return None
+    if not ours:
+        return None
+    s = ours[0]
+    return {"connect": round(connected - began, 3), "workers": round(s["worker_entered"] - began, 3),
+            "ready": round(s["ready"] - began, 3), "first_step": round(s["first_step"] - began, 3)}
 
 
 # ---- every job ------------------------------------------------------------------------------------------------

@@ -41,6 +41,13 @@ def read_steps(path: str) -> dict[int, dict[str, Any]]:
     return records
 
 
+def startup_records(path: str) -> list[dict[str, float]]:
+    """The `startup` records of a run's metrics.jsonl, one per session start (wall-clock times at which rank 0's
+    training function began, was ready, and finished its first step), in order."""
+    with open(path) as f:
+        return [json.loads(line)["startup"] for line in f if '"startup"' in line]
+
+
 class Throughput:
     """Samples and steps per second over a window of steps, and over the whole session."""
 
