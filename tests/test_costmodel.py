@@ -119,3 +119,13 @@ def test_raydist_plan_prints_a_table_and_json():
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)["plan"]
     assert [r["nodes"] for r in rows] == [8, 512] and all(r["choose"] in cm.STRATEGIES for r in rows)
+
+
+@pytest.mark.skipif(not plan_cmd.DEFAULT_MEASURED.is_file(), reason="no measured runs shipped")
+def test_the_docs_plan_table_is_what_raydist_plan_prints():
+    out = subprocess.run([sys.executable, "-m", "raydist.cli", "plan", "--params", "25M", "--nodes", "8,64,512",
+                          "--compute-ms", "40"], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    table = "\n".join(line for line in out.stdout.splitlines() if line.startswith("|"))
+    assert table in (REPO / "docs" / "costmodel.md").read_text(), \
+        "docs/costmodel.md's plan table is stale: paste `raydist plan --params 25M --nodes 8,64,512 --compute-ms 40`"

@@ -60,10 +60,12 @@ def load_points(path: Path) -> list[dict[str, Any]]:
 
 
 def samples_to_target(points: list[dict[str, Any]]) -> dict[str, float]:
-    """Per strategy, samples trained until the target accuracy (median over its even runs that reached it)."""
+    """Per strategy, samples trained until the target accuracy (median over its even runs that reached it; local
+    SGD's with all-reduce averaging, the one the plan models)."""
     got: dict[str, list[float]] = {}
     for p in points:
-        if p.get("part") == "compare" and not p.get("straggler") and p.get("time_to_target_s"):
+        if (p.get("part") == "compare" and not p.get("straggler") and p.get("time_to_target_s")
+                and p.get("averaging", "allreduce") == "allreduce"):
             got.setdefault(p["strategy"], []).append(p["time_to_target_s"] * p["samples_per_s"])
     return {k: statistics.median(v) for k, v in got.items()}
 
