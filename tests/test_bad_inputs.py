@@ -57,6 +57,8 @@ FILES = {
     "wrong-token": "0123456789abcdef\n",
     "ports.yaml": "ports:\n  base: 50000\n  end: 40000\n",
     "iface.yaml": "interfaces:\n  node01: eth0/1\n",
+    "one-rate.json": '{"points": [{"strategy": "sync", "workers": 4, "params": 1000, "link_mbit": 100, '
+                     '"steps_per_s": 5.0}]}',
 }
 
 ADDRESS = "Ray address must be host:port or ray://host:port"
@@ -166,6 +168,8 @@ CASES = [
          "--params lots: expected a count > 0 such as 25M or 250000"),
     Case("usage: raydist plan, measured runs missing", "raydist plan --measured {F}/runs.json", 2,
          "--measured {F}/runs.json: No such file or directory"),
+    Case("usage: raydist plan, runs it cannot fit", "raydist plan --measured {F}/one-rate.json", 2,
+         "--measured {F}/one-rate.json: fitting needs sync runs at two link rates"),
     # -- the cluster config (raydist slurm ..., raydist env/status)
     Case("cluster config: a rule across keys", "raydist slurm plan --config {F}/ports.yaml", 2,
          "{F}/ports.yaml: ports: need base < end (got base=50000, end=40000)"),
