@@ -8,7 +8,7 @@ another until it is SIGKILLed:
   sync  the Ray Train path: `save_state` into a local directory, then what Ray Train does with it: a copy into
         <run_dir>/checkpoint_stepNNNNNNNN (file by file, not atomic), an in-place rewrite of
         checkpoint_manager_snapshot.json, the deletion of the oldest beyond `keep`; onto storage at ~100 MB/s
-  local_sgd  the same path with each of two ranks' own model in the checkpoint as well (local SGD's per-rank state)
+  local_sgd  the same path with two ranks' own model and optimizer files in place of the model (`save_replica`)
   ps    the async PS driver's `_save` (staging directory, manifest, rename)
 After each kill the reader the jobs use picks a checkpoint; the check fails if it is broken, holds the wrong
 content for its step, or is older than the last save the writer finished. tests/test_checkpoint_integrity.py runs
@@ -53,21 +53,23 @@ def _model(step: int):
 
 
 def _write_local_sgd(run_dir: str, step: int, written: list[str]) -> None:
-    """Local SGD's checkpoint: the same path as sync's, plus each of two ranks' own model and optimizer."""
+    """Local SGD's checkpoint: the same path as sync's, with each of two ranks' own model and optimizer files."""
     _write_sync(run_dir, step, written, per_rank=2)
 
 
 def _write_sync(run_dir: str, step: int, written: list[str], per_rank: int = 0) -> None:
-    from raydist.checkpoint import RAY_SNAPSHOT, Progress, rng_state, save_state
+    from raydist.checkpoint import RAY_SNAPSHOT, Progress, rng_state, save_replica, save_state
     from raydist.context import new_checkpoint_dir
 
     # save_state only asks the optimizer and scheduler for their state: stand-ins spare each restarted writer the
     # second torch.optim takes to set up (the saves, not the payload, are under test).
     no_state = SimpleNamespace(state_dict=dict)
     local = new_checkpoint_dir()
-    extra = {"per_rank": [{"model": _model(step).state_dict(), "optimizer": {}} for _ in range(per_rank)]} if per_rank else None
-    save_state(local, model=_model(step), optimizer=no_state, scheduler=no_state, progress=Progress(step=step),
-               rng_per_rank=[rng_state()] * max(1, per_rank), extra=extra)
+    for rank in range(per_rank):
+        save_replica(local, rank, _model(step), no_state)
+    save_state(local, model=None if per_rank else _model(step), optimizer=None if per_rank else no_state,
+               scheduler=no_state, progress=Progress(step=step), rng_per_rank=[rng_state()] * max(1, per_rank),
+               extra={"replicas": per_rank} if per_rank else None)
     name = f"checkpoint_step{step:08d}"
     # What Ray Train V2 does with a reported checkpoint (storage.py, checkpoint_manager.py): create the directory,
     # copy the files in, rewrite the snapshot in place, then delete the oldest; here onto slow shared storage.
@@ -167,15 +169,15 @@ def check(writer: str, directory: str) -> int:
 
         params = load_params(directory)
     else:
-        from raydist.checkpoint import load_state
+        from raydist.checkpoint import load_replica, load_state
 
         state = load_state(directory)
         if state["progress"].step != step:
             raise AssertionError(f"{directory} holds step {state['progress'].step}")
-        params = state["model"]["weight"]
-        for mine in state["extra"].get("per_rank", []) if writer == "local_sgd" else []:
-            if not torch.equal(mine["model"]["weight"], params):
-                raise AssertionError(f"{directory}: a rank's own model is not step {step}'s")
+        replicas = [load_replica(directory, r)["model"]["weight"] for r in range(state["extra"].get("replicas", 0))]
+        params = replicas[0] if replicas else state["model"]["weight"]
+        if any(not torch.equal(mine, params) for mine in replicas):
+            raise AssertionError(f"{directory}: a rank's own model is not step {step}'s")
     if not torch.equal(params.flatten(), torch.full((WIDTH * WIDTH,), float(step))):
         raise AssertionError(f"{directory} does not hold step {step}'s weights")
     return step

@@ -24,6 +24,8 @@ from raydist.atomic import write_atomic
 from raydist.errors import RaydistError
 
 STATE_FILE = "train_state.pt"
+# One per rank, for a strategy whose replicas differ between sync points: each rank writes its own, in parallel.
+REPLICA_FILE = "replica_rank{rank:05d}.pt"
 MANIFEST = "manifest.json"
 CHECKPOINT_DIR = re.compile(r"^checkpoint_step(\d+)$")
 # Ray Train V2 rewrites this file in place (ray-project/ray#41700): a kill mid-write truncates it.
@@ -61,8 +63,8 @@ def save_state(
     fsync: bool = True,
 ) -> str:
     """Write the state and then its manifest into `directory`; returns the state file's path. `model` and
-    `optimizer` are None for a sharded strategy, whose ranks have already written their shards into `directory`:
-    the manifest, written last, covers those files too."""
+    `optimizer` are None when the ranks have already written them into `directory` (a sharded strategy's shards,
+    or every replica's `save_replica` file): the manifest, written last, covers those files too."""
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, STATE_FILE)
     state = {
@@ -76,6 +78,19 @@ def save_state(
     write_atomic(path, lambda f: torch.save(state, f), fsync=fsync)
     write_manifest(directory, progress.step, fsync=fsync)
     return path
+
+
+def save_replica(directory: str, rank: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 fsync: bool = True) -> None:
+    """This rank's own model and optimizer, into the checkpoint directory every rank shares; before the manifest,
+    which then covers it. No rank gathers another's state, so a checkpoint costs no traffic between workers."""
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    write_atomic(os.path.join(directory, REPLICA_FILE.format(rank=rank)), lambda f: torch.save(state, f), fsync=fsync)
+
+
+def load_replica(directory: str, rank: int) -> dict[str, Any]:
+    """The model and optimizer state `rank` wrote with `save_replica` (the manifest has already been verified)."""
+    return torch.load(os.path.join(directory, REPLICA_FILE.format(rank=rank)), map_location="cpu", weights_only=True)
 
 
 def load_state(directory: str) -> dict[str, Any]:

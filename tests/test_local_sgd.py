@@ -82,7 +82,8 @@ def test_bad_local_sgd_config_is_one_line_and_exit_2(override, names):
 @pytest.mark.slow
 def test_stopped_local_sgd_run_resumes_with_identical_losses(tmp_path):
     """Stopped between two averagings (each rank's own model and optimizer in the checkpoint), resumed, it matches
-    an uninterrupted run loss for loss; ring averaging makes every sync point exchange, dropout draws randoms."""
+    an uninterrupted run loss for loss; ring averaging makes every sync point exchange, dropout draws randoms.
+    Resumed again with fewer workers, it goes on from rank 0's replica."""
     from jobutil import run_job, summary
     from raydist.metrics import read_steps
 
@@ -101,3 +102,10 @@ def test_stopped_local_sgd_run_resumes_with_identical_losses(tmp_path):
         assert b[step]["loss"] == a[step]["loss"], (step, a[step], b[step])
         assert b[step]["lr"] == a[step]["lr"]
     assert resumed["test_accuracy"] == straight["test_accuracy"]
+
+    # With one worker (an elastic run that lost a node), the run goes on from rank 0's replica file.
+    shrunk = summary(run_job("local_sgd", *common[:1], "train.epochs=3", *common[2:], "run.name=resumed",
+                             "scaling.num_workers=1"))
+    assert shrunk["resumed_from_step"] == 44 and shrunk["status"] == "completed" and shrunk["workers"] == 1
+    # An epoch is 44 steps on one worker (the per-worker batch is kept): epoch 3 runs steps 89-132.
+    assert shrunk["steps"] == shrunk["total_steps"] == 132 and shrunk["test_accuracy"] >= 0.8

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from raydist.checkpoint import Progress, load_state, rng_state, save_state, set_rng_state
+from raydist.checkpoint import Progress, load_replica, load_state, rng_state, save_replica, save_state, set_rng_state
 from raydist.commstats import CommStats
 from raydist.config import Config
 from raydist.errors import RaydistError
@@ -87,21 +87,26 @@ class Trainer:
             if directory is None:
                 return None
             state = load_state(directory)
-            sharded = state["model"] is None  # a sharded strategy's ranks wrote the model and optimizer themselves
+            extra = state["extra"]
+            rank, same_world = self.ctx.rank, extra["world_size"] == self.ctx.world_size
+            replicas = extra.get("replicas", 0)  # every rank wrote its own model and optimizer (save_replica)
+            sharded = state["model"] is None and not replicas  # a sharded strategy's ranks wrote their parts
             if sharded != self.strategy.sharded_state:
                 raise RaydistError(
                     f"checkpoint {os.path.basename(os.path.normpath(directory))} holds a "
-                    f"{'sharded' if sharded else 'full'} model written by {state['extra'].get('strategy_name')}, which "
+                    f"{'sharded' if sharded else 'full'} model written by {extra.get('strategy_name')}, which "
                     f"{self.strategy.name} cannot resume from: use a new run.name")
             if sharded:  # every rank reads its part while the directory is at hand (DCP reshards for another W)
                 self.strategy.load_sharded(directory, self.optimizer)
-        extra = state["extra"]
-        rank, same_world = self.ctx.rank, extra["world_size"] == self.ctx.world_size
-        if self.strategy.per_rank_state and not sharded:  # each rank takes back its own; another world size: rank 0's
+            elif replicas:  # each rank takes back its own; another world size, or one model for all: rank 0's
+                mine = load_replica(directory, rank if same_world and self.strategy.per_rank_state else 0)
+                self.model.load_state_dict(mine["model"])
+                self.optimizer.load_state_dict(mine["optimizer"])
+        if "per_rank" in extra and self.strategy.per_rank_state:  # the older layout: every replica in the state file
             mine = extra["per_rank"][rank if same_world else 0]
             self.model.load_state_dict(mine["model"])
             self.optimizer.load_state_dict(mine["optimizer"])
-        elif not sharded:  # (sharded: every rank loaded its part above)
+        elif not (sharded or replicas):
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -114,38 +119,39 @@ class Trainer:
         return self.progress.step
 
     def _checkpoint(self, metrics: dict[str, Any]) -> None:
-        """Every rank calls it at the same sync point; rank 0 writes, then all report it to Ray Train together."""
+        """Every rank calls it at the same sync point; each writes its own part if the strategy has one, rank 0 the
+        rest and the manifest, then all report it to Ray Train together."""
         W = self.ctx.world_size
-        mine: dict[str, Any] = {"rng": rng_state()}
-        if self.strategy.per_rank_state:
-            mine.update(model=self.model.state_dict(), optimizer=self.optimizer.state_dict())
-        every: list[Any] = [mine]
+        rngs: list[Any] = [rng_state()]
         if dist.is_initialized() and W > 1:
-            every = [None] * W
-            dist.all_gather_object(every, mine)
+            rngs = [None] * W
+            dist.all_gather_object(rngs, rng_state())
         directory = None
         began = time.perf_counter()
-        sharded = self.strategy.sharded_state
-        if sharded:  # every rank writes its shards into one directory on the run's shared storage
-            directory = self._sharded_staging_dir()
-            self.strategy.save_sharded(directory, self.optimizer)
+        sharded, per_rank = self.strategy.sharded_state, self.strategy.per_rank_state
+        if sharded or per_rank:  # every rank writes its part into one directory on the run's shared storage
+            directory = self._shared_staging_dir()
+            if sharded:
+                self.strategy.save_sharded(directory, self.optimizer)
+            else:
+                save_replica(directory, self.ctx.rank, self.model, self.optimizer)
+                if dist.is_initialized() and W > 1:
+                    dist.barrier()  # every replica's file is written before rank 0's manifest
         if self.ctx.rank == 0:
             self.log.flush()  # TensorBoard's points so far on disk before a checkpoint a resume starts after
             directory = directory or new_checkpoint_dir()
             extra = {"config": self.cfg.to_dict(), "world_size": W, "strategy_name": self.strategy.name,
-                     "strategy": self.strategy.state_dict()}
-            if self.strategy.per_rank_state:
-                extra["per_rank"] = [{"model": r["model"], "optimizer": r["optimizer"]} for r in every]
-            # Last: with sharded state, the manifest then covers every rank's shard files (all written by now).
-            save_state(directory, model=None if sharded else self.model,
-                       optimizer=None if sharded else self.optimizer, scheduler=self.scheduler,
-                       progress=self.progress, rng_per_rank=[r["rng"] for r in every], extra=extra)
+                     "strategy": self.strategy.state_dict(), **({"replicas": W} if per_rank else {})}
+            # Last: the manifest then covers every rank's files (all written by now).
+            own = not (sharded or per_rank)
+            save_state(directory, model=self.model if own else None, optimizer=self.optimizer if own else None,
+                       scheduler=self.scheduler, progress=self.progress, rng_per_rank=rngs, extra=extra)
         self.ctx.report(metrics, directory if self.ctx.rank == 0 else None, self.progress.step)
         self.last_checkpoint_step = self.progress.step
         self.export.observe(checkpoint_s=time.perf_counter() - began, last_checkpoint_step=self.progress.step)
 
-    def _sharded_staging_dir(self) -> str:
-        """Where every rank writes its shards of this step's checkpoint: in the run directory, which all ranks share
+    def _shared_staging_dir(self) -> str:
+        """Where every rank writes its part of this step's checkpoint: in the run directory, which all ranks share
         (a temp directory is node-local). Rank 0 empties it of a killed save's leftovers before anyone writes; then
         it hands the finished directory to the runtime like any other and removes it."""
         path = os.path.join(self.cfg.run.run_dir, f".staging-checkpoint_step{self.progress.step:08d}")
