@@ -13,7 +13,7 @@ rate (every host's link shaped to it, both ways: a switch port of that speed):
   the target accuracy, final accuracy, steps/s;
 - size: sync and async on a model 4x larger, for the cost model's validation;
 - ring: local SGD with ring averaging, with and without the straggler;
-- checkpoint (not in the default parts): local SGD with per-epoch checkpoints against only the last one.
+- checkpoint: local SGD with per-epoch checkpoints against only the last one.
 
 Every run's summary lands in one JSON file: the measured points `raydist plan` fits and validates its cost model on
 (docs/costmodel.md). Tables go to stdout.
@@ -134,8 +134,8 @@ def other_size(cluster, job, a, link: float, storage: Path) -> list[dict]:
 
 
 def checkpoint_cost(cluster, job, a, link: float, storage: Path) -> list[dict]:
-    """local SGD with its per-epoch checkpoints and with none but the last: what its checkpoints cost (each
-    gathers every replica's model and optimizer state on every rank)."""
+    """local SGD with its per-epoch checkpoints and with none but the last: what its checkpoints cost (each rank
+    writes its own replica's model and optimizer state to the run's storage)."""
     out = []
     for label, extra in (("per-epoch", []), ("last-only", ["--set", "checkpoint.every_steps=1000000"])):
         name = f"ckpt-{link:g}-{label}"
@@ -237,7 +237,7 @@ def table(points: list[dict], hosts: int) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--links", default="100,1000", help="link rates in Mbit/s, comma-separated")
-    p.add_argument("--parts", default="fanin,compare,ring,size")
+    p.add_argument("--parts", default="fanin,compare,ring,size,checkpoint")
     p.add_argument("--size-params", type=int, default=1_000_000, help="the size part's model")
     p.add_argument("--strategies", default=",".join(STRATEGIES))
     p.add_argument("--workers", type=int, default=4)
