@@ -102,11 +102,7 @@ class Trainer:
                 mine = load_replica(directory, rank if same_world and self.strategy.per_rank_state else 0)
                 self.model.load_state_dict(mine["model"])
                 self.optimizer.load_state_dict(mine["optimizer"])
-        if "per_rank" in extra and self.strategy.per_rank_state:  # the older layout: every replica in the state file
-            mine = extra["per_rank"][rank if same_world else 0]
-            self.model.load_state_dict(mine["model"])
-            self.optimizer.load_state_dict(mine["optimizer"])
-        elif not (sharded or replicas):
+        if not (sharded or replicas):  # one model for all (an older local SGD checkpoint: rank 0's)
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
