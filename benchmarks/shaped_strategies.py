@@ -148,30 +148,50 @@ def checkpoint_cost(cluster, job, a, link: float, storage: Path) -> list[dict]:
     return out
 
 
+def repeats(points: list[dict], part: str) -> list[list[dict]]:
+    """The runs of one part grouped by setting, in first-run order: a run repeated with --append is one row."""
+    groups: dict[tuple, list[dict]] = {}
+    for p in points:
+        if p["part"] == part:
+            key = (p["link_mbit"], p["straggler"], p["strategy"], p.get("averaging"), p.get("servers"), p["params"])
+            groups.setdefault(key, []).append(p)
+    return list(groups.values())
+
+
+def spread(values: list[float], digits: int) -> str:
+    """The mean, and the lowest and highest when there are repeats."""
+    mean = sum(values) / len(values)
+    return f"{mean:.{digits}f}" + (f" ({min(values):.{digits}f}-{max(values):.{digits}f})" if len(values) > 1 else "")
+
+
 def fanin_table(points: list[dict], hosts: int) -> str:
     """Measured async rate against the busiest link's bound at the raw link rate (raydist.costmodel)."""
     from raydist import costmodel as cm
 
-    rows = ["| link | shards | on | measured steps/s | busiest link's bound | measured / bound | MB/s moved by the workers |",
-            "|---|---|---|---|---|---|---|"]
-    for p in (p for p in points if p["part"] == "fanin"):
+    rows = ["| link | shards | runs | measured steps/s | busiest link's bound | measured / bound | MB/s moved by the "
+            "workers |", "|---|---|---|---|---|---|---|"]
+    for runs in repeats(points, "fanin"):
+        p = runs[0]
         s = cm.Setting("async", p["workers"], p["params"], p["link_mbit"], servers=p["servers"], nodes=hosts)
         bound = cm.ps_link_bound(cm.Fit(1.0, {"async": 0.0}, p["params"]), s)
-        moved = sum(p["bytes_per_worker"]) / p["train_time_s"] / 1e6
-        rows.append(f"| {p['link_mbit']:g} Mbit/s | {p['servers']} | {', '.join(p['server_hosts'])} | "
-                    f"{p['steps_per_s']:.1f} | {bound:.1f} | {p['steps_per_s'] / bound:.2f} | {moved:.1f} |")
+        rates = [r["steps_per_s"] for r in runs]
+        moved = [sum(r["bytes_per_worker"]) / r["train_time_s"] / 1e6 for r in runs]
+        rows.append(f"| {p['link_mbit']:g} Mbit/s | {p['servers']} | {len(runs)} | {spread(rates, 1)} | {bound:.1f} | "
+                    f"{spread([r / bound for r in rates], 2)} | {spread(moved, 1)} |")
     return "\n".join(rows)
 
 
 def strategies_table(points: list[dict]) -> str:
-    rows = ["| link | straggler | strategy | steps/s | samples/s | time to target (s) | final accuracy |",
+    rows = ["| link | straggler | strategy | runs | steps/s | time to target (s) | final accuracy |",
             "|---|---|---|---|---|---|---|"]
-    for p in (p for p in points if p["part"] == "compare"):
-        ttt = p.get("time_to_target_s")
+    for runs in repeats(points, "compare"):
+        p = runs[0]
+        reached = [r["time_to_target_s"] for r in runs if r.get("time_to_target_s") is not None]
+        ttt = spread(reached, 1) + (f", {len(runs) - len(reached)} not reached" if len(reached) < len(runs) else "")
         name = p["strategy"] + (" (ring)" if p.get("averaging") == "ring" else "")
-        rows.append(f"| {p['link_mbit']:g} Mbit/s | {'rank 0, 4x' if p['straggler'] else '-'} | {name} | "
-                    f"{p['steps_per_s']:.2f} | {p['samples_per_s']:.0f} | "
-                    f"{'not reached' if ttt is None else f'{ttt:.1f}'} | {p['test_accuracy']:.3f} |")
+        rows.append(f"| {p['link_mbit']:g} Mbit/s | {'rank 0, 4x' if p['straggler'] else '-'} | {name} | {len(runs)} | "
+                    f"{spread([r['steps_per_s'] for r in runs], 2)} | {ttt if reached else 'not reached'} | "
+                    f"{spread([r['test_accuracy'] for r in runs], 3)} |")
     return "\n".join(rows)
 
 
@@ -190,11 +210,15 @@ def plots(points: list[dict], hosts: int, directory: Path) -> list[Path]:
     links = sorted({p["link_mbit"] for p in fan})
     fig, axes = plt.subplots(1, len(links), figsize=(5 * len(links), 3.6), squeeze=False)
     for ax, link in zip(axes[0], links):
-        rows = sorted((p for p in fan if p["link_mbit"] == link), key=lambda p: p["servers"])
-        shards = [str(p["servers"]) for p in rows]
-        bounds = [cm.ps_link_bound(cm.Fit(1.0, {"async": 0.0}, p["params"]), cm.Setting(
-            "async", p["workers"], p["params"], link, servers=p["servers"], nodes=hosts)) for p in rows]
-        ax.bar(shards, [p["steps_per_s"] for p in rows], color="tab:blue", label="measured")
+        groups = sorted((g for g in repeats(points, "fanin") if g[0]["link_mbit"] == link),
+                        key=lambda g: g[0]["servers"])
+        shards = [str(g[0]["servers"]) for g in groups]
+        bounds = [cm.ps_link_bound(cm.Fit(1.0, {"async": 0.0}, g[0]["params"]), cm.Setting(
+            "async", g[0]["workers"], g[0]["params"], link, servers=g[0]["servers"], nodes=hosts)) for g in groups]
+        rates = [[p["steps_per_s"] for p in g] for g in groups]
+        mean = [sum(r) / len(r) for r in rates]
+        ax.bar(shards, mean, color="tab:blue", label="measured (mean; bars: lowest-highest)",
+               yerr=[[m - min(r) for m, r in zip(mean, rates)], [max(r) - m for m, r in zip(mean, rates)]])
         ax.plot(shards, bounds, "k_", markersize=30, mew=2, label="busiest link's bound")
         ax.set_title(f"async PS, 4 workers, {link:g} Mbit/s links")
         ax.set_xlabel("server shards")
@@ -214,9 +238,13 @@ def plots(points: list[dict], hosts: int, directory: Path) -> list[Path]:
     for i, strategy in enumerate(strategies):
         values = []
         for link, straggler in settings:
-            match = [p for p in comp if (p["link_mbit"], p["straggler"], key(p)) == (link, straggler, strategy)]
-            values.append(match[0]["time_to_target_s"] or 0 if match else 0)
-        ax.bar([k + i * width for k in range(len(settings))], values, width, label=strategy)
+            match = [p["time_to_target_s"] for p in comp if (p["link_mbit"], p["straggler"], key(p)) ==
+                     (link, straggler, strategy) and p.get("time_to_target_s") is not None]
+            values.append(match)
+        mean = [sum(v) / len(v) if v else 0 for v in values]
+        ax.bar([k + i * width for k in range(len(settings))], mean, width, label=strategy,
+               yerr=[[m - min(v, default=0) for m, v in zip(mean, values)],
+                     [max(v, default=0) - m for m, v in zip(mean, values)]])
     ax.set_xticks([k + 0.4 - width / 2 for k in range(len(settings))])
     ax.set_xticklabels([f"{link:g} Mbit/s{', straggler 4x' if s else ''}" for link, s in settings])
     ax.set_ylabel(f"seconds to {comp[0]['target']:g} test accuracy")

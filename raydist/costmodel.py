@@ -6,8 +6,9 @@ none to fit it on). docs/costmodel.md says what is fitted on which runs, and how
 
 - sync DDP: ring all-reduce of the gradients, 2(n-1)/n x G each way per worker, every step.
 - local SGD: sync's base; the same all-reduce of the parameters every H steps (ring averaging: G to one
-  neighbour); and its checkpoints, which all-gather every replica's model and optimizer state.
-- FSDP: all-gather in forward and again in backward (reshard_after_forward) plus a reduce-scatter: 3(n-1)/n x G.
+  neighbour); and its checkpoints, in which every rank writes its own replica's state (sync writes one).
+- FSDP: all-gather in forward and again in backward (reshard_after_forward) plus a reduce-scatter: 3(n-1)/n x G
+  with NCCL; 4(n-1)/n x G with gloo, whose reduce-scatter moves an all-reduce's bytes.
 - async PS: no step waits for another worker, so the cluster's rate in steps/s is the lower of what the workers
   can do (base, a cost per shard, their own pushes and fetches) and what the busiest link carries
   (`ps_link_bound`: the fan-in), at the efficiency Ray's object transfers get.
@@ -18,6 +19,7 @@ Everything here is pure: measured points in, fitted parameters and predictions o
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -44,12 +46,14 @@ class Setting:
     """local SGD: allreduce, or ring (each worker sends its parameters to one neighbour)."""
     reshard_after_forward: bool = True
     """FSDP: gather the parameters again in backward (3 collectives of G per step instead of 2)."""
+    backend: str = "gloo"
+    """The collective library. FSDP's reduce-scatter: NCCL's moves (n-1)/n x G per rank; gloo's (torch 2.13) moves
+    2(n-1)/n x G, an all-reduce's bytes (counted on loopback, 4 ranks: 6.0 x G in all, all-gather 3.0 x G)."""
     checkpoint_every: int = 0
-    """Steps between two checkpoints (0: none). Local SGD's checkpoint gathers every replica's model and
-    optimizer state on every rank (the replicas differ), so it costs network time; the others' do not (sync saves
-    rank 0's copy, FSDP each rank's shard, async the driver's pull from the shards while workers go on)."""
-    state_floats_per_param: int = 3
-    """Model and optimizer state per parameter: 3 for AdamW (the weights and two moments)."""
+    """local SGD: steps between two checkpoints (0: none). Its replicas differ, so every rank writes its own model
+    and optimizer state, W copies where sync writes one; that extra cost is modelled. The others' checkpoints are
+    in their fitted base (sync saves rank 0's copy, FSDP each rank's shard, async the driver's pull from the shards
+    while workers go on)."""
 
     @property
     def grad_bytes(self) -> float:
@@ -70,9 +74,9 @@ class Fit:
     """async: the share of a link Ray's object transfers get (fitted on the one-shard run at the slowest link, which
     the busiest link bounds); 0 = `efficiency`."""
     checkpoint_s: float = 0.0
-    """local SGD: fixed seconds per checkpoint (serializing, writing and reporting every replica's state)."""
-    checkpoint_efficiency: float = 0.0
-    """local SGD: the share of a link its checkpoint's all-gather of pickled states gets; 0 = `efficiency`."""
+    """local SGD: seconds per checkpoint at `base_params` (every rank writing its replica's state, rank 0 hashing
+    them all, Ray copying them to storage); scaled by parameter count like the base. No network term: the
+    replicas go to storage, not to other workers (on the emulated cluster storage is a local disk)."""
     per_shard_s: float = 0.0
     """async: what each server shard adds to a worker's step besides its bytes (a push and a fetch call: Ray's cost
     per call, and on the emulated cluster the shard's process competing for the same cores); not scaled by size."""
@@ -129,7 +133,8 @@ def network_bytes(s: Setting) -> float:
         per_sync = (g if n > 1 else 0.0) if s.averaging == "ring" else ring_allreduce_bytes(g, n)
         return per_sync / s.sync_every
     if s.strategy == "fsdp":
-        return (3 if s.reshard_after_forward else 2) * (n - 1) / n * g if n > 1 else 0.0
+        gathers, scatter = (2 if s.reshard_after_forward else 1), (2 if s.backend == "gloo" else 1)
+        return (gathers + scatter) * (n - 1) / n * g if n > 1 else 0.0
     raise ValueError(f"no collective byte count for {s.strategy}")
 
 
@@ -156,13 +161,6 @@ def base_for(fit: Fit, s: Setting) -> float:
     return base + fit.per_shard_s * s.servers if s.strategy == "async" else base
 
 
-def checkpoint_bytes(s: Setting) -> float:
-    """Bytes into each rank's link per checkpoint: local SGD's all-gather of every replica's state."""
-    if s.strategy != "local_sgd" or not s.checkpoint_every:
-        return 0.0
-    return (s.workers - 1) * s.params * BYTES_PER_PARAM * s.state_floats_per_param
-
-
 def step_s(fit: Fit, s: Setting) -> float:
     """Predicted seconds per step per worker: the time between one worker's steps."""
     if s.strategy == "async":
@@ -172,11 +170,10 @@ def step_s(fit: Fit, s: Setting) -> float:
 
 
 def checkpoint_s(fit: Fit, s: Setting) -> float:
-    """Seconds one checkpoint costs a step of local SGD (the others' are in their base)."""
-    nbytes = checkpoint_bytes(s)
-    if not nbytes:
+    """Seconds one checkpoint of local SGD costs (the others' are in their base)."""
+    if s.strategy != "local_sgd" or not s.checkpoint_every:
         return 0.0
-    return fit.checkpoint_s + nbytes / rate_bytes_per_s(s.link_mbit, fit.checkpoint_efficiency or fit.efficiency)
+    return fit.checkpoint_s * s.params / fit.base_params
 
 
 def steps_per_s(fit: Fit, s: Setting) -> float:
@@ -229,8 +226,18 @@ def setting_of(point: dict[str, Any]) -> Setting:
 
 
 def usable(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Runs without a straggler (the model has no straggler term) and with a measured rate."""
-    return [p for p in points if not p.get("straggler") and p.get("steps_per_s")]
+    """Runs without a straggler (the model has no straggler term) and with a measured rate, the repeats of one
+    setting merged: their mean steps/s, with `runs` and `spread` (the lowest and highest) of what was merged."""
+    groups: dict[Setting, list[dict[str, Any]]] = {}
+    for p in points:
+        if not p.get("straggler") and p.get("steps_per_s"):
+            groups.setdefault(setting_of(p), []).append(p)
+    merged = []
+    for same in groups.values():
+        rates = [p["steps_per_s"] for p in same]
+        merged.append({**same[0], "steps_per_s": statistics.fmean(rates), "runs": len(rates),
+                       "spread": (min(rates), max(rates))})
+    return merged
 
 
 def fit(points: list[dict[str, Any]], latency_s: float = 50e-6) -> Fit:
@@ -271,24 +278,15 @@ def fit(points: list[dict[str, Any]], latency_s: float = 50e-6) -> Fit:
         elif st.strategy != "local_sgd":
             probe = Fit(efficiency, {st.strategy: 0.0}, st.params, latency_s)
             result.base_s[st.strategy] = max(1 / p["steps_per_s"] - step_s(probe, st), 1e-6)
-    local = sorted((p for p in chosen if p["strategy"] == "local_sgd"), key=lambda p: p["link_mbit"])
+    local = [p for p in chosen if p["strategy"] == "local_sgd"]
     if local and "sync" in result.base_s:
-        # Local SGD computes what sync computes: sync's base. What its runs take beyond base and averaging is its
-        # checkpoints: a fixed part and the all-gather of every replica's state, from its runs at two rates.
+        # Local SGD computes what sync computes: sync's base. What its checkpointed runs take beyond base and
+        # averaging is the replicas' checkpoints, which the links do not carry: the mean over its runs.
         result.base_s["local_sgd"] = result.base_s["sync"]
-        per_ckpt = []
-        for p in (local[0], local[-1]):
-            st = setting_of(p)
-            probe = Fit(efficiency, {"local_sgd": result.base_s["sync"]}, result.base_params, latency_s)
-            unsaved = replace(st, checkpoint_every=0)
-            per_ckpt.append((1 / p["steps_per_s"] - step_s(probe, unsaved)) * (st.checkpoint_every or 1))
-        slow, fast = setting_of(local[0]), setting_of(local[-1])
-        if len(local) > 1 and checkpoint_bytes(slow) and per_ckpt[0] > per_ckpt[1]:
-            seconds_per_byte = (per_ckpt[0] - per_ckpt[1]) / (
-                checkpoint_bytes(slow) * (1 / (slow.link_mbit * 1e6 / 8) - 1 / (fast.link_mbit * 1e6 / 8)))
-            result.checkpoint_efficiency = min(1.0, 1 / seconds_per_byte)
-            result.checkpoint_s = max(0.0, per_ckpt[1] - checkpoint_bytes(fast) / rate_bytes_per_s(
-                fast.link_mbit, result.checkpoint_efficiency))
+        probe = Fit(efficiency, dict(result.base_s), result.base_params, latency_s)
+        per_ckpt = [(1 / p["steps_per_s"] - step_s(probe, replace(setting_of(p), checkpoint_every=0)))
+                    * setting_of(p).checkpoint_every * result.base_params / p["params"] for p in local]
+        result.checkpoint_s = max(0.0, statistics.fmean(per_ckpt))
     if async_bases:
         # A line through the fewest and the most shards: base + per_shard x S.
         few, most = min(async_bases), max(async_bases)
@@ -323,7 +321,7 @@ def fitting_side(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     low = min(p["link_mbit"] for p in runs)
     chosen += [p for p in runs if p["strategy"] == "async" and p["link_mbit"] == low and (p.get("servers") or 1) == 1
                and low < top][:1]
-    # Local SGD with checkpoints at the lowest and the highest rate: its checkpoint cost (its base is sync's).
+    # Local SGD with checkpoints at the lowest and the highest rate: its checkpoints' cost (its base is sync's).
     checkpointed = [p for p in runs if p["strategy"] == "local_sgd" and p.get("checkpoint_every")
                     and p.get("averaging", "allreduce") == "allreduce"]
     for link in sorted({low, top}):
@@ -346,7 +344,10 @@ def same_setting(p: dict[str, Any], q: dict[str, Any]) -> bool:
 class Check:
     point: str
     measured: float
+    """The mean of the setting's runs."""
     predicted: float
+    runs: int = 1
+    spread: tuple[float, float] = (0.0, 0.0)
 
     @property
     def error(self) -> float:
@@ -359,12 +360,13 @@ def validate(points: list[dict[str, Any]], latency_s: float = 50e-6) -> tuple[Fi
     fitted = fitting_side(points)
     # Held out: every run whose setting differs from all fitted ones (a repeat of a fitted setting checks
     # reproducibility, not the model).
-    checks = [Check(label(p), p["steps_per_s"], steps_per_s(f, setting_of(p)))
+    checks = [Check(label(p), p["steps_per_s"], steps_per_s(f, setting_of(p)), p["runs"], p["spread"])
               for p in usable(points) if p["strategy"] in f.base_s and not any(same_setting(p, q) for q in fitted)]
     return f, checks
 
 
 def validation_table(checks: list[Check]) -> str:
-    rows = ["| run (held out) | measured steps/s | predicted | error |", "|---|---|---|---|"]
-    rows += [f"| {c.point} | {c.measured:.1f} | {c.predicted:.1f} | {100 * c.error:+.0f}% |" for c in checks]
+    rows = ["| run (held out) | runs | measured steps/s: mean (min-max) | predicted | error |", "|---|---|---|---|---|"]
+    rows += [f"| {c.point} | {c.runs} | {c.measured:.1f} ({c.spread[0]:.1f}-{c.spread[1]:.1f}) | {c.predicted:.1f} | "
+             f"{100 * c.error:+.0f}% |" for c in checks]
     return "\n".join(rows)

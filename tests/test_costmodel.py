@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -52,8 +53,11 @@ def test_ring_allreduce_and_fsdp_volumes():
     assert cm.ring_allreduce_bytes(G, 4) == pytest.approx(1.5 * G)
     params = 250_000
     sync = cm.network_bytes(cm.Setting("sync", 4, params, 1000))
-    assert cm.network_bytes(cm.Setting("fsdp", 4, params, 1000)) == pytest.approx(1.5 * sync)
-    assert cm.network_bytes(cm.Setting("fsdp", 4, params, 1000, reshard_after_forward=False)) == pytest.approx(sync)
+    nccl = cm.Setting("fsdp", 4, params, 1000, backend="nccl")
+    assert cm.network_bytes(nccl) == pytest.approx(1.5 * sync)
+    assert cm.network_bytes(replace(nccl, reshard_after_forward=False)) == pytest.approx(sync)
+    # gloo's reduce-scatter moves an all-reduce's bytes: one more G x (n-1)/n per step
+    assert cm.network_bytes(replace(nccl, backend="gloo")) == pytest.approx(2 * sync)
     assert cm.network_bytes(cm.Setting("local_sgd", 4, params, 1000, sync_every=8)) == pytest.approx(sync / 8)
 
 
@@ -77,13 +81,21 @@ def _synthetic_points(truth: cm.Fit) -> list[dict]:
 def test_the_fit_recovers_the_parameters_that_made_the_points():
     # 100k parameters: at 1 Gbit/s even one shard's link does not bound async (the fit assumes that there).
     truth = cm.Fit(0.8, {"sync": 0.02, "local_sgd": 0.02, "async": 0.01, "fsdp": 0.03}, 100_000, ps_efficiency=0.7,
-                   checkpoint_s=0.3, checkpoint_efficiency=0.5, per_shard_s=0.002)
+                   checkpoint_s=0.3, per_shard_s=0.002)
     fit, checks = cm.validate(_synthetic_points(truth))
     assert fit.efficiency == pytest.approx(0.8) and fit.ps_efficiency == pytest.approx(0.7)
     assert fit.base_s == pytest.approx(truth.base_s) and fit.per_shard_s == pytest.approx(0.002)
-    assert fit.checkpoint_s == pytest.approx(0.3) and fit.checkpoint_efficiency == pytest.approx(0.5)
+    assert fit.checkpoint_s == pytest.approx(0.3)
     # Held out: FSDP and async with 2 and 4 shards at 100 Mbit/s, async with 2 at 1 Gbit/s, local SGD unsaved.
     assert len(checks) == 5 and all(abs(c.error) < 1e-6 for c in checks), cm.validation_table(checks)
+
+
+def test_repeated_runs_of_one_setting_count_once_at_their_mean():
+    run = {"strategy": "sync", "workers": 4, "params": 100_000, "link_mbit": 100, "nodes": 6, "steps_per_s": 9.0}
+    merged = cm.usable([run, {**run, "steps_per_s": 11.0}, {**run, "link_mbit": 1000, "steps_per_s": 50.0},
+                        {**run, "straggler": True, "steps_per_s": 2.0}])
+    assert [(p["link_mbit"], p["steps_per_s"], p["runs"], p["spread"]) for p in merged] == [
+        (100, 10.0, 2, (9.0, 11.0)), (1000, 50.0, 1, (50.0, 50.0))]
 
 
 def test_the_fit_refuses_points_it_cannot_fit():

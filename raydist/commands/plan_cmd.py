@@ -71,7 +71,7 @@ def samples_to_target(points: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def plan(fit, params: int, links: list[float], nodes: list[int], batch_size: int,
-         to_target: dict[str, float]) -> list[dict[str, Any]]:
+         to_target: dict[str, float], backend: str = "nccl") -> list[dict[str, Any]]:
     from raydist.costmodel import Setting, samples_per_s, shards_needed, step_s
 
     rows = []
@@ -82,7 +82,7 @@ def plan(fit, params: int, links: list[float], nodes: list[int], batch_size: int
                 shards = 1
                 if strategy == "async":
                     shards = shards_needed(fit, Setting("async", n, params, link, servers=1))
-                s = Setting(strategy, n, params, link, servers=shards)
+                s = Setting(strategy, n, params, link, servers=shards, backend=backend)
                 rate = samples_per_s(fit, s, batch_size)
                 entry = {"step_ms": 1e3 * step_s(fit, s), "samples_per_s": rate}
                 if strategy in to_target:
@@ -138,7 +138,7 @@ def _plan(args) -> int:
         fit.base_s = {k: v * factor for k, v in fit.base_s.items()}
     links = _numbers(args.link_mbit, "--link-mbit")
     nodes = _numbers(args.nodes, "--nodes", int)
-    rows = plan(fit, params, links, nodes, args.batch_size, samples_to_target(points))
+    rows = plan(fit, params, links, nodes, args.batch_size, samples_to_target(points), args.backend)
     if args.json:
         print(json.dumps({"fit": fit.to_dict(), "validation": [{**asdict(c), "error": c.error} for c in checks],
                           "plan": rows}, indent=1))
@@ -161,6 +161,9 @@ def register(sub) -> None:
     p.add_argument("--link-mbit", default="1000,10000", help="each node's link, Mbit/s, comma-separated")
     p.add_argument("--nodes", default=",".join(map(str, NODES)), help="node counts, comma-separated")
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--backend", choices=("nccl", "gloo"), default="nccl",
+                   help="the cluster's collectives: nccl (GPUs) or gloo, whose reduce-scatter moves twice the bytes "
+                        "(FSDP); the fit is on gloo runs either way (default: %(default)s)")
     p.add_argument("--compute-ms", type=float, help="your model's compute per step on one worker (ms); default: "
                    "the fitted base scaled by parameter count")
     p.add_argument("--latency-us", type=float, default=50.0, help="per message hop (assumed; default %(default)s)")
