@@ -17,8 +17,10 @@ class WorkerContext(Protocol):
     world_size: int
     device: torch.device
 
-    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None, step: int) -> None:
-        """Hand metrics (and a directory to persist as a checkpoint) to the runtime; every rank calls it together."""
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None, step: int, on_storage: bool = False) -> None:
+        """Hand metrics (and a directory to persist as a checkpoint) to the runtime; every rank calls it together.
+        `on_storage`: the directory is already on the run's storage (every rank wrote its part there): publish it
+        in place instead of copying it."""
 
     def latest_checkpoint(self) -> contextlib.AbstractContextManager[str | None]:
         """The newest persisted checkpoint of this run as a local directory, or None on a fresh start."""
@@ -46,17 +48,28 @@ class RayTrainContext:
         self._async = async_upload
         self._run_dir = run_dir
 
-    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None, step: int) -> None:
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None, step: int, on_storage: bool = False) -> None:
         import ray.train
         from ray.train import Checkpoint, CheckpointUploadMode
 
         if checkpoint_dir is None:
             ray.train.report(metrics)
             return
+        name = f"checkpoint_step{step:08d}"
+        if on_storage and self._run_dir:
+            # Every rank's files are complete in the staging directory: a rename publishes them, and Ray records
+            # the checkpoint where it is rather than copying every rank's part once more over the storage network.
+            from raydist.checkpoint import publish_dir
+
+            final = os.path.join(self._run_dir, name)
+            publish_dir(checkpoint_dir, final)
+            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(final), checkpoint_dir_name=name,
+                             checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
+            return
         ray.train.report(
             metrics,
             checkpoint=Checkpoint.from_directory(checkpoint_dir),
-            checkpoint_dir_name=f"checkpoint_step{step:08d}",
+            checkpoint_dir_name=name,
             checkpoint_upload_mode=CheckpointUploadMode.ASYNC if self._async else CheckpointUploadMode.SYNC,
         )
         if not self._async:  # async mode deletes the local copy itself once uploaded
@@ -106,7 +119,7 @@ class TorchrunContext:
         self.last_metrics: dict[str, Any] = {}
         self.last_checkpoint: str | None = None
 
-    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None, step: int) -> None:
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None, step: int, on_storage: bool = False) -> None:
         self.last_metrics = metrics
         if checkpoint_dir is not None:
             target = os.path.join(self.run_dir, f"checkpoint_step{step:08d}")

@@ -142,14 +142,15 @@ class Trainer:
             own = not (sharded or per_rank)
             save_state(directory, model=self.model if own else None, optimizer=self.optimizer if own else None,
                        scheduler=self.scheduler, progress=self.progress, rng_per_rank=rngs, extra=extra)
-        self.ctx.report(metrics, directory if self.ctx.rank == 0 else None, self.progress.step)
+        self.ctx.report(metrics, directory if self.ctx.rank == 0 else None, self.progress.step,
+                        on_storage=sharded or per_rank)
         self.last_checkpoint_step = self.progress.step
         self.export.observe(checkpoint_s=time.perf_counter() - began, last_checkpoint_step=self.progress.step)
 
     def _shared_staging_dir(self) -> str:
         """Where every rank writes its part of this step's checkpoint: in the run directory, which all ranks share
-        (a temp directory is node-local). Rank 0 empties it of a killed save's leftovers before anyone writes; then
-        it hands the finished directory to the runtime like any other and removes it."""
+        (a temp directory is node-local). Rank 0 empties it of a killed save's leftovers before anyone writes; the
+        finished directory is then renamed into place and recorded where it is (`report(on_storage=True)`)."""
         path = os.path.join(self.cfg.run.run_dir, f".staging-checkpoint_step{self.progress.step:08d}")
         if self.ctx.rank == 0:
             shutil.rmtree(path, ignore_errors=True)
