@@ -187,10 +187,11 @@ def strategies_table(points: list[dict]) -> str:
     for runs in repeats(points, "compare"):
         p = runs[0]
         reached = [r["time_to_target_s"] for r in runs if r.get("time_to_target_s") is not None]
-        ttt = spread(reached, 1) + (f", {len(runs) - len(reached)} not reached" if len(reached) < len(runs) else "")
+        ttt = (spread(reached, 1) + (f", {len(runs) - len(reached)} not reached" if len(reached) < len(runs) else "")
+               if reached else "not reached")
         name = p["strategy"] + (" (ring)" if p.get("averaging") == "ring" else "")
         rows.append(f"| {p['link_mbit']:g} Mbit/s | {'rank 0, 4x' if p['straggler'] else '-'} | {name} | {len(runs)} | "
-                    f"{spread([r['steps_per_s'] for r in runs], 2)} | {ttt if reached else 'not reached'} | "
+                    f"{spread([r['steps_per_s'] for r in runs], 2)} | {ttt} | "
                     f"{spread([r['test_accuracy'] for r in runs], 3)} |")
     return "\n".join(rows)
 

@@ -168,6 +168,8 @@ CASES = [
          "--params lots: expected a count > 0 such as 25M or 250000"),
     Case("usage: raydist plan, measured runs missing", "raydist plan --measured {F}/runs.json", 2,
          "--measured {F}/runs.json: No such file or directory"),
+    Case("usage: raydist plan, unknown collective library", "raydist plan --backend tpu", 2,
+         "raydist plan: argument --backend: invalid choice: 'tpu' (choose from 'nccl', 'gloo')"),
     Case("usage: raydist plan, runs it cannot fit", "raydist plan --measured {F}/one-rate.json", 2,
          "--measured {F}/one-rate.json: fitting needs sync runs at two link rates"),
     # -- the cluster config (raydist slurm ..., raydist env/status)
