@@ -135,3 +135,31 @@ def test_the_split_is_scikit_learns_without_importing_it(seed, fraction):
         ours = stratified_split(labels, fraction, seed)
         theirs = train_test_split(np.arange(len(labels)), test_size=fraction, random_state=seed, stratify=labels)
         assert np.array_equal(ours[0], theirs[0]) and np.array_equal(ours[1], theirs[1])
+
+
+def test_train_startup_split_reads_the_raylet_and_controller_logs(tmp_path):
+    """benchmarks/train_startup_split.py on a session laid out as Ray 2.60 writes it (lines copied in form)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from train_startup_split import split
+
+    (tmp_path / "logs" / "train").mkdir(parents=True)
+    started = "[2026-11-24 04:03:{} I 2512 2512] (raylet) worker_pool.cc:564: Started worker process with pid {}\n"
+    (tmp_path / "logs" / "raylet.out").write_text(
+        started.format("32,309", 2609) + started.format("32,311", 2610) + started.format("33,555", 2681))
+    messages = [("36,088", "No checkpoint manager snapshot found."),
+                ("37,385", "PlacementGroupCleaner launched for run_id=x"),
+                ("38,841", "[State Transition] INITIALIZING -> SCHEDULING."),
+                ("40,846", "[Worker Group Initialization] 2 worker actors created in 1.97s."),
+                ("43,299", "[Worker Group Initialization] Train context initialized on workers in 2.44s."),
+                ("44,088", "[State Transition] SCHEDULING -> RUNNING.")]
+    (tmp_path / "logs" / "train" / "ray-train-sys-controller-61ae.log").write_text("".join(
+        json.dumps({"asctime": f"2026-11-24 04:03:{t}", "message": m}) + "\n" for t, m in messages))
+    got = split(str(tmp_path))
+    assert got == pytest.approx({"controller process starts": 1.246, "controller set-up": 2.533, "state actor": 1.297,
+                                 "placement-group cleaner": 1.456, "worker actors": 1.97,
+                                 "train context and synchronization actor": 2.44,
+                                 "process group, callbacks, launch": 0.789}, abs=1e-3)
