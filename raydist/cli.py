@@ -16,6 +16,7 @@ COMMANDS = [
     "raydist.doctor.command",
     "raydist.commands.top_cmd",
     "raydist.commands.plan_cmd",
+    "raydist.launcher.command",
 ]
 
 

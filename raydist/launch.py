@@ -60,7 +60,7 @@ def prepare_ray_environment() -> None:
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
     # Ray Train then records each run, its attempts and workers in its state actor, which the dashboard's Train
     # API (/api/train/v2/runs/v1) reads; off by default in Ray 2.60. Read by the trainer in this process, and by
-    # raydist.ps.train_view for the async PS.
+    # raydist.train_view for the async PS and raydist launch.
     os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")
     # Ray Train holds one pending report per worker and drains it on each controller poll (2 s by
     # default), so a report every epoch of a small model would stall training; poll faster instead
@@ -90,6 +90,14 @@ def connect(cfg: Config) -> str:
             raise RaydistError(f"cannot connect to Ray at {address}: {str(e).splitlines()[0]}") from None
         check_cluster_fits(cfg, address)
         return address
+    start_local(local_cpus(cfg))
+    return "local"
+
+
+def start_local(num_cpus: int) -> None:
+    """Start the embedded Ray instance: private, loopback only, ending with this process."""
+    import ray
+
     token = private_auth_token()
     # The embedded default: a private instance that ends with this process.
     # address="local": a new instance even when /tmp/ray/ray_current_cluster names another (maybe dead) one.
@@ -100,13 +108,12 @@ def connect(cfg: Config) -> str:
     # process's environment, so name our dashboard before it starts.
     dashboard_port = _free_loopback_port()
     os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{dashboard_port}"
-    ray.init(address="local", num_cpus=local_cpus(cfg), include_dashboard=True,
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=True,
              dashboard_host="127.0.0.1", dashboard_port=dashboard_port,
              _node_ip_address="127.0.0.1", runtime_env={"env_vars": {"PYTHONWARNINGS": QUIET_WARNINGS}})
     if token:
         print(f"[raydist] local Ray: token auth on; the dashboard's token is in {token} (readable by this user "
               f"only, removed when the job ends)", flush=True)
-    return "local"
 
 
 QUIET_WARNINGS = "ignore:`ExecutionOptions.exclude_resources` is deprecated"

@@ -161,6 +161,19 @@ def check_before_ray(job: str, cfg: Config, reach: bool = True) -> None:
     answer)."""
     check_writable(cfg.run.run_dir)
     address = ray_address(cfg)
+    check_ray_target(address, reach)
+    if not address:
+        check_local_gpus(cfg)
+    spec = registry.get(job)
+    if spec.check:
+        spec.load("check")(cfg)
+    if spec.worker:
+        check_checkpoint_kind(spec, cfg.run.run_dir)
+
+
+def check_ray_target(address: str, reach: bool = True) -> None:
+    """Ray's auth settings and the cluster at `address` ('' = the embedded instance): well-formed, answering,
+    taking the token; or, for the embedded instance, a temp dir it can use."""
     check_auth_env(joining=bool(address))
     if address:
         address_host_port(address)
@@ -169,12 +182,6 @@ def check_before_ray(job: str, cfg: Config, reach: bool = True) -> None:
             check_token_accepted(address)
     else:
         check_local_temp_dir()
-        check_local_gpus(cfg)
-    spec = registry.get(job)
-    if spec.check:
-        spec.load("check")(cfg)
-    if spec.worker:
-        check_checkpoint_kind(spec, cfg.run.run_dir)
 
 
 def check_checkpoint_kind(spec: registry.StrategySpec, run_dir: str) -> None:

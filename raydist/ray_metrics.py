@@ -49,7 +49,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("last_checkpoint_step", "gauge", "step of the latest checkpoint"),
     Metric("peak_memory_bytes", "gauge", "peak resident memory of the process (GPU: peak allocated on its device)"),
     Metric("test_accuracy", "gauge", "test accuracy at the latest evaluation"),
-    Metric("restarts", "gauge", "restarts of the run's workers so far (async PS driver)"),
+    Metric("restarts", "gauge", "restarts of the run's workers so far (async PS driver; each rank of `raydist launch`)"),
+    Metric("rss_bytes", "gauge", "`raydist launch`: resident memory of the rank's script and the processes it started"),
+    Metric("cpu_seconds", "gauge", "`raydist launch`: CPU time of the rank's script and the processes it started"),
     Metric("updated_unixtime", "gauge", "when this process last exported (Unix time): its age tells a stalled worker"),
 )
 BY_NAME = {m.name: m for m in METRICS}

@@ -26,7 +26,7 @@ from raydist.flat import as_tensor, flatten_, slice_bounds
 from raydist.models import build_model
 from raydist.ray_metrics import Exporter
 from raydist.ps.crew import Crew, Death, Hung, Watchdog
-from raydist.ps.train_view import TrainView
+from raydist.train_view import RunDescription, TrainView, actor_name
 from raydist.preflight import check_async
 from raydist.ps.messages import Drained, PullReply, WorkerReport
 from raydist.summary import JobSummary
@@ -222,7 +222,9 @@ class AsyncPSRun:
             ).remote(config, k, W, crew.shards, self.bounds, crew.gate)
             crew.workers.append(crew.add(worker, f"worker {k}"))
         crew.locate()  # data loaded: start the clock together
-        self.view.running(crew)
+        servers = ", ".join(actor_name(cfg.run.name, "server", i, self.view.attempt) for i in range(len(crew.shards)))
+        # Server shard 0 stands in for the controller: it hands out the run's steps and dies with the driver.
+        self.view.running(crew.workers, crew.shards[0], f"parameter server shards: {servers}")
 
     @staticmethod
     def _shard_nodes(pg, num_servers: int) -> list[str]:
@@ -268,7 +270,12 @@ class AsyncPSRun:
         self.bar = ProgressBar(STRATEGY, self.budget.total, samples_per_step=self.cfg.train.batch_size,
                                export=Exporter(self.cfg.run.name, STRATEGY, "driver", 0))
         completed = False
-        self.view = TrainView(self.cfg, STRATEGY)
+        s = self.cfg.scaling
+        self.view = TrainView(RunDescription(
+            name=self.cfg.run.name, strategy=STRATEGY, num_workers=s.max_workers, cpus_per_worker=s.cpus_per_worker,
+            use_gpu=s.use_gpu, max_failures=s.max_failures, storage_dir=self.cfg.run.storage_dir,
+            config=self.cfg.to_dict(), backend={"num_servers": self.cfg.async_ps.num_servers},
+            keep=self.cfg.checkpoint.keep))
         try:
             while True:
                 self._wait_placed(pg)

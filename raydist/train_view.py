@@ -1,10 +1,10 @@
-"""The async PS run as the Ray dashboard sees it: readable actor names, and a run in Ray Train's state actor.
+"""A run of plain Ray actors as the Ray dashboard sees it: readable actor names, and a run in Ray Train's state actor.
 
-The async PS is plain Ray actors, not Ray Train, so without this the dashboard lists anonymous `ParameterShard` and
-`DownpourWorker` actors and Ray Train's run list (`/api/train/v2/runs/v1`, which sync and local SGD fill through
-Ray Train) does not have it. Here every actor gets a name that says run, role and rank, and the run, each start of
-its actors (an attempt) and its workers are written to Ray Train's state actor in Ray Train's own schema, so both
-kinds of run read the same.
+The async PS and `raydist launch` are plain Ray actors, not Ray Train, so without this the dashboard lists anonymous
+actors and Ray Train's run list (`/api/train/v2/runs/v1`, which sync and local SGD fill through Ray Train) does not
+have them. Here every actor gets a name that says run, role and rank, and the run, each start of its actors (an
+attempt) and its workers are written to Ray Train's state actor in Ray Train's own schema, so every kind of run
+reads the same.
 
 Nothing here may fail the training run: the first failure to register prints one warning line and turns the
 registration off for the rest of the run (the actor names stay).
@@ -16,6 +16,7 @@ import os
 import sys
 import uuid
 import warnings
+from dataclasses import dataclass, field
 from typing import Any
 
 PREFIX = "raydist"
@@ -49,12 +50,28 @@ def _enabled() -> bool:
     return os.environ.get("RAY_TRAIN_ENABLE_STATE_TRACKING", "0").lower() in ("1", "true")
 
 
-class TrainView:
-    """One session of an async PS run in the dashboard. The driver names actors through `options`, and calls
-    `running` after each start of the actors, `restarting` when they are replaced and `end` once."""
+@dataclass(frozen=True)
+class RunDescription:
+    """What the dashboard's run list shows of a run's settings."""
 
-    def __init__(self, cfg: Any, strategy: str = "async"):
-        self.cfg, self.strategy = cfg, strategy
+    name: str
+    strategy: str
+    num_workers: int
+    cpus_per_worker: float
+    use_gpu: bool
+    max_failures: int
+    storage_dir: str
+    config: dict[str, Any] = field(default_factory=dict)
+    backend: dict[str, Any] = field(default_factory=dict)
+    keep: int = 1
+
+
+class TrainView:
+    """One session of a run of plain Ray actors in the dashboard. The driver names actors through `options`, and
+    calls `running` after each start of the actors, `restarting` when they are replaced and `end` once."""
+
+    def __init__(self, run: RunDescription):
+        self.desc, self.strategy = run, run.strategy
         self.attempt = 0  # starts of the actors so far, less one: the suffix of the current start's names
         self.run_id = uuid.uuid4().hex
         # Actor names are unique per namespace; one of our own per session keeps a resumed run of the same name in
@@ -67,13 +84,15 @@ class TrainView:
 
     def options(self, role: str, index: int | None = None) -> dict[str, Any]:
         """Ray actor options that name one actor of the current start."""
-        return {"name": actor_name(self.cfg.run.name, role, index, self.attempt), "namespace": self.namespace}
+        return {"name": actor_name(self.desc.name, role, index, self.attempt), "namespace": self.namespace}
 
     # ---- the run in Ray Train's state actor ------------------------------------------------------------------
 
-    def running(self, crew: Any) -> None:
-        """The actors of this start are up (after `Crew.locate`): the run and this attempt are RUNNING."""
-        self._safely(self._running, crew)
+    def running(self, workers: list, controller: Any, detail: str | None = None) -> None:
+        """The actors of this start are up, `workers` in rank order: the run and this attempt are RUNNING.
+        `controller` stands in for Ray Train's controller actor: the dashboard shows the run aborted once it is
+        dead, so it must be an actor that dies with the driver."""
+        self._safely(self._running, workers, controller, detail)
 
     def restarting(self, why: str) -> None:
         """An actor died or hung: this attempt ERRORED, the run RESTARTING; the next start's names get a suffix."""
@@ -114,18 +133,18 @@ class TrainView:
         if block:
             ray.get(refs, timeout=REGISTER_TIMEOUT_S)
 
-    def _running(self, crew: Any) -> None:
+    def _running(self, actors: list, controller_actor: Any, detail: str | None) -> None:
         import ray
         from ray.train.v2._internal.state.schema import (
             ActorStatus, RunAttemptStatus, RunStatus, TrainResources, TrainRunAttempt, TrainWorker)
         from ray.train.v2._internal.state.util import current_time_ns
 
-        cfg = self.cfg
-        where = ray.get([w.__ray_call__.remote(_whereabouts) for w in crew.workers], timeout=REGISTER_TIMEOUT_S)
-        per_worker = {"CPU": cfg.scaling.cpus_per_worker, **({"GPU": 1} if cfg.scaling.use_gpu else {})}
+        d = self.desc
+        where = ray.get([w.__ray_call__.remote(_whereabouts) for w in actors], timeout=REGISTER_TIMEOUT_S)
+        per_worker = {"CPU": d.cpus_per_worker, **({"GPU": 1} if d.use_gpu else {})}
         nodes: list[str] = []  # node ids in the order of their first worker: node_rank
         workers = []
-        for rank, (actor, w) in enumerate(zip(crew.workers, where)):
+        for rank, (actor, w) in enumerate(zip(actors, where)):
             if w["node_id"] not in nodes:
                 nodes.append(w["node_id"])
             workers.append(TrainWorker(
@@ -133,15 +152,13 @@ class TrainView:
                 node_rank=nodes.index(w["node_id"]), actor_id=actor._actor_id.hex(), node_id=w["node_id"],
                 node_ip=w["node_ip"], pid=w["pid"], gpu_ids=w["gpu_ids"], status=ActorStatus.ALIVE,
                 resources=TrainResources(resources=per_worker)))
-        servers = ", ".join(actor_name(cfg.run.name, "server", i, self.attempt) for i in range(len(crew.shards)))
         self.attempt_state = TrainRunAttempt(
             run_id=self.run_id, attempt_id=f"{self.run_id}-{self.attempt}", status=RunAttemptStatus.RUNNING,
-            status_detail=f"parameter server shards: {servers}", start_time_ns=current_time_ns(),
+            status_detail=detail, start_time_ns=current_time_ns(),
             resources=[TrainResources(resources=per_worker) for _ in workers], workers=workers)
-        # The dashboard takes a RUNNING run whose controller actor is dead for aborted. The async PS has no
-        # controller actor (the driver is one): server shard 0 stands in, as it hands out the run's steps and
-        # dies with the driver (it is not detached), so a killed driver shows as aborted, as Ray Train's does.
-        controller = crew.shards[0]._actor_id.hex()
+        # The dashboard takes a RUNNING run whose controller actor is dead for aborted; these runs have no
+        # controller actor (the driver is one), so one of theirs that dies with the driver stands in.
+        controller = controller_actor._actor_id.hex()
         if self.run is None:
             self.run = self._new_run(controller)
         self.run.controller_actor_id = controller
@@ -173,27 +190,25 @@ class TrainView:
             TrainRun)
         from ray.train.v2._internal.state.util import construct_data_config, current_time_ns
 
-        cfg = self.cfg
+        d = self.desc
         with warnings.catch_warnings():  # Ray Data's default options set a field it has deprecated: not ours to see
             warnings.simplefilter("ignore")
             data_config = construct_data_config(DataConfig())
         settings = RunSettings(
-            train_loop_config=cfg.to_dict(),
-            backend_config=BackendConfig(framework=None, config={"strategy": self.strategy,
-                                                                  "num_servers": cfg.async_ps.num_servers}),
+            train_loop_config=d.config,
+            backend_config=BackendConfig(framework=None, config={"strategy": self.strategy, **d.backend}),
             scaling_config=ScalingConfig(
-                num_workers=cfg.scaling.max_workers, use_gpu=cfg.scaling.use_gpu,
-                resources_per_worker={"CPU": cfg.scaling.cpus_per_worker}, placement_strategy="SPREAD",
-                use_tpu=False),
+                num_workers=d.num_workers, use_gpu=d.use_gpu, resources_per_worker={"CPU": d.cpus_per_worker},
+                placement_strategy="SPREAD", use_tpu=False),
             datasets=[], data_config=data_config,
             run_config=RunConfig(
-                name=cfg.run.name,
-                failure_config=FailureConfig(max_failures=cfg.scaling.max_failures, controller_failure_limit=0),
+                name=d.name,
+                failure_config=FailureConfig(max_failures=d.max_failures, controller_failure_limit=0),
                 worker_runtime_env={},
-                checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep, checkpoint_score_order="max"),
-                storage_path=cfg.run.storage_dir),
+                checkpoint_config=CheckpointConfig(num_to_keep=d.keep, checkpoint_score_order="max"),
+                storage_path=d.storage_dir),
         )
         return TrainRun(
-            id=self.run_id, name=cfg.run.name, job_id=ray.get_runtime_context().get_job_id(),
+            id=self.run_id, name=d.name, job_id=ray.get_runtime_context().get_job_id(),
             controller_actor_id=controller, status=RunStatus.RUNNING, start_time_ns=current_time_ns(),
             framework_versions={"ray": ray.__version__, "torch": _torch_version()}, run_settings=settings)

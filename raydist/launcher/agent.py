@@ -1,0 +1,219 @@
+"""The Ray actor beside each rank: starts the user's script in a fresh interpreter, relays its output, watches it.
+
+One `RankAgent` per process of the run, placed by the driver (raydist.launcher.driver). The script runs as a child
+process, not inside the actor: its own `__main__`, `sys.argv`, signal handlers and DataLoader workers, exactly as
+under torchrun or srun. It is a process group of its own (signals reach its DataLoader workers too) and dies with
+its agent (PR_SET_PDEATHSIG), so a lost agent leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from raydist.hook import STATUS_ENV, read
+
+MAX_BUFFERED_LINES = 20000  # between two polls; past it the oldest lines are dropped from the console (not the log)
+STACK_DUMP_TIMEOUT_S = 20
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when the agent's thread that started it exits."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _proc_stat(pid: int) -> tuple[str, float, int] | None:
+    """(state letter, CPU seconds, resident bytes) of one process from /proc, None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    return fields[0], (int(fields[11]) + int(fields[12])) / ticks, int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                kids = [int(k) for k in f.read().split()]
+        except OSError:
+            kids = []
+        out += kids
+        todo += kids
+    return out
+
+
+class RankAgent:
+    """Runs one rank's process and answers the driver's polls."""
+
+    def __init__(self, run: str, index: int):
+        self.run, self.index = run, index
+        self.proc: subprocess.Popen | None = None
+        self.lines: collections.deque[str] = collections.deque(maxlen=MAX_BUFFERED_LINES)
+        self.last_active = time.monotonic()
+        self.status_file = ""
+        self.status_seen: dict[str, float] = {}
+        self.rank = -1
+        self.exporter = None
+        self.restarts = 0
+
+    # ---- placement ----------------------------------------------------------------------------------
+
+    def where(self) -> dict[str, Any]:
+        import ray
+
+        ctx = ray.get_runtime_context()
+        gpus = [int(g) for g in ray.get_gpu_ids() if str(g).isdigit()]
+        return {"node_id": ctx.get_node_id(), "hostname": socket.gethostname(),
+                "ip": ray.util.get_node_ip_address(), "gpu_ids": gpus, "pid": os.getpid(),
+                "working_dir": bool((ctx.runtime_env or {}).get("working_dir")), "cwd": os.getcwd()}
+
+    def free_port(self) -> int:
+        """A port free on this node, for MASTER_PORT (rank 0's agent)."""
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return s.getsockname()[1]
+
+    # ---- the script -----------------------------------------------------------------------------------
+
+    def start(self, argv: list[str], launcher_env: dict[str, str], cwd: str, rank: int, restarts: int) -> int:
+        from raydist.launcher.environment import inherited
+
+        self.rank, self.restarts = rank, restarts
+        run_tmp = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"raydist-launch-{os.getpid()}")
+        os.makedirs(run_tmp, exist_ok=True)
+        self.status_file = os.path.join(run_tmp, f"rank{rank}.json")
+        for stale in (self.status_file, self.status_file + ".tmp"):
+            if os.path.exists(stale):
+                os.unlink(stale)
+        env = {**inherited(dict(os.environ)), **launcher_env, STATUS_ENV: self.status_file,
+               "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
+        if not os.path.isdir(cwd):
+            cwd = os.getcwd()  # the driver's directory is not on this node: Ray's copy of the working dir is
+        self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
+        self.last_active = time.monotonic()
+        threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
+        self._exporter()
+        return self.proc.pid
+
+    def _pump(self, proc: subprocess.Popen) -> None:
+        assert proc.stdout is not None
+        for raw in iter(proc.stdout.readline, b""):
+            self.lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
+            self.last_active = time.monotonic()
+
+    def _exporter(self) -> None:
+        from raydist.ray_metrics import Exporter
+
+        self.exporter = Exporter(self.run, "launch", "worker", self.rank)
+
+    def poll(self) -> dict[str, Any]:
+        """New output lines, exit code (None while running), seconds silent, the hook's values, CPU and memory."""
+        lines = []
+        while self.lines:
+            lines.append(self.lines.popleft())
+        status = read(self.status_file) if self.status_file else {}
+        if status.get("updated_unix") != self.status_seen.get("updated_unix"):
+            self.status_seen = status
+            self.last_active = time.monotonic()
+        code = self.proc.poll() if self.proc else None
+        usage = self._usage()
+        out = {"lines": lines, "exit_code": code, "silent_s": time.monotonic() - self.last_active,
+               "status": status, "pid": self.proc.pid if self.proc else None, **usage}
+        self._export(out)
+        return out
+
+    def _usage(self) -> dict[str, Any]:
+        if self.proc is None or self.proc.poll() is not None:
+            return {"state": "X", "cpu_s": 0.0, "rss_bytes": 0}
+        main = _proc_stat(self.proc.pid)
+        if main is None:
+            return {"state": "X", "cpu_s": 0.0, "rss_bytes": 0}
+        cpu, rss = main[1], main[2]
+        for kid in _descendants(self.proc.pid):  # DataLoader workers and anything else the script started
+            s = _proc_stat(kid)
+            if s:
+                cpu, rss = cpu + s[1], rss + s[2]
+        return {"state": main[0], "cpu_s": cpu, "rss_bytes": rss}
+
+    def _export(self, polled: dict[str, Any]) -> None:
+        if self.exporter is None:
+            return
+        s = polled["status"]
+        self.exporter.observe(step=s.get("step"), loss=s.get("loss"), restarts=self.restarts,
+                              rss_bytes=polled["rss_bytes"] or None, cpu_seconds=polled["cpu_s"] or None)
+        self.exporter.maybe_export()
+
+    def send(self, signame: str) -> None:
+        """A signal to the script's whole process group (a stopped one is continued, so that it can act on it)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for sig in (getattr(signal, signame), signal.SIGCONT):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+
+    def kill(self) -> int | None:
+        """SIGKILL the script's process group; its exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            return self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            return None
+
+    # ---- stacks -----------------------------------------------------------------------------------------
+
+    def dump_stack(self) -> dict[str, Any]:
+        """The script's Python stack, every thread: py-spy when it can read the process (non-blocking: it
+        works on a stopped process and does not pause a running one), else faulthandler (SIGABRT, which ends it)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return {"how": "none", "text": "(the process had exited)"}
+        pyspy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+        t = time.monotonic()
+        if os.path.exists(pyspy):
+            try:
+                r = subprocess.run([pyspy, "dump", "--nonblocking", "--pid", str(self.proc.pid)],
+                                   capture_output=True, text=True, timeout=STACK_DUMP_TIMEOUT_S)
+                if r.returncode == 0 and r.stdout.strip():
+                    return {"how": "py-spy", "text": r.stdout, "seconds": time.monotonic() - t}
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        return self._faulthandler_dump(t)
+
+    def _faulthandler_dump(self, t: float) -> dict[str, Any]:
+        """PYTHONFAULTHANDLER is on in every rank: SIGABRT makes it write every thread's stack to stderr."""
+        assert self.proc is not None
+        before = len(self.lines)
+        self.send("SIGABRT")
+        try:
+            self.proc.wait(timeout=STACK_DUMP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pass
+        time.sleep(0.2)  # the pump thread reads the last lines
+        text = "\n".join(list(self.lines)[before:])
+        return {"how": "faulthandler", "text": text or "(no stack: the process did not answer SIGABRT)",
+                "seconds": time.monotonic() - t}

@@ -1,0 +1,149 @@
+"""`raydist launch [options] -- COMMAND...`: run a torchrun- or srun-style script on every worker of the Ray cluster.
+
+    raydist launch --workers 2 -- python train.py --epochs 5          # embedded Ray instance on this machine
+    ray job submit --working-dir . -- raydist launch --workers 3 -- python train.py
+    sbatch cluster/ray_up.slurm raydist launch --workers 3 -- python train.py   # SLURM batch mode
+
+Every option is a key of `raydist.launcher.settings.LaunchConfig` (`--set key=value`, `--config FILE`); the flags
+below are the common ones. docs/launch.md has the environment each rank gets, faults, output and status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+
+from raydist.errors import RaydistError, UsageError
+
+FLAGS = {  # flag -> (settings key, metavar, help)
+    "--workers": ("workers", "N|MIN-MAX", "processes in all (WORLD_SIZE); MIN-MAX: elastic (default 2)"),
+    "--procs-per-node": ("procs_per_node", "K", "processes per node (default: spread over the nodes)"),
+    "--cpus-per-worker": ("cpus_per_worker", "C", "Ray CPUs reserved per process (default 1)"),
+    "--max-restarts": ("max_restarts", "N", "restarts of the whole group after a failure (default 3)"),
+    "--hang-timeout": ("hang_timeout_s", "S", "name a rank silent this long, dump every stack (default 300)"),
+    "--signal": ("stop_signal", "SIG", "sent to every rank at the time limit or preemption (default SIGTERM)"),
+    "--grace": ("grace_s", "S", "seconds the ranks have to exit after that signal (default 30)"),
+    "--output": ("output", "rank0|all|none", "whose output the console shows (default rank0)"),
+    "--name": ("name", "NAME", "run name (default launch-<script>)"),
+    "--storage": ("storage_path", "DIR", "where the run directory goes (default ~/raydist_runs)"),
+    "--address": ("address", "HOST:PORT", "Ray cluster (default: $RAY_ADDRESS, else a local instance)"),
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("launch", help="run your own torchrun- or srun-style training script on every worker of the "
+                                      "Ray cluster, unmodified (docs/launch.md)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for flag, (key, metavar, help) in FLAGS.items():
+        p.add_argument(flag, dest=key, metavar=metavar, help=help)
+    p.add_argument("--gpu", dest="use_gpu", action="store_const", const="true", help="one GPU per process")
+    p.add_argument("--config", action="append", default=[], metavar="FILE", help="YAML of launch settings")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="any launch setting, e.g. --set hang_timeout_s=60 (repeatable)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the command every rank runs, after --")
+    p.set_defaults(func=_launch)
+
+
+def overrides(args: argparse.Namespace) -> list[str]:
+    """The flags as --set overrides, before the explicit ones (which win)."""
+    out = [f"{key}={getattr(args, key)}" for key, _, _ in FLAGS.values() if getattr(args, key) is not None]
+    if args.use_gpu:
+        out.append("use_gpu=true")
+    return out + list(args.overrides)
+
+
+def check_command(command: list[str], cwd: str) -> None:
+    """The command exists, and so does a Python script it names: one line and exit 2 before Ray starts."""
+    if not command:
+        raise UsageError("raydist launch: give the command every rank runs after --, e.g. "
+                         "raydist launch --workers 2 -- python train.py")
+    program = command[0]
+    if program.startswith("-"):
+        raise UsageError(f"raydist launch: unknown option {program!r} (options go before --, the command after it)")
+    if not (shutil.which(program) or (os.sep in program and os.access(program, os.X_OK))):
+        raise UsageError(f"raydist launch: command not found: {program}")
+    if os.path.basename(program).startswith("python"):
+        script = _python_script(command[1:])
+        if script is not None and not os.path.isfile(os.path.join(cwd, script)):
+            raise UsageError(f"raydist launch: script not found: {script} (in {cwd})")
+
+
+def _python_script(args: list[str]) -> str | None:
+    """The script path a python command line runs; None for -m, -c or an interactive interpreter."""
+    takes_value = {"-W", "-X", "--check-hash-based-pycs"}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in ("-m", "-c", "-") or a.startswith(("-m", "-c")):
+            return None
+        if a in takes_value:
+            i += 2
+            continue
+        if not a.startswith("-"):
+            return a
+        i += 1
+    return None
+
+
+def check_before_ray(cfg, cwd: str) -> None:
+    from raydist.preflight import check_ray_target, check_writable
+
+    check_writable(cfg.run_dir, "storage_path")
+    address = cfg.address or os.environ.get("RAY_ADDRESS", "")
+    check_ray_target("" if address == "local" else address)
+
+
+def connect(cfg) -> str:
+    """Join the cluster (address or RAY_ADDRESS), else start the embedded instance sized for the run."""
+    import logging
+
+    import ray
+
+    from raydist.launch import prepare_ray_environment, start_local
+    from raydist.preflight import check_reachable
+
+    prepare_ray_environment()
+    address = cfg.address or os.environ.get("RAY_ADDRESS", "")
+    if address and address != "local":
+        check_reachable(address)
+        try:
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        except (ConnectionError, ValueError, RuntimeError) as e:
+            raise RaydistError(f"cannot connect to Ray at {address}: {str(e).splitlines()[0]}") from None
+        return address
+    start_local(max(os.cpu_count() or 1, int(cfg.max_workers * cfg.cpus_per_worker + 0.999)))
+    return "local"
+
+
+class RankFailed(RaydistError):
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from raydist.launcher import settings
+
+    started = time.perf_counter()
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    cwd = os.getcwd()
+    cfg = settings.load(args.config, overrides(args), command)
+    check_command(command, cwd)
+    check_before_ray(cfg, cwd)
+    from raydist.launcher.driver import LaunchRun, say
+
+    summary = LaunchRun(cfg, command, cwd, started, connect).run()
+    if summary.status == "failed":
+        raise RankFailed(f"{cfg.name}: {summary.reason}", summary.exit_code)
+    say(f"{cfg.name}: {summary.status} ({summary.reason}) after {summary.wall_s:.1f} s, {summary.restarts} "
+        f"restart(s); summary {os.path.join(cfg.run_dir, 'summary.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    from raydist.cli import main
+
+    sys.exit(main(["launch", *sys.argv[1:]]))

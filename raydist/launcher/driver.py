@@ -1,0 +1,303 @@
+"""`raydist launch`'s loop: start the group, watch it, ask the policy, act; output, logs, stacks, summary.
+
+The loop acts on what `raydist.launcher.policy.decide` says; `raydist.launcher.group.Group` does the Ray work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+from raydist.atomic import write_json_atomic
+from raydist.errors import RaydistError
+from raydist.launcher import policy
+from raydist.launcher.group import Group, capacity, group_size
+from raydist.launcher.settings import LaunchConfig, to_dict
+from raydist.launcher.summary import LaunchSummary
+from raydist.summary import RESULT_ENV
+
+POLL_S = 0.2  # how often output is relayed and the ranks are looked at
+STOP_POLL_S = 1.0  # how often the cluster's stop request and node drains are read (GCS reads)
+
+
+class Console:
+    """Each rank's lines to its log file; the chosen ranks' lines, prefixed, to stdout."""
+
+    def __init__(self, cfg: LaunchConfig, out=None):
+        self.cfg, self.out = cfg, out or sys.stdout
+        self.logs = Path(cfg.run_dir) / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.files: dict[int, Any] = {}
+
+    def attempt(self, restarts: int, ranks) -> None:
+        for f in self.files.values():
+            f.close()
+        self.files = {r.rank: open(self.logs / f"rank{r.rank}.log", "a", buffering=1) for r in ranks}
+        for r in ranks:
+            self.files[r.rank].write(f"=== raydist launch: start {restarts + 1}, rank {r.rank} on {r.node} "
+                                     f"(pid {r.pid}) at {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n")
+
+    def lines(self, rank, lines: list[str]) -> None:
+        if not lines:
+            return
+        f = self.files.get(rank.rank)
+        if f:
+            f.write("\n".join(lines) + "\n")
+        if self.cfg.output == "all" or (self.cfg.output == "rank0" and rank.rank == 0):
+            prefix = f"[rank {rank.rank} {rank.node}] "
+            self.out.write("".join(prefix + ln + "\n" for ln in lines))
+            self.out.flush()
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+
+
+def say(msg: str) -> None:
+    print(f"[raydist] {msg}", file=sys.stderr, flush=True)
+
+
+class Interrupts:
+    """SIGTERM/SIGINT to the launcher become a STOP event: the ranks get stop_signal and their grace."""
+
+    def __init__(self):
+        self.why: str | None = None
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._note)
+
+    def _note(self, signum, _frame) -> None:
+        if self.why is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop waiting for the grace period
+        self.why = f"raydist launch received {signal.Signals(signum).name}"
+
+
+class LaunchRun:
+    """One `raydist launch`: runs the group until it completes, fails, or is stopped; returns its summary."""
+
+    def __init__(self, cfg: LaunchConfig, command: list[str], cwd: str, started: float,
+                 connect: Callable[[LaunchConfig], str]):
+        self.cfg, self.command, self.cwd, self.started, self.connect = cfg, command, cwd, started, connect
+        self.restarts = 0
+        self.failures: list[str] = []
+        self.interrupts = Interrupts()
+        self.timeline: dict[str, float] = {}
+        self.first_step_unix: float | None = None
+        self.run_id = uuid.uuid4().hex[:12]
+        self._registering: threading.Thread | None = None
+
+    def _registered(self) -> None:
+        """Wait for the dashboard registration of the current start (before the view is told what came next)."""
+        if self._registering is not None:
+            self._registering.join(timeout=30)
+
+    def _mark(self, what: str) -> None:
+        self.timeline.setdefault(what, round(time.perf_counter() - self.started, 3))
+
+    def run(self) -> LaunchSummary:
+        self.interrupts.install()
+        self.ray = self.connect(self.cfg)
+        self._mark("connected")
+        self.view = self._view()
+        self.console = Console(self.cfg)
+        group: Group | None = None
+        decision = None
+        try:
+            while True:
+                group = self._start()
+                decision = self._supervise(group)
+                if decision.action == policy.Action.STOP:
+                    self._stop(group, decision.reason)
+                if decision.action != policy.Action.RESTART:
+                    break
+                self.failures.append(decision.reason)
+                say(decision.reason)
+                group.end()
+                self._registered()
+                self.view.restarting(decision.reason)
+                self.restarts += 1
+            return self._finish(group, decision)
+        except BaseException as e:
+            self._registered()
+            self.view.end(error=e)
+            raise
+        finally:
+            self.console.close()
+            if group is not None:
+                group.end()
+
+    def _view(self):
+        from raydist.train_view import RunDescription, TrainView
+
+        c = self.cfg
+        return TrainView(RunDescription(
+            name=c.name, strategy="launch", num_workers=c.max_workers, cpus_per_worker=c.cpus_per_worker,
+            use_gpu=c.use_gpu, max_failures=c.max_restarts, storage_dir=c.storage_dir,
+            config={"command": self.command, **to_dict(c)}, backend={"command": " ".join(self.command)}))
+
+    def _start(self) -> Group:
+        import ray
+
+        n = group_size(self.cfg, capacity(self.cfg, ray.nodes()))
+        group = Group(self.cfg, self.view, n, self.restarts, loopback=self.ray == "local")
+        group.place()
+        self._mark("placed")
+        group.start(self.command, self.cwd, self.run_id)
+        self._mark("started")
+        self.console.attempt(self.restarts, group.ranks)
+        # Registering in the dashboard's run list can take a second (the state actor's first start): off the
+        # critical path, while the scripts import torch.
+        self._registering = threading.Thread(target=self.view.running, daemon=True, args=(
+            [r.agent for r in group.ranks], group.ranks[0].agent, " ".join(self.command)))
+        self._registering.start()
+        ranks = ", ".join(f"{r.rank}@{r.node}" for r in group.ranks)
+        say(f"{self.cfg.name}: {n} ranks ({ranks}); MASTER_ADDR={group.ranks[0].slot.place.ip}; "
+            f"logs {self.console.logs}")
+        return group
+
+    def _supervise(self, group: Group) -> policy.Decision:
+        """Poll until something happens that the policy decides about."""
+        next_stop_check = 0.0
+        while True:
+            for rank, lines in group.poll():
+                if lines:
+                    self._mark("first_output")
+                self.console.lines(rank, lines)
+                first = rank.status.get("first_step_unix")
+                if first and self.first_step_unix is None:
+                    self.first_step_unix = first
+            event = self._event(group)
+            if event is None and time.monotonic() >= next_stop_check:
+                next_stop_check = time.monotonic() + STOP_POLL_S
+                event = self._stop_event(group)
+            if event is not None:
+                return policy.decide(event, self.restarts, self.cfg)
+            time.sleep(POLL_S)
+
+    def _event(self, group: Group) -> policy.Event | None:
+        if self.interrupts.why:
+            return policy.Event(policy.Kind.STOP, detail=self.interrupts.why)
+        for r in group.ranks:
+            if r.lost:
+                return policy.Event(policy.Kind.LOST, r.rank, r.node, r.pid, detail=r.lost)
+        failed = [r for r in group.ranks if r.exit_code not in (None, 0)]
+        if failed:
+            r = failed[0]
+            return policy.Event(policy.Kind.EXITED, r.rank, r.node, r.pid, r.exit_code, r.last_line)
+        if all(r.exit_code == 0 for r in group.ranks):
+            return policy.Event(policy.Kind.COMPLETED)
+        return self._hang(group)
+
+    def _hang(self, group: Group) -> policy.Event | None:
+        now = time.monotonic()
+        running = [r for r in group.ranks if r.exit_code is None]
+        acts = [policy.Activity(r.rank, now - r.silent_s, r.state) for r in running]
+        if policy.hung_rank(acts, now, self.cfg.hang_timeout_s) is None:
+            return None
+        stacks = group.dump_stacks()
+        where = self._write_stacks(stacks)
+        acts = [policy.Activity(a.rank, a.last_active, a.state, _in_collective(stacks.get(a.rank, {}).get("text", "")))
+                for a in acts]
+        bad = policy.culprit(acts)
+        r = group.ranks[bad.rank]
+        state = " (its process was stopped)" if bad.state in ("T", "t") else ""
+        return policy.Event(policy.Kind.HUNG, r.rank, r.node, r.pid, detail=(
+            f"printed nothing and reported no step for {now - bad.last_active:.0f} s (hang_timeout_s="
+            f"{self.cfg.hang_timeout_s:g}){state}; every rank's stack is in {where}"))
+
+    def _write_stacks(self, stacks: dict[int, dict[str, Any]]) -> Path:
+        where = Path(self.cfg.run_dir) / "stacks" / f"start{self.restarts + 1}"
+        where.mkdir(parents=True, exist_ok=True)
+        for rank, s in stacks.items():
+            (where / f"rank{rank}.txt").write_text(f"# {s.get('how')}, {s.get('seconds', 0):.2f} s\n{s['text']}\n")
+        return where
+
+    def _stop_event(self, group: Group) -> policy.Event | None:
+        from raydist.preemption import draining_nodes, stop_requested
+
+        try:
+            request = stop_requested()
+            draining = draining_nodes()
+        except Exception:  # a GCS that does not answer now is the poll's business, not the stop check's
+            return None
+        if request is not None:
+            return policy.Event(policy.Kind.STOP, detail=request.describe())
+        ours = {r.slot.place.node_id: r.node for r in group.ranks}
+        drained = [ours[n] for n in draining if n in ours]
+        if drained:
+            return policy.Event(policy.Kind.STOP, detail=f"node(s) {', '.join(sorted(set(drained)))} being drained "
+                                                         f"(preemption)")
+        return None
+
+    def _stop(self, group: Group, reason: str) -> None:
+        """stop_signal to every rank, then up to grace_s (less when the cluster ends sooner) for them to exit."""
+        from raydist.preemption import stop_requested
+
+        grace = self.cfg.grace_s
+        try:
+            request = stop_requested()
+        except Exception:
+            request = None
+        if request is not None and request.deadline_unix is not None:
+            grace = max(0.0, min(grace, request.deadline_unix - time.time() - 5))
+        say(f"{reason}: sending {self.cfg.stop_signal} to every rank; they have {grace:.0f} s to exit")
+        group.send(self.cfg.stop_signal)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            polled = group.poll()
+            for rank, lines in polled:
+                self.console.lines(rank, lines)
+            if all(r.exit_code is not None or r.lost for r in group.ranks):
+                return
+            time.sleep(POLL_S)
+        say(f"ranks still running after {grace:.0f} s: killing them")
+
+    def _finish(self, group: Group, decision: policy.Decision) -> LaunchSummary:
+        status = {policy.Action.DONE: "completed", policy.Action.STOP: "stopped"}.get(decision.action, "failed")
+        if status == "failed":
+            self.failures.append(decision.reason)
+        summary = LaunchSummary(
+            run_name=self.cfg.name, run_dir=self.cfg.run_dir, ray=self.ray, command=self.command,
+            workers=len(group.ranks), status=status, exit_code=decision.exit_code, reason=decision.reason,
+            restarts=self.restarts, wall_s=round(time.perf_counter() - self.started, 3),
+            ranks=[{"rank": r.rank, "node": r.node, "pid": r.pid, "exit_code": r.exit_code} for r in group.ranks],
+            failures=self.failures, logs=str(self.console.logs), startup_s=self._startup())
+        self._registered()
+        if status == "failed":
+            self.view.end(error=RaydistError(decision.reason))
+        else:
+            self.view.end(stop_reason=decision.reason if status == "stopped" else None)
+        summary.write()
+        if os.environ.get(RESULT_ENV):
+            write_json_atomic(Path(os.environ[RESULT_ENV]), summary.to_dict())
+        return summary
+
+    def _startup(self) -> dict[str, float]:
+        out = dict(self.timeline)
+        if self.first_step_unix is not None:
+            from raydist.launch import process_start_time
+
+            out["first_step"] = round(self.first_step_unix - process_start_time(), 3)
+        return out
+
+
+COLLECTIVE_FRAMES = ("torch/distributed/", "torch/nn/parallel/distributed.py", "torch/autograd/", "_engine_run_backward")
+
+
+def _in_collective(stack: str) -> bool | None:
+    """Whether a dumped stack waits on its peers (in torch.distributed, or in a DDP backward's all-reduce)."""
+    if not stack.strip() or stack.startswith("("):
+        return None
+    return any(frame in stack for frame in COLLECTIVE_FRAMES)
+
+
+def describe_outcome(summary: LaunchSummary) -> str:
+    return json.dumps(summary.to_dict())

@@ -1,0 +1,112 @@
+"""`raydist launch`'s settings: declared, loaded and checked like the run config (raydist.config).
+
+Every option of `raydist launch` is a field here; a command-line flag such as `--workers 2` is `--set workers=2`,
+and `--config FILE` reads the same keys from YAML. docs/configuration.md's launch table is generated from these
+fields (`raydist config reference --launch`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from dataclasses import dataclass
+from typing import Any, Iterable, Literal
+
+from raydist.config import _check, _run_name, _shared_path, _worker_count, merge, opt, validate
+
+WHAT = "launch settings (workers, max_restarts, ...)"
+
+
+def _signal_name(value: str, key: str) -> str:
+    name = value.upper()
+    name = name if name.startswith("SIG") else f"SIG{name}"
+    _check(name in signal.Signals.__members__ and name not in ("SIGKILL", "SIGSTOP"), key,
+           f"must name a signal a script can handle, such as TERM, INT or USR1 (got {value!r})")
+    return name
+
+
+@dataclass
+class LaunchConfig:
+    """A script launched on every worker of the Ray cluster, torchrun- and srun-style."""
+
+    workers: int | str = opt(
+        2, "processes running the script in all (WORLD_SIZE): N, or MIN-MAX for an elastic run that starts with "
+        "as many as fit and restarts with fewer when nodes are lost", parse=_worker_count, shown="N or MIN-MAX")
+    procs_per_node: int = opt(
+        0, "processes per node (LOCAL_WORLD_SIZE), each node's ranks on one node together; 0 = as Ray places "
+        "them, spread over the nodes as far as they go", ge=0, special={0: "spread"})
+    cpus_per_worker: float = opt(1.0, "Ray CPUs reserved per process", gt=0)
+    use_gpu: bool = opt(False, "one GPU per process; CUDA_VISIBLE_DEVICES lists its node's GPUs so that device "
+                               "LOCAL_RANK is its own")
+    max_restarts: int = opt(
+        3, "restarts of the whole group after a rank exited non-zero, died, hung or lost its node "
+        "(TORCHELASTIC_RESTART_COUNT counts them); -1 = unlimited", ge=0, special={-1: "unlimited"})
+    hang_timeout_s: float = opt(
+        300.0, "a rank that prints nothing and reports no step (raydist.hook.report) for this long is named with "
+        "every rank's Python stack, and the group stops (then restarts within max_restarts); 0 = never",
+        ge=0, special={0: "never"})
+    stop_signal: str = opt(
+        "SIGTERM", "sent to every rank at the SLURM time-limit warning, on preemption (a drained node) and when "
+        "raydist launch itself is interrupted", parse=_signal_name, shown="signal name")
+    grace_s: float = opt(
+        30.0, "after stop_signal, how long the ranks have to exit (less when the cluster ends sooner) before they "
+        "are killed", ge=0)
+    output: Literal["rank0", "all", "none"] = opt(
+        "rank0", "which ranks' output the console shows, each line prefixed [rank N node]; every rank's is kept "
+        "in <run dir>/logs/rank<N>.log")
+    start_timeout_s: float = opt(
+        120.0, "how long placing the processes may take (at the start, and after a node was lost) before the run "
+        "fails naming the dead nodes", gt=0)
+    name: str = opt("", "run name: the run directory under storage_path and the dashboard's run; '' = "
+                        "launch-<script name>", parse=_run_name)
+    storage_path: str = opt(
+        "~/raydist_runs", "where the run directory goes (logs, stack dumps, summary.json); on the driver's node",
+        parse=_shared_path)
+    address: str = opt("", "Ray cluster to use: '' = RAY_ADDRESS if set (as under `ray job submit` and in SLURM "
+                           "batch mode), else start a local Ray instance")
+
+    def check(self, prefix: str) -> None:
+        if self.procs_per_node:
+            _check(self.min_workers % self.procs_per_node == 0 and self.max_workers % self.procs_per_node == 0,
+                   f"{prefix}procs_per_node", f"must divide workers={self.workers} (got {self.procs_per_node})")
+
+    @property
+    def elastic(self) -> bool:
+        return isinstance(self.workers, str)
+
+    @property
+    def max_workers(self) -> int:
+        return int(str(self.workers).rpartition("-")[2])
+
+    @property
+    def min_workers(self) -> int:
+        return int(str(self.workers).partition("-")[0])
+
+    @property
+    def storage_dir(self) -> str:
+        return os.path.abspath(os.path.expanduser(self.storage_path))
+
+    @property
+    def run_dir(self) -> str:
+        return os.path.join(self.storage_dir, self.name)
+
+
+def default_name(command: list[str]) -> str:
+    """launch-<script stem>: the script is the first argument that is not an option of the interpreter."""
+    script = next((a for a in command[1:] if not a.startswith("-")), command[0]) if command else "script"
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", os.path.splitext(os.path.basename(script))[0]).strip("-.")
+    return f"launch-{stem or 'script'}"
+
+
+def load(files: Iterable[str], overrides: Iterable[str], command: list[str]) -> LaunchConfig:
+    cfg = merge(LaunchConfig(), files, overrides, what=WHAT, kind="launch config")
+    if not cfg.name:
+        cfg.name = default_name(command)
+    return validate(cfg)
+
+
+def to_dict(cfg: LaunchConfig) -> dict[str, Any]:
+    import dataclasses
+
+    return dataclasses.asdict(cfg)
