@@ -92,10 +92,18 @@ def main():
     dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world)
 
     stop = {"asked": False}
-    signal.signal(signal.SIGTERM, lambda *_: stop.update(asked=True))
+
+    def on_sigterm(*_):
+        print(f"rank {rank}: SIGTERM received", flush=True)
+        stop["asked"] = True
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
     torch.manual_seed(0)
-    model = DDP(SmallCNN().to(device), device_ids=[local_rank] if use_cuda else None)
+    # find_unused_parameters: DDP then keeps its first gradient-bucket layout instead of rebuilding it after the
+    # first step; with 3+ ranks the layout decides the order gloo/NCCL add the ranks' gradients in, so a resumed
+    # run would differ from an uninterrupted one in the last bits.
+    model = DDP(SmallCNN().to(device), device_ids=[local_rank] if use_cuda else None, find_unused_parameters=True)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     data = synthetic_images(args.samples)
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)

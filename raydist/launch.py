@@ -94,7 +94,7 @@ def connect(cfg: Config) -> str:
     return "local"
 
 
-def start_local(num_cpus: int) -> None:
+def start_local(num_cpus: int, logging_level: int = logging.INFO) -> None:
     """Start the embedded Ray instance: private, loopback only, ending with this process."""
     import ray
 
@@ -110,10 +110,11 @@ def start_local(num_cpus: int) -> None:
     os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{dashboard_port}"
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=True,
              dashboard_host="127.0.0.1", dashboard_port=dashboard_port,
-             _node_ip_address="127.0.0.1", runtime_env={"env_vars": {"PYTHONWARNINGS": QUIET_WARNINGS}})
+             _node_ip_address="127.0.0.1", runtime_env={"env_vars": {"PYTHONWARNINGS": QUIET_WARNINGS}},
+             logging_level=logging_level)
     if token:
         print(f"[raydist] local Ray: token auth on; the dashboard's token is in {token} (readable by this user "
-              f"only, removed when the job ends)", flush=True)
+              f"only, removed when the job ends)", file=sys.stderr, flush=True)
 
 
 QUIET_WARNINGS = "ignore:`ExecutionOptions.exclude_resources` is deprecated"

@@ -51,7 +51,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("test_accuracy", "gauge", "test accuracy at the latest evaluation"),
     Metric("restarts", "gauge", "restarts of the run's workers so far (async PS driver; each rank of `raydist launch`)"),
     Metric("rss_bytes", "gauge", "`raydist launch`: resident memory of the rank's script and the processes it started"),
-    Metric("cpu_seconds", "gauge", "`raydist launch`: CPU time of the rank's script and the processes it started"),
+    Metric("cpu_share", "gauge", "`raydist launch`: CPU time of the rank's script and the processes it started, per "
+           "second of wall time since the previous export (1.0 = one core busy)"),
     Metric("updated_unixtime", "gauge", "when this process last exported (Unix time): its age tells a stalled worker"),
 )
 BY_NAME = {m.name: m for m in METRICS}

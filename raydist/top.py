@@ -77,7 +77,7 @@ class Proc:
             if key in v:
                 out[key] = int(v[key])
         for key in ("loss", "grad_norm", "lr", "samples_per_s", "step_time_s", "comm_wait_share", "comm_bytes",
-                    "ps_updates_per_s", "checkpoint_s", "peak_memory_bytes", "test_accuracy"):
+                    "ps_updates_per_s", "checkpoint_s", "peak_memory_bytes", "test_accuracy", "rss_bytes", "cpu_share"):
             if key in v:
                 out[key] = v[key]
         if "staleness" in v:
@@ -160,7 +160,14 @@ def _fmt(value: Any, kind: str = "") -> str:
     return str(value)
 
 
-COLUMNS = ("RUN", "ROLE", "RANK", "NODE", "STEP", "SAMPLES/S", "WAIT", "STALENESS", "LOSS", "CKPT", "STATE")
+COLUMNS = ("RUN", "ROLE", "RANK", "NODE", "STEP", "SAMPLES/S", "WAIT", "STALENESS", "LOSS", "CKPT", "CPU", "MEM",
+           "RESTARTS", "STATE")
+
+
+def _mem(row: dict[str, Any]) -> str:
+    """A launched rank's resident memory, else a training process's peak."""
+    value = row.get("rss_bytes", row.get("peak_memory_bytes"))
+    return "-" if value is None else f"{value / 2**30:.1f}G" if value >= 2**30 else f"{value / 2**20:.0f}M"
 
 
 def table(runs: list[dict[str, Any]], dead_nodes: list[str], source: str, now: float) -> str:
@@ -175,7 +182,8 @@ def table(runs: list[dict[str, Any]], dead_nodes: list[str], source: str, now: f
             state = x["state"] + (f" {x['age_s']:.0f}s" if x["state"] == "stalled" and x["age_s"] is not None else "")
             rows.append((r["run"] if x is r["processes"][0] else "", x["role"], str(x["rank"]), x["node"], step,
                          _fmt(x.get("samples_per_s"), "rate"), _fmt(x.get("comm_wait_share"), "pct"),
-                         _fmt(x.get("staleness")), _fmt(x.get("loss")), _fmt(x.get("last_checkpoint_step")), state))
+                         _fmt(x.get("staleness")), _fmt(x.get("loss")), _fmt(x.get("last_checkpoint_step")),
+                         _fmt(x.get("cpu_share"), "pct"), _mem(x), _fmt(x.get("restarts")), state))
     if len(rows) > 1:
         widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
         lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
@@ -278,3 +286,20 @@ def snapshot(source: Source, fetch: Callable[[str], str] = scrape, clock: Callab
     now = clock()
     return {"source": source.describe, "session": session, "time": now, "targets": targets, "unreachable": errors,
             "dead_nodes": source.dead_nodes(), "runs": runs_view(group(samples), now)}
+
+
+LAUNCHED_COLUMNS = ("RUN", "RANK", "NODE", "STATE", "RESTARTS", "CPU", "MEM", "STEP", "LOSS")
+
+
+def launched(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ranks of scripts run by `raydist launch`, one row each (`raydist status`)."""
+    return [{"run": r["run"], **p} for r in runs if r["strategy"] == "launch" for p in r["processes"]]
+
+
+def launched_table(rows: list[dict[str, Any]]) -> str:
+    table = [LAUNCHED_COLUMNS] + [(x["run"], str(x["rank"]), x["node"], x["state"], _fmt(x.get("restarts")),
+                                   _fmt(x.get("cpu_share"), "pct"), _mem(x), _fmt(x.get("step")),
+                                   _fmt(x.get("loss"))) for x in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(LAUNCHED_COLUMNS))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table)
+

@@ -72,6 +72,8 @@ class RankAgent:
         self.rank = -1
         self.exporter = None
         self.restarts = 0
+        self.ended: float | None = None
+        self.exit_seen: float | None = None
 
     # ---- placement ----------------------------------------------------------------------------------
 
@@ -82,6 +84,7 @@ class RankAgent:
         gpus = [int(g) for g in ray.get_gpu_ids() if str(g).isdigit()]
         return {"node_id": ctx.get_node_id(), "hostname": socket.gethostname(),
                 "ip": ray.util.get_node_ip_address(), "gpu_ids": gpus, "pid": os.getpid(),
+                "iface": os.environ.get("GLOO_SOCKET_IFNAME") or os.environ.get("NCCL_SOCKET_IFNAME", ""),
                 "working_dir": bool((ctx.runtime_env or {}).get("working_dir")), "cwd": os.getcwd()}
 
     def free_port(self) -> int:
@@ -93,7 +96,7 @@ class RankAgent:
     # ---- the script -----------------------------------------------------------------------------------
 
     def start(self, argv: list[str], launcher_env: dict[str, str], cwd: str, rank: int, restarts: int) -> int:
-        from raydist.launcher.environment import inherited
+        from raydist.launcher.environment import merged
 
         self.rank, self.restarts = rank, restarts
         run_tmp = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"raydist-launch-{os.getpid()}")
@@ -102,13 +105,14 @@ class RankAgent:
         for stale in (self.status_file, self.status_file + ".tmp"):
             if os.path.exists(stale):
                 os.unlink(stale)
-        env = {**inherited(dict(os.environ)), **launcher_env, STATUS_ENV: self.status_file,
+        env = {**merged(dict(os.environ), launcher_env), STATUS_ENV: self.status_file,
                "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
         if not os.path.isdir(cwd):
             cwd = os.getcwd()  # the driver's directory is not on this node: Ray's copy of the working dir is
         self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
         self.last_active = time.monotonic()
+        self.ended = self.exit_seen = None
         threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
         self._exporter()
         return self.proc.pid
@@ -118,11 +122,14 @@ class RankAgent:
         for raw in iter(proc.stdout.readline, b""):
             self.lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
             self.last_active = time.monotonic()
+        proc.wait()
+        self.ended = time.monotonic()  # which rank failed first, when several have: the others followed it
 
     def _exporter(self) -> None:
         from raydist.ray_metrics import Exporter
 
         self.exporter = Exporter(self.run, "launch", "worker", self.rank)
+        self._cpu_mark: tuple[float, float] | None = None
 
     def poll(self) -> dict[str, Any]:
         """New output lines, exit code (None while running), seconds silent, the hook's values, CPU and memory."""
@@ -135,7 +142,17 @@ class RankAgent:
             self.last_active = time.monotonic()
         code = self.proc.poll() if self.proc else None
         usage = self._usage()
-        out = {"lines": lines, "exit_code": code, "silent_s": time.monotonic() - self.last_active,
+        now = time.monotonic()
+        if code is not None and self.ended is None:
+            # Exited, but its last lines are still being read: report both together (unless a process it left
+            # behind keeps the pipe open).
+            self.exit_seen = self.exit_seen or now
+            if now - self.exit_seen < 2.0:
+                code = None
+            else:
+                self.ended = self.exit_seen
+        out = {"lines": lines, "exit_code": code, "silent_s": now - self.last_active,
+               "ended_s_ago": now - self.ended if self.ended is not None else None,
                "status": status, "pid": self.proc.pid if self.proc else None, **usage}
         self._export(out)
         return out
@@ -157,8 +174,14 @@ class RankAgent:
         if self.exporter is None:
             return
         s = polled["status"]
+        now = time.monotonic()
+        if self._cpu_mark is not None and now - self._cpu_mark[0] >= 1.0:
+            share = (polled["cpu_s"] - self._cpu_mark[1]) / (now - self._cpu_mark[0])
+            self.exporter.observe(cpu_share=max(share, 0.0))
+        if self._cpu_mark is None or now - self._cpu_mark[0] >= 1.0:
+            self._cpu_mark = (now, polled["cpu_s"])
         self.exporter.observe(step=s.get("step"), loss=s.get("loss"), restarts=self.restarts,
-                              rss_bytes=polled["rss_bytes"] or None, cpu_seconds=polled["cpu_s"] or None)
+                              rss_bytes=polled["rss_bytes"] or None)
         self.exporter.maybe_export()
 
     def send(self, signame: str) -> None:

@@ -114,7 +114,8 @@ def connect(cfg) -> str:
         except (ConnectionError, ValueError, RuntimeError) as e:
             raise RaydistError(f"cannot connect to Ray at {address}: {str(e).splitlines()[0]}") from None
         return address
-    start_local(max(os.cpu_count() or 1, int(cfg.max_workers * cfg.cpus_per_worker + 0.999)))
+    # ERROR: Ray's start-up lines (and its token notice) would mix into the script's own output.
+    start_local(max(os.cpu_count() or 1, int(cfg.max_workers * cfg.cpus_per_worker + 0.999)), logging.ERROR)
     return "local"
 
 

@@ -103,8 +103,8 @@ class LaunchRun:
         self.timeline.setdefault(what, round(time.perf_counter() - self.started, 3))
 
     def run(self) -> LaunchSummary:
-        self.interrupts.install()
         self.ray = self.connect(self.cfg)
+        self.interrupts.install()  # after ray.init, which installs a SIGTERM handler of its own
         self._mark("connected")
         self.view = self._view()
         self.console = Console(self.cfg)
@@ -158,7 +158,8 @@ class LaunchRun:
         self._registering = threading.Thread(target=self.view.running, daemon=True, args=(
             [r.agent for r in group.ranks], group.ranks[0].agent, " ".join(self.command)))
         self._registering.start()
-        ranks = ", ".join(f"{r.rank}@{r.node}" for r in group.ranks)
+        ranks = ", ".join(f"{r.rank}@{r.node}" + (f"/{r.slot.place.iface}" if r.slot.place.iface else "")
+                          for r in group.ranks)
         say(f"{self.cfg.name}: {n} ranks ({ranks}); MASTER_ADDR={group.ranks[0].slot.place.ip}; "
             f"logs {self.console.logs}")
         return group
@@ -190,7 +191,7 @@ class LaunchRun:
                 return policy.Event(policy.Kind.LOST, r.rank, r.node, r.pid, detail=r.lost)
         failed = [r for r in group.ranks if r.exit_code not in (None, 0)]
         if failed:
-            r = failed[0]
+            r = max(failed, key=lambda r: (r.ended_s_ago, -r.rank))  # the first to fail; its peers followed
             return policy.Event(policy.Kind.EXITED, r.rank, r.node, r.pid, r.exit_code, r.last_line)
         if all(r.exit_code == 0 for r in group.ranks):
             return policy.Event(policy.Kind.COMPLETED)
@@ -268,7 +269,8 @@ class LaunchRun:
             run_name=self.cfg.name, run_dir=self.cfg.run_dir, ray=self.ray, command=self.command,
             workers=len(group.ranks), status=status, exit_code=decision.exit_code, reason=decision.reason,
             restarts=self.restarts, wall_s=round(time.perf_counter() - self.started, 3),
-            ranks=[{"rank": r.rank, "node": r.node, "pid": r.pid, "exit_code": r.exit_code} for r in group.ranks],
+            ranks=[{"rank": r.rank, "node": r.node, "iface": r.slot.place.iface, "pid": r.pid,
+                    "exit_code": r.exit_code} for r in group.ranks],
             failures=self.failures, logs=str(self.console.logs), startup_s=self._startup())
         self._registered()
         if status == "failed":

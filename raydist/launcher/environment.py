@@ -43,6 +43,7 @@ class Place:
     hostname: str
     ip: str
     gpu_ids: tuple[int, ...] = ()
+    iface: str = ""  # the node's interface as bring-up chose it (GLOO_SOCKET_IFNAME of its Ray), '' if none
 
 
 @dataclass(frozen=True)
@@ -162,13 +163,14 @@ def inherited(env: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def script_environment(worker_env: dict[str, str], slot: Slot, group: Group,
-                       extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The whole environment of one rank's process."""
-    env = inherited(worker_env)
-    env.setdefault("SLURM_JOB_NAME", group.job_name)
-    env.update(rank_environment(slot, group))
-    if "SLURM_JOB_NAME" in worker_env:  # the allocation's own name (Lightning reads 'bash'/'interactive' from it)
+def merged(worker_env: dict[str, str], launcher_env: dict[str, str]) -> dict[str, str]:
+    """The whole environment of one rank's process: what it keeps of its Ray worker's, then the launcher's. A job
+    name the allocation has stays (Lightning reads 'bash'/'interactive' from it)."""
+    env = {**inherited(worker_env), **launcher_env}
+    if "SLURM_JOB_NAME" in worker_env:
         env["SLURM_JOB_NAME"] = worker_env["SLURM_JOB_NAME"]
-    env.update(extra or {})
     return env
+
+
+def script_environment(worker_env: dict[str, str], slot: Slot, group: Group) -> dict[str, str]:
+    return merged(worker_env, rank_environment(slot, group))

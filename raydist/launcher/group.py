@@ -32,6 +32,7 @@ class Rank:
     cpu_s: float = 0.0
     rss_bytes: int = 0
     lost: str = ""  # why its agent is gone, once it is
+    ended_s_ago: float = 0.0  # at the latest poll: how long ago its process ended
 
     @property
     def node(self) -> str:
@@ -102,8 +103,8 @@ class Group:
         where = ray.get([a.where.remote() for a in agents], timeout=self.cfg.start_timeout_s)
         # The address Ray's node uses (its interface, chosen at bring-up), not whatever the hostname resolves to.
         ips = {n["NodeID"]: "127.0.0.1" if self.loopback else n["NodeManagerAddress"] for n in ray.nodes()}
-        places = [environment.Place(w["node_id"], w["hostname"], ips.get(w["node_id"], w["ip"]), tuple(w["gpu_ids"]))
-                  for w in where]
+        places = [environment.Place(w["node_id"], w["hostname"], ips.get(w["node_id"], w["ip"]), tuple(w["gpu_ids"]),
+                                    w["iface"]) for w in where]
         slots = environment.assign_ranks(places)
         self.where = {s.rank: w for s, w in zip(slots, where)}
         self.ranks = sorted((Rank(s.rank, a, s) for a, s in zip(agents, slots)), key=lambda r: r.rank)
@@ -155,6 +156,7 @@ class Group:
                 r.lost = _death_reason(e)
                 continue
             r.exit_code, r.silent_s, r.state = p["exit_code"], p["silent_s"], p["state"]
+            r.ended_s_ago = p["ended_s_ago"] or 0.0
             r.status, r.cpu_s, r.rss_bytes = p["status"] or r.status, p["cpu_s"] or r.cpu_s, p["rss_bytes"]
             if p["lines"]:
                 r.last_line = next((ln for ln in reversed(p["lines"]) if ln.strip()), r.last_line)

@@ -93,8 +93,12 @@ class LaunchConfig:
 
 
 def default_name(command: list[str]) -> str:
-    """launch-<script stem>: the script is the first argument that is not an option of the interpreter."""
-    script = next((a for a in command[1:] if not a.startswith("-")), command[0]) if command else "script"
+    """launch-<script stem> (python train.py, python -m pkg.train: launch-train; ./run.sh: launch-run)."""
+    args = command[1:]
+    if "-m" in args[:-1]:
+        script = args[args.index("-m") + 1].rpartition(".")[2]
+    else:
+        script = next((a for a in args if not a.startswith("-")), command[0] if command else "script")
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", os.path.splitext(os.path.basename(script))[0]).strip("-.")
     return f"launch-{stem or 'script'}"
 

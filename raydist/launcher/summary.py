@@ -29,7 +29,7 @@ class LaunchSummary:
     reason: str = _f("the one line that says how the run ended", "")
     restarts: int = _f("restarts of the whole group (TORCHELASTIC_RESTART_COUNT of the last start)", 0)
     wall_s: float = _f("seconds from raydist launch's start to its end", 0.0)
-    ranks: list[dict[str, Any]] = _f("each rank of the last start: rank, node, pid, exit_code", [])
+    ranks: list[dict[str, Any]] = _f("each rank of the last start: rank, node, iface (its node's GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME), pid, exit_code", [])
     failures: list[str] = _f("each failure's line, in order (restarts and the final one)", [])
     logs: str = _f("the directory of each rank's whole output, rank<N>.log", "")
     startup_s: dict[str, float] | None = _f(

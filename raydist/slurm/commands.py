@@ -174,8 +174,10 @@ def _status(args) -> int:
                      "cpus": n.cpus if n else 0, "gpus": n.gpus if n else 0,
                      "state": ("alive" if n.alive else "dead") if n else "missing",
                      "head": bool(n and n.is_head)})
+    ranks = _launched_ranks(conn, token)
     if args.json:
-        print(json.dumps({"job_id": conn.job_id, "dashboard": conn.dashboard_url, "nodes": rows}, indent=1))
+        print(json.dumps({"job_id": conn.job_id, "dashboard": conn.dashboard_url, "nodes": rows, "launched": ranks},
+                         indent=1))
         return 0 if all(r["state"] == "alive" for r in rows) else 1
     alive = sum(r["state"] == "alive" for r in rows)
     print(f"SLURM job {conn.job_id}: {alive}/{len(rows)} nodes alive; dashboard {conn.dashboard_url}")
@@ -185,7 +187,24 @@ def _status(args) -> int:
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    if ranks:
+        from raydist import top
+
+        print(f"\nscripts run by raydist launch: {len(ranks)} rank(s)")
+        print(top.launched_table(ranks))
     return 0 if alive == len(rows) else 1
+
+
+def _launched_ranks(conn, token: str) -> list[dict]:
+    """Every rank of a `raydist launch` running on the cluster, from the metrics its agent exports; [] when the
+    metrics cannot be read (the node table is what `status` must show)."""
+    from raydist import top
+
+    source = top.Source(describe=f"SLURM job {conn.job_id}", dashboard_url=conn.dashboard_url, token=token)
+    try:
+        return top.launched(top.snapshot(source)["runs"])
+    except RaydistError:
+        return []
 
 
 def _config_arg(p: argparse.ArgumentParser) -> None:

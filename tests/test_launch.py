@@ -1,0 +1,269 @@
+"""`raydist launch` on the embedded Ray instance, with scripts as users write them (examples/ddp_train.py: reads
+SLURM_PROCID or RANK, init_process_group, DDP, DistributedSampler, its own snapshot): it trains to torchrun's
+checksum, survives a SIGKILLed rank by restarting the group from the script's snapshot, names a SIGSTOPped rank with
+every rank's stack, stops every rank with SIGTERM and resumes, gives each rank a coherent launcher environment (the
+one Lightning Fabric detects), and refuses a script that exits 2 with one line, leaving nothing running.
+The same on emulated SLURM hosts: tests/test_slurm_launch.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from jobutil import REPO, clean_env  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = REPO / "examples" / "ddp_train.py"
+EPOCHS = ["--epochs", "6"]
+BIN = Path(sys.executable).parent
+
+
+def env(**extra: str) -> dict[str, str]:
+    """A user's shell with the venv active; TMPDIR short (Ray's socket paths live under it)."""
+    return clean_env(PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **extra)
+
+
+@pytest.fixture(scope="module")
+def work() -> Path:
+    d = Path(tempfile.mkdtemp(prefix="rl-", dir="/tmp"))
+    yield d
+    import shutil
+
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def launch(work: Path, name: str, *options: str, script_args: list[str] = (), extra_env: dict | None = None,
+           command: list[str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [str(BIN / "raydist"), "launch", "--name", name, "--storage", str(work / "runs"), *options, "--",
+         *(command or ["python", str(SCRIPT), *script_args])],
+        cwd=work, env=env(TMPDIR=str(work), **(extra_env or {})), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def summary(work: Path, name: str) -> dict:
+    return json.loads((work / "runs" / name / "summary.json").read_text())
+
+
+def rank_pid(work: Path, name: str, rank: int, start: int = 1) -> int:
+    """The pid of `rank`'s script in start `start`, from the header of its log."""
+    log = work / "runs" / name / "logs" / f"rank{rank}.log"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if log.exists():
+            m = re.search(rf"=== raydist launch: start {start}, rank {rank} on \S+ \(pid (\d+)\)", log.read_text())
+            if m:
+                return int(m.group(1))
+        time.sleep(0.2)
+    raise AssertionError(f"no start {start} header in {log}")
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"no {path}"
+        time.sleep(0.1)
+
+
+def left_running(marker: str) -> list[str]:
+    """Processes whose command line holds `marker` (a test's private directory)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if marker in cmd:
+                found.append(f"{d.name}: {cmd[:150]}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def torchrun_checksum(work: Path) -> float:
+    """The same script, uninterrupted, under torchrun on this machine."""
+    out = work / "torchrun.json"
+    r = subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", str(SCRIPT), *EPOCHS,
+                        "--snapshot", str(work / "torchrun-snap.pt"), "--out", str(out)],
+                       cwd=work, env=env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(out.read_text())["checksum"]
+
+
+def test_a_torchrun_script_trains_unmodified_to_torchruns_checksum(work, torchrun_checksum):
+    out = work / "plain.json"
+    rc, stdout, stderr = finish(launch(work, "plain", "--workers", "2", script_args=[
+        *EPOCHS, "--snapshot", str(work / "plain-snap.pt"), "--out", str(out), "--loader-workers", "1"]))
+    assert rc == 0, stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["checksum"] == torchrun_checksum and result["world_size"] == 2
+    lines = stdout.splitlines()
+    assert lines and all(ln.startswith("[rank 0 ") for ln in lines), stdout[-2000:]  # rank 0's only, prefixed
+    assert any("done: 192 steps" in ln for ln in lines)
+    s = summary(work, "plain")
+    assert (s["status"], s["exit_code"], s["restarts"], s["workers"]) == ("completed", 0, 0, 2)
+    assert 0 < s["startup_s"]["connected"] < s["startup_s"]["placed"] < s["startup_s"]["first_step"] < s["wall_s"]
+    for rank in (0, 1):  # every rank's whole output is kept
+        log = (work / "runs" / "plain" / "logs" / f"rank{rank}.log").read_text()
+        assert f"=== raydist launch: start 1, rank {rank} on" in log
+    assert "done: 192 steps" in (work / "runs" / "plain" / "logs" / "rank0.log").read_text()
+    assert stderr.strip().splitlines()[-1].startswith("[raydist] plain: completed (every rank exited 0)")
+
+
+def test_a_killed_rank_restarts_the_group_which_resumes_from_the_scripts_snapshot(work, torchrun_checksum):
+    snap, out = work / "kill-snap.pt", work / "kill.json"
+    proc = launch(work, "kill", "--workers", "2", "--max-restarts", "2",
+                  script_args=[*EPOCHS, "--step-sleep", "0.03", "--snapshot", str(snap), "--out", str(out)])
+    wait_for(snap, proc)  # trained 20 steps at least
+    os.kill(rank_pid(work, "kill", 1), signal.SIGKILL)
+    rc, stdout, stderr = finish(proc)
+    assert rc == 0, stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["resumed_from"] and result["resumed_from"] >= 20 and result["steps"] == 192
+    assert result["checksum"] == torchrun_checksum  # not a step lost or repeated
+    s = summary(work, "kill")
+    assert s["restarts"] == 1 and s["status"] == "completed"
+    assert re.fullmatch(r"rank 1 on \S+ \(pid \d+\) was killed by signal 9; restarting every rank \(1 of at most 2\)",
+                        s["failures"][0]), s["failures"]
+    assert "resumed from" in stdout
+    assert rank_pid(work, "kill", 0, start=2)  # start 2 logged
+    log = (work / "runs" / "kill" / "logs" / "rank1.log").read_text()
+    assert "start 2, rank 1" in log
+
+
+def test_a_stopped_rank_is_named_with_every_ranks_stack_within_the_bound(work):
+    snap, bound = work / "hang-snap.pt", 6.0
+    proc = launch(work, "hang", "--workers", "2", "--max-restarts", "0", "--hang-timeout", f"{bound:g}",
+                  script_args=["--epochs", "100", "--step-sleep", "0.05", "--snapshot", str(snap)])
+    wait_for(snap, proc)
+    pid = rank_pid(work, "hang", 1)
+    os.kill(pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    rc, _, stderr = finish(proc)
+    took = time.monotonic() - stopped
+    assert rc == 1, stderr[-3000:]
+    line = stderr.strip().splitlines()[-1]
+    stacks = work / "runs" / "hang" / "stacks" / "start1"
+    assert re.fullmatch(rf"raydist: error: hang: rank 1 on \S+ \(pid {pid}\) printed nothing and reported no step for "
+                        rf"\d+ s \(hang_timeout_s=6\) \(its process was stopped\); every rank's stack is in {stacks}",
+                        line), line
+    # Detected within the bound, plus the launcher's poll (0.2 s), the silence of the step before it stopped and
+    # the dumps (0.04 s each with py-spy here) and the shutdown; measured 8-9 s on 2 loaded cores.
+    assert bound <= took < bound + 8, took
+    for rank in (0, 1):
+        text = (stacks / f"rank{rank}.txt").read_text()
+        assert "ddp_train.py" in text and "main" in text, text  # the script's own frames
+    assert left_running(str(work / "hang-snap.pt")) == []
+
+
+def top_ranks(work: Path, run: str, proc: subprocess.Popen, timeout: float = 60) -> list[dict]:
+    """`raydist top --once --json` on the run's local Ray instance, once it shows the run's ranks with a step."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = subprocess.run([str(BIN / "raydist"), "top", "--once", "--json", "--temp-dir", str(work / "ray")],
+                           env=env(), capture_output=True, text=True, timeout=60)
+        runs = {x["run"]: x for x in json.loads(r.stdout)["runs"]} if r.returncode == 0 else {}
+        ranks = runs.get(run, {}).get("processes", [])
+        if len(ranks) == 2 and all("step" in x and "cpu_share" in x for x in ranks):
+            assert runs[run]["strategy"] == "launch"
+            return ranks
+        assert proc.poll() is None and time.monotonic() < deadline, (r.stdout[-2000:], r.stderr[-2000:])
+        time.sleep(1)
+
+
+def test_sigterm_reaches_every_rank_which_snapshots_and_a_rerun_resumes(work, torchrun_checksum):
+    snap, out = work / "term-snap.pt", work / "term.json"
+    args = [*EPOCHS, "--step-sleep", "0.05", "--snapshot", str(snap), "--out", str(out)]
+    proc = launch(work, "term", "--workers", "2", script_args=args)
+    wait_for(snap, proc)
+    ranks = top_ranks(work, "term", proc)  # `raydist top` lists the script's ranks while it runs
+    assert sorted(r["rank"] for r in ranks) == [0, 1]
+    for r in ranks:
+        assert r["state"] == "alive" and r["restarts"] == 0 and r["step"] >= 1 and r["loss"] > 0
+        assert r["rss_bytes"] > 50 * 2**20 and 0 <= r["cpu_share"] < 4
+    proc.send_signal(signal.SIGTERM)
+    rc, stdout, stderr = finish(proc)
+    assert rc == 0, stderr[-3000:]
+    s = summary(work, "term")
+    assert (s["status"], s["reason"]) == ("stopped", "raydist launch received SIGTERM")
+    m = re.search(r"SIGTERM: snapshot at step (\d+), exiting", stdout)
+    assert m, stdout[-2000:]
+    assert not out.exists()
+    rc, stdout, stderr = finish(launch(work, "term", "--workers", "2", script_args=args))
+    assert rc == 0, stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["resumed_from"] == int(m.group(1)) and result["checksum"] == torchrun_checksum
+
+
+def test_each_rank_sees_one_coherent_launcher_and_none_of_the_ray_start_steps_task(work):
+    seen = work / "env"
+    seen.mkdir()
+    # As on a SLURM node: the Ray worker inherits the `srun ray start` step's variables.
+    inherited = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "3", "SLURM_STEP_ID": "0",
+                 "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "ray-up", "RANK": "9"}
+    rc, _, stderr = finish(launch(work, "env", "--workers", "3", "--max-restarts", "0", extra_env=inherited,
+                                  command=["python", str(REPO / "tests" / "launch_scripts" / "env_dump.py"),
+                                           str(seen)]))
+    assert rc == 0, stderr[-3000:]
+    ranks = [json.loads((seen / f"rank{r}.json").read_text()) for r in range(3)]
+    for r, got in enumerate(ranks):
+        e = got["env"]
+        assert got["rank_sum"] == 3.0  # 0 + 1 + 2: the group really met at MASTER_ADDR:MASTER_PORT
+        assert e["RANK"] == e["SLURM_PROCID"] == e["LOCAL_RANK"] == e["SLURM_LOCALID"] == str(r)
+        assert e["WORLD_SIZE"] == e["SLURM_NTASKS"] == e["LOCAL_WORLD_SIZE"] == e["SLURM_NTASKS_PER_NODE"] == "3"
+        assert e["GROUP_RANK"] == e["SLURM_NODEID"] == "0" and e["SLURM_NNODES"] == "1"
+        assert e["MASTER_ADDR"] == "127.0.0.1" and e["TORCHELASTIC_RESTART_COUNT"] == "0"
+        assert e["SLURM_JOB_ID"] == "4242" and e["SLURM_JOB_NAME"] == "ray-up"  # the allocation's: kept
+        assert "SLURM_STEP_ID" not in e and not any(k.startswith("RAY_JOB") for k in e)
+        assert e["TORCHELASTIC_RUN_ID"] == ranks[0]["env"]["TORCHELASTIC_RUN_ID"]
+        assert e["SLURM_NODELIST"] == got["hostname"]
+
+
+def test_lightning_fabric_finds_one_launcher_and_trains_under_it(work):
+    pytest.importorskip("lightning_fabric")
+    seen = work / "fabric"
+    seen.mkdir()
+    rc, _, stderr = finish(launch(work, "fabric", "--workers", "2", "--max-restarts", "0",
+                                  command=["python", str(REPO / "tests" / "launch_scripts" / "fabric_env.py"),
+                                           str(seen)]))
+    assert rc == 0, stderr[-3000:]
+    for r in range(2):
+        got = json.loads((seen / f"rank{r}.json").read_text())
+        assert got["chosen"] == "TorchElasticEnvironment"  # Fabric's first choice, and it is there
+        assert (got["global_rank"], got["world_size"], got["local_rank"], got["node_rank"]) == (r, 2, r, 0)
+        assert got["rank_sum"] == 1.0
+        views = got["views"]  # the SLURM view Fabric would take otherwise says the same
+        assert views["TorchElasticEnvironment"][:4] == views["SLURMEnvironment"][:4] == [r, 2, r, 0]
+        assert views["TorchElasticEnvironment"][4:] == views["SLURMEnvironment"][4:]  # same MASTER_ADDR:PORT
+
+
+def test_a_script_that_refuses_its_input_is_one_line_exit_2_and_nothing_left_running(work):
+    script = work / "refuses.py"
+    script.write_text("import sys\nprint('usage: refuses.py --data DIR', file=sys.stderr)\nsys.exit(2)\n")
+    rc, stdout, stderr = finish(launch(work, "refuses", "--workers", "2", command=["python", str(script)]))
+    assert rc == 2, stderr[-3000:]
+    errors = [ln for ln in stderr.splitlines() if ln.startswith("raydist: error:")]
+    assert len(errors) == 1 and stderr.strip().splitlines()[-1] == errors[0]
+    assert re.fullmatch(r"raydist: error: refuses: rank \d on \S+ \(pid \d+\) exited 2: usage: refuses.py --data DIR "
+                        r"\(exit 2: the script refused its input; not restarted\)", errors[0]), errors
+    assert "Traceback" not in stderr
+    assert summary(work, "refuses")["restarts"] == 0
+    time.sleep(1)
+    assert left_running(str(work)) == []  # neither the ranks nor the local Ray instance (its temp dir is here)

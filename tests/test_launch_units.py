@@ -1,0 +1,165 @@
+"""`raydist launch`'s pure parts: ranks from placements, each rank's variables, the restart and hang rules, the
+settings and the command checks. No Ray here (tests/test_launch.py runs real scripts)."""
+
+from __future__ import annotations
+
+import pytest
+
+from raydist.errors import ConfigError, UsageError
+from raydist.launcher import environment as E
+from raydist.launcher import policy as P
+from raydist.launcher.command import _python_script, check_command
+from raydist.launcher.group import bundles, capacity, group_size
+from raydist.launcher.settings import LaunchConfig, default_name, load
+
+
+def _places(*hosts: str, gpus: bool = False) -> list[E.Place]:
+    seen: dict[str, int] = {}
+    out = []
+    for h in hosts:
+        k = seen[h] = seen.get(h, -1) + 1
+        out.append(E.Place(f"id-{h}", h, f"10.0.0.{sorted(set(hosts)).index(h) + 1}", (k,) if gpus else ()))
+    return out
+
+
+def _group(slots, restarts=0) -> E.Group:
+    return E.Group(tuple(slots), "10.0.0.1", 29500, "run1", restarts, 3, "train", 1.0)
+
+
+def test_ranks_are_blocked_by_node_in_hostname_order():
+    # Ray placed process 0 on node02, 1 on master, 2 on node02, 3 on master.
+    slots = E.assign_ranks(_places("node02", "master", "node02", "master"))
+    assert [(s.rank, s.local_rank, s.node_rank, s.local_world_size) for s in slots] == [
+        (2, 0, 1, 2), (0, 0, 0, 2), (3, 1, 1, 2), (1, 1, 0, 2)]
+
+
+def test_tasks_per_node_is_slurms_compressed_list():
+    assert E.tasks_per_node(E.assign_ranks(_places("a", "a", "b", "b", "c", "c"))) == "2(x3)"
+    assert E.tasks_per_node(E.assign_ranks(_places("a", "a", "b", "b", "c"))) == "2(x2),1"
+    assert E.tasks_per_node(E.assign_ranks(_places("a"))) == "1"
+
+
+def test_both_launchers_variables_describe_the_same_ranks():
+    slots = E.assign_ranks(_places("n1", "n1", "n2", "n2"))
+    g = _group(slots, restarts=2)
+    for s in slots:
+        env = E.rank_environment(s, g)
+        assert env["RANK"] == env["SLURM_PROCID"] == env["ROLE_RANK"] == str(s.rank)
+        assert env["LOCAL_RANK"] == env["SLURM_LOCALID"] == str(s.local_rank)
+        assert env["GROUP_RANK"] == env["SLURM_NODEID"] == str(s.node_rank)
+        assert env["WORLD_SIZE"] == env["SLURM_NTASKS"] == env["SLURM_NPROCS"] == "4"
+        assert env["LOCAL_WORLD_SIZE"] == env["SLURM_NTASKS_PER_NODE"] == "2"
+        assert env["GROUP_WORLD_SIZE"] == env["SLURM_NNODES"] == env["SLURM_JOB_NUM_NODES"] == "2"
+        assert env["SLURM_NODELIST"] == "n1,n2" and env["SLURM_TASKS_PER_NODE"] == "2(x2)"
+        assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.0.0.1", "29500")
+        assert env["TORCHELASTIC_RESTART_COUNT"] == "2" and env["TORCHELASTIC_MAX_RESTARTS"] == "3"
+        assert "CUDA_VISIBLE_DEVICES" not in env
+
+
+def test_an_uneven_layout_has_no_tasks_per_node_count():
+    slots = E.assign_ranks(_places("n1", "n1", "n2"))
+    assert "SLURM_NTASKS_PER_NODE" not in E.rank_environment(slots[0], _group(slots))
+
+
+def test_device_local_rank_is_the_ranks_own_gpu():
+    places = [E.Place("a", "n1", "ip", (3,)), E.Place("a", "n1", "ip", (1,)), E.Place("b", "n2", "ip2", (0,))]
+    slots = E.assign_ranks(places)
+    g = _group(slots)
+    envs = [E.rank_environment(s, g) for s in slots]
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["3,1", "3,1", "0"]
+    assert [int(e["LOCAL_RANK"]) for e in envs] == [0, 1, 0]  # device 0 is GPU 3 for rank 0, device 1 GPU 1 for 1
+
+
+def test_the_ray_start_steps_task_variables_are_never_passed_on():
+    worker = {"SLURM_PROCID": "0", "SLURM_STEP_ID": "4", "SLURM_NTASKS": "3", "SLURM_TASK_PID": "99",
+              "SLURM_JOB_ID": "17", "SLURM_JOB_NAME": "raydist", "SLURMD_NODENAME": "node01",
+              "GLOO_SOCKET_IFNAME": "ens1f0np0", "NCCL_SOCKET_IFNAME": "ens1f0np0", "PATH": "/bin",
+              "RANK": "7", "RAY_RAYLET_PID": "5", "PMI_RANK": "0"}
+    slots = E.assign_ranks(_places("node01", "node02"))
+    env = E.script_environment(worker, slots[1], _group(slots))
+    assert env["SLURM_PROCID"] == env["RANK"] == "1"
+    assert env["SLURM_NTASKS"] == "2"
+    assert "SLURM_STEP_ID" not in env and "SLURM_TASK_PID" not in env and "RAY_RAYLET_PID" not in env
+    assert "PMI_RANK" not in env
+    # The allocation's and the node's own: kept.
+    assert (env["SLURM_JOB_ID"], env["SLURM_JOB_NAME"], env["SLURMD_NODENAME"]) == ("17", "raydist", "node01")
+    assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "ens1f0np0"
+
+
+def _cfg(**kw) -> LaunchConfig:
+    cfg = LaunchConfig()
+    for k, v in kw.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+def test_policy_restarts_until_max_then_fails():
+    crash = P.Event(P.Kind.EXITED, 1, "node01", 123, 1, "RuntimeError: boom")
+    d = P.decide(crash, 0, _cfg(max_restarts=2))
+    assert d.action == P.Action.RESTART and "restarting every rank (1 of at most 2)" in d.reason
+    d = P.decide(crash, 2, _cfg(max_restarts=2))
+    assert d.action == P.Action.FAIL and d.exit_code == 1
+    assert d.reason == "rank 1 on node01 (pid 123) exited 1: RuntimeError: boom (max_restarts=2 used up)"
+    assert P.decide(crash, 50, _cfg(max_restarts=-1)).action == P.Action.RESTART
+
+
+def test_policy_on_usage_exit_stop_and_completion():
+    usage = P.decide(P.Event(P.Kind.EXITED, 0, "n", 1, 2, "usage: x"), 0, _cfg())
+    assert usage.action == P.Action.FAIL and usage.exit_code == 2
+    assert P.decide(P.Event(P.Kind.STOP, detail="SLURM time limit"), 0, _cfg()).action == P.Action.STOP
+    assert P.decide(P.Event(P.Kind.COMPLETED), 0, _cfg()).action == P.Action.DONE
+    killed = P.Event(P.Kind.EXITED, 0, "n", 1, -9)
+    assert killed.describe() == "rank 0 on n (pid 1) was killed by signal 9"
+    assert P.decide(P.Event(P.Kind.LOST, 2, "node02", detail="its node died"), 0, _cfg()).action == P.Action.RESTART
+
+
+def test_hang_rule_and_the_culprit():
+    acts = [P.Activity(0, 100.0, "S"), P.Activity(1, 98.0, "S")]
+    assert P.hung_rank(acts, 105.0, 10.0) is None
+    assert P.hung_rank(acts, 108.5, 10.0).rank == 1
+    assert P.hung_rank(acts, 1e9, 0) is None  # off
+    stopped = [P.Activity(0, 98.0, "S"), P.Activity(1, 99.0, "T")]
+    assert P.culprit(stopped).rank == 1
+    frozen = [P.Activity(0, 98.0, "S", True), P.Activity(1, 99.0, "S", False), P.Activity(2, 98.5, "S", True)]
+    assert P.culprit(frozen).rank == 1  # the others wait in the collective for it
+    assert P.culprit([P.Activity(0, 98.0, "S", True), P.Activity(1, 97.0, "S", True)]).rank == 1
+
+
+def test_settings_are_checked_like_the_run_config():
+    with pytest.raises(ConfigError, match=r"workers: must be >= 1 \(got 0\)"):
+        load([], ["workers=0"], ["python", "x.py"])
+    with pytest.raises(ConfigError, match="stop_signal: must name a signal a script can handle"):
+        load([], ["stop_signal=KILL"], ["python", "x.py"])
+    with pytest.raises(ConfigError, match=r"procs_per_node: must divide workers=3 \(got 2\)"):
+        load([], ["workers=3", "procs_per_node=2"], ["python", "x.py"])
+    cfg = load([], ["workers=2-4", "stop_signal=usr1"], ["python", "-u", "train.py", "--lr", "1"])
+    assert (cfg.elastic, cfg.min_workers, cfg.max_workers, cfg.stop_signal, cfg.name) == \
+        (True, 2, 4, "SIGUSR1", "launch-train")
+    assert default_name(["python", "-m", "pkg.train"]) == "launch-train"
+
+
+def test_group_size_and_bundles():
+    nodes = [{"Alive": True, "Resources": {"CPU": 2.0}}, {"Alive": True, "Resources": {"CPU": 1.0}},
+             {"Alive": False, "Resources": {"CPU": 8.0}}]
+    assert capacity(_cfg(), nodes) == 3
+    assert capacity(_cfg(procs_per_node=2), nodes) == 2
+    assert group_size(_cfg(workers="2-4"), 3) == 3
+    assert group_size(_cfg(workers="2-4"), 9) == 4
+    assert group_size(_cfg(workers="2-4"), 1) == 2  # waits for MIN, then fails naming the dead nodes
+    assert group_size(_cfg(workers=3), 1) == 3
+    assert bundles(_cfg(), 3) == ([{"CPU": 1.0}] * 3, "SPREAD", 1)
+    assert bundles(_cfg(procs_per_node=2), 4) == ([{"CPU": 2.0}] * 2, "STRICT_SPREAD", 2)
+
+
+def test_the_command_is_checked_before_ray(tmp_path):
+    (tmp_path / "train.py").write_text("")
+    check_command(["python", "train.py"], str(tmp_path))
+    check_command(["python", "-m", "http.server"], str(tmp_path))
+    with pytest.raises(UsageError, match="script not found: missing.py"):
+        check_command(["python", "-u", "missing.py"], str(tmp_path))
+    with pytest.raises(UsageError, match="command not found: no-such-program"):
+        check_command(["no-such-program"], str(tmp_path))
+    with pytest.raises(UsageError, match="give the command every rank runs after --"):
+        check_command([], str(tmp_path))
+    assert _python_script(["-X", "dev", "-u", "t.py", "-m", "x"]) == "t.py"
+    assert _python_script(["-c", "print(1)"]) is None
