@@ -154,6 +154,7 @@ def main():
         if args.out:
             with open(args.out, "w") as f:
                 json.dump({"checksum": checksum, "steps": step, "resumed_from": resumed, "world_size": world}, f)
+    dist.barrier()  # no rank tears its connections down while a peer still uses them
     dist.destroy_process_group()
 
 

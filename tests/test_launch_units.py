@@ -111,6 +111,8 @@ def test_policy_on_usage_exit_stop_and_completion():
     killed = P.Event(P.Kind.EXITED, 0, "n", 1, -9)
     assert killed.describe() == "rank 0 on n (pid 1) was killed by signal 9"
     assert P.decide(P.Event(P.Kind.LOST, 2, "node02", detail="its node died"), 0, _cfg()).action == P.Action.RESTART
+    grow = P.decide(P.Event(P.Kind.GROW, detail="3 of workers=2-3 fit the cluster again"), 5, _cfg(max_restarts=0))
+    assert grow.action == P.Action.RESTART and not grow.counts  # an elastic run growing back is no failure
 
 
 def test_hang_rule_and_the_culprit():

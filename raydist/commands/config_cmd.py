@@ -17,11 +17,13 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 def _tables() -> dict[str, tuple[str, str]]:
     """Marker name -> (the command that prints it, the generated table), for each table docs/configuration.md holds."""
+    from raydist.launcher.settings import LaunchConfig
     from raydist.slurm.settings import ClusterConfig  # only here: `config show` needs nothing of the SLURM side
 
     return {
         "run-config": ("raydist config reference", reference_markdown(Config)),
         "cluster-config": ("raydist config reference --cluster", reference_markdown(ClusterConfig)),
+        "launch-config": ("raydist config reference --launch", reference_markdown(LaunchConfig)),
     }
 
 
@@ -53,7 +55,7 @@ def _reference(args: argparse.Namespace) -> int:
         path.write_text(refreshed(path.read_text()))
         print(f"updated the config references in {path}")
         return 0
-    print(_tables()["cluster-config" if args.cluster else "run-config"][1], end="")
+    print(_tables()["cluster-config" if args.cluster else "launch-config" if args.launch else "run-config"][1], end="")
     return 0
 
 
@@ -67,6 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     show.set_defaults(func=_show)
     ref = csub.add_parser("reference", help="print a config reference (markdown), as in docs/configuration.md")
     ref.add_argument("--cluster", action="store_true", help="the cluster config's (cluster/cluster.yaml), not the run config's")
+    ref.add_argument("--launch", action="store_true", help="`raydist launch`'s settings")
     ref.add_argument("--write", nargs="?", const=str(DOCS), metavar="FILE",
-                     help=f"rewrite both tables in place in FILE (default {DOCS.relative_to(DOCS.parents[1])})")
+                     help=f"rewrite every table in place in FILE (default {DOCS.relative_to(DOCS.parents[1])})")
     ref.set_defaults(func=_reference)

@@ -25,6 +25,7 @@ from raydist.summary import RESULT_ENV
 
 POLL_S = 0.2  # how often output is relayed and the ranks are looked at
 STOP_POLL_S = 1.0  # how often the cluster's stop request and node drains are read (GCS reads)
+GROW_CHECK_S = 30.0  # how often an elastic run below MAX looks for room for more (as Ray Train's resize check)
 
 
 class Console:
@@ -118,7 +119,8 @@ class LaunchRun:
                     self._stop(group, decision.reason)
                 if decision.action != policy.Action.RESTART:
                     break
-                self.failures.append(decision.reason)
+                if decision.counts:
+                    self.failures.append(decision.reason)
                 say(decision.reason)
                 group.end()
                 self._registered()
@@ -166,7 +168,7 @@ class LaunchRun:
 
     def _supervise(self, group: Group) -> policy.Decision:
         """Poll until something happens that the policy decides about."""
-        next_stop_check = 0.0
+        next_stop_check, next_grow_check = 0.0, time.monotonic() + GROW_CHECK_S
         while True:
             for rank, lines in group.poll():
                 if lines:
@@ -179,8 +181,11 @@ class LaunchRun:
             if event is None and time.monotonic() >= next_stop_check:
                 next_stop_check = time.monotonic() + STOP_POLL_S
                 event = self._stop_event(group)
+            if event is None and self.cfg.elastic and time.monotonic() >= next_grow_check:
+                next_grow_check = time.monotonic() + GROW_CHECK_S
+                event = self._grow_event(group)
             if event is not None:
-                return policy.decide(event, self.restarts, self.cfg)
+                return policy.decide(event, len(self.failures), self.cfg)
             time.sleep(POLL_S)
 
     def _event(self, group: Group) -> policy.Event | None:
@@ -220,6 +225,22 @@ class LaunchRun:
         for rank, s in stacks.items():
             (where / f"rank{rank}.txt").write_text(f"# {s.get('how')}, {s.get('seconds', 0):.2f} s\n{s['text']}\n")
         return where
+
+    def _grow_event(self, group: Group) -> policy.Event | None:
+        import ray
+
+        # Room beyond what the group holds now: free CPUs (and GPUs) anywhere, so that other jobs' share counts.
+        free = ray.available_resources()
+        more = int(free.get("CPU", 0) // self.cfg.cpus_per_worker + 1e-9)
+        if self.cfg.use_gpu:
+            more = min(more, int(free.get("GPU", 0)))
+        if self.cfg.procs_per_node:
+            more -= more % self.cfg.procs_per_node
+        fits = group_size(self.cfg, min(group.n + more, capacity(self.cfg, ray.nodes())))
+        if fits <= group.n:
+            return None
+        return policy.Event(policy.Kind.GROW, detail=f"{fits} of workers={self.cfg.workers} fit the cluster again "
+                                                     f"(running {group.n})")
 
     def _stop_event(self, group: Group) -> policy.Event | None:
         from raydist.preemption import draining_nodes, stop_requested

@@ -20,6 +20,7 @@ class Kind(str, enum.Enum):
     LOST = "lost"  # a rank's agent (and so the rank) died: its node went away, or it was killed
     HUNG = "hung"  # a rank printed nothing and reported no step for hang_timeout_s
     STOP = "stop"  # the cluster asked its runs to stop (time limit, preemption), or the launcher was interrupted
+    GROW = "grow"  # an elastic run below its MAX: more processes fit the cluster again
 
 
 class Action(str, enum.Enum):
@@ -60,11 +61,13 @@ class Decision:
 
 
 def decide(event: Event, restarts: int, cfg: LaunchConfig) -> Decision:
-    """RESTART, FAIL, STOP or DONE for one event, given the restarts made so far."""
+    """RESTART, FAIL, STOP or DONE for one event, given the restarts that counted so far (failures)."""
     if event.kind == Kind.COMPLETED:
         return Decision(Action.DONE, "every rank exited 0")
     if event.kind == Kind.STOP:
         return Decision(Action.STOP, event.describe())
+    if event.kind == Kind.GROW:  # as Ray Train's elastic policy: not a failure, not counted
+        return Decision(Action.RESTART, f"{event.describe()}; restarting every rank with more", counts=False)
     if event.kind == Kind.EXITED and event.exit_code == USAGE_EXIT:
         return Decision(Action.FAIL, f"{event.describe()} (exit 2: the script refused its input; not restarted)",
                         exit_code=USAGE_EXIT)

@@ -35,7 +35,7 @@ class LaunchConfig:
         "as many as fit and restarts with fewer when nodes are lost", parse=_worker_count, shown="N or MIN-MAX")
     procs_per_node: int = opt(
         0, "processes per node (LOCAL_WORLD_SIZE), each node's ranks on one node together; 0 = as Ray places "
-        "them, spread over the nodes as far as they go", ge=0, special={0: "spread"})
+        "them, spread over the nodes as far as they go", ge=0)
     cpus_per_worker: float = opt(1.0, "Ray CPUs reserved per process", gt=0)
     use_gpu: bool = opt(False, "one GPU per process; CUDA_VISIBLE_DEVICES lists its node's GPUs so that device "
                                "LOCAL_RANK is its own")
@@ -45,7 +45,7 @@ class LaunchConfig:
     hang_timeout_s: float = opt(
         300.0, "a rank that prints nothing and reports no step (raydist.hook.report) for this long is named with "
         "every rank's Python stack, and the group stops (then restarts within max_restarts); 0 = never",
-        ge=0, special={0: "never"})
+        ge=0)
     stop_signal: str = opt(
         "SIGTERM", "sent to every rank at the SLURM time-limit warning, on preemption (a drained node) and when "
         "raydist launch itself is interrupted", parse=_signal_name, shown="signal name")
