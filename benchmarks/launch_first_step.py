@@ -52,6 +52,11 @@ def timed(argv: list[str], env: dict[str, str] | None = None, cwd: Path = REPO, 
     return {"first_step_s": round(first, 3), "total_s": round(time.monotonic() - t0, 3)}
 
 
+def split(run_dir: Path) -> dict[str, float]:
+    """raydist launch's own start-up split (summary.json's startup_s: seconds since its process started)."""
+    return json.loads((run_dir / "summary.json").read_text())["startup_s"]
+
+
 def local_env(tmp: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", TMPDIR=str(tmp))
@@ -67,12 +72,11 @@ def local_rounds(rounds: int) -> list[dict]:
             runs = {
                 "torchrun": lambda: timed([str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", *script],
                                           local_env(tmp)),
-                "raydist_launch": lambda: timed([str(BIN / "raydist"), "launch", "--workers", "2", "--storage",
-                                                 str(tmp / "runs"), "--", "python", *script], local_env(tmp)),
+                "raydist_launch": lambda: {**timed([str(BIN / "raydist"), "launch", "--workers", "2", "--storage",
+                                                    str(tmp / "runs"), "--name", "l", "--", "python", *script],
+                                                   local_env(tmp)), "split": split(tmp / "runs" / "l")},
             }
             order = list(runs) if i % 2 == 0 else list(reversed(runs))
-            for f in (tmp / "s.pt",):
-                f.unlink(missing_ok=True)
             got = {}
             for name in order:
                 (tmp / "s.pt").unlink(missing_ok=True)
@@ -108,15 +112,17 @@ def cluster_rounds(rounds: int) -> tuple[list[dict], int]:
                             "--ntasks-per-node=1", "bash", "-c", script], cluster.env())
 
         def launch(i: int) -> dict:
-            return in_head(["raydist", "launch", "--workers", str(len(hosts)), "--storage", str(shared / "runs"),
-                            "--name", f"direct{i}", "--", "python", "examples/ddp_train.py", *SCRIPT_ARGS,
-                            "--snapshot", str(shared / f"direct{i}.pt")], job.env())
+            got = in_head(["raydist", "launch", "--workers", str(len(hosts)), "--storage", str(shared / "runs"),
+                           "--name", f"direct{i}", "--", "python", "examples/ddp_train.py", *SCRIPT_ARGS,
+                           "--snapshot", str(shared / f"direct{i}.pt")], job.env())
+            return {**got, "split": split(shared / "runs" / f"direct{i}")}
 
         def submit(i: int) -> dict:
-            return in_head(["ray", "job", "submit", "--working-dir", ".", "--", "raydist", "launch", "--workers",
-                            str(len(hosts)), "--storage", str(shared / "runs"), "--name", f"submit{i}", "--",
-                            "python", "examples/ddp_train.py", *SCRIPT_ARGS, "--snapshot",
-                            str(shared / f"submit{i}.pt")], job.env())
+            got = in_head(["ray", "job", "submit", "--working-dir", ".", "--", "raydist", "launch", "--workers",
+                           str(len(hosts)), "--storage", str(shared / "runs"), "--name", f"submit{i}", "--",
+                           "python", "examples/ddp_train.py", *SCRIPT_ARGS, "--snapshot",
+                           str(shared / f"submit{i}.pt")], job.env())
+            return {**got, "split": split(shared / "runs" / f"submit{i}")}
 
         runs = {"srun": srun, "raydist_launch": launch, "ray_job_submit_launch": submit}
         for i in range(rounds):
@@ -138,6 +144,11 @@ def ratios(rows: list[dict], base: str) -> dict:
             r = [row[name][what] / row[base][what] for row in rows]
             out[f"{name}/{base} {what}"] = {"median": round(statistics.median(r), 2), "min": round(min(r), 2),
                                             "max": round(max(r), 2)}
+        for what in ("connected", "placed", "started", "first_output", "first_step"):
+            v = [row[name]["split"][what] for row in rows if what in row[name].get("split", {})]
+            if v:
+                out[f"{name} split {what}"] = {"median": round(statistics.median(v), 2), "min": min(v),
+                                               "max": max(v)}
         for what in ("first_step_s", "total_s"):
             for who in (name, base):
                 v = [row[who][what] for row in rows]

@@ -172,6 +172,23 @@ CASES = [
          "raydist plan: argument --backend: invalid choice: 'tpu' (choose from 'nccl', 'gloo')"),
     Case("usage: raydist plan, runs it cannot fit", "raydist plan --measured {F}/one-rate.json", 2,
          "--measured {F}/one-rate.json: fitting needs sync runs at two link rates"),
+    # -- raydist launch (docs/launch.md), refused before Ray starts
+    Case("launch: no command", "raydist launch --workers 2", 2,
+         "raydist launch: give the command every rank runs after --, e.g. raydist launch --workers 2 -- python "
+         "train.py"),
+    Case("launch: a missing script", "raydist launch -- python {F}/missing.py", 2,
+         "raydist launch: script not found: {F}/missing.py"),
+    Case("launch: a command not on PATH", "raydist launch -- no-such-program --lr 1", 2,
+         "raydist launch: command not found: no-such-program"),
+    Case("launch: no workers", "raydist launch --workers 0 -- python examples/ddp_train.py", 2,
+         "workers: must be >= 1 (got 0)"),
+    Case("launch: unknown option", "raydist launch --bogus -- python examples/ddp_train.py", 2,
+         "raydist: unrecognized arguments: --bogus"),
+    Case("launch: a signal no script can handle", "raydist launch --signal KILL -- python examples/ddp_train.py", 2,
+         "stop_signal: must name a signal a script can handle, such as TERM, INT or USR1 (got 'KILL')"),
+    Case("launch: storage that cannot be written", "raydist launch --storage /proc/forbidden -- python "
+         "examples/ddp_train.py", 2,
+         "storage_path: cannot write /proc/forbidden/launch-ddp_train: No such file or directory"),
     # -- the cluster config (raydist slurm ..., raydist env/status)
     Case("cluster config: a rule across keys", "raydist slurm plan --config {F}/ports.yaml", 2,
          "{F}/ports.yaml: ports: need base < end (got base=50000, end=40000)"),

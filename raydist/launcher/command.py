@@ -15,6 +15,7 @@ import os
 import shutil
 import sys
 import time
+from pathlib import Path
 
 from raydist.errors import RaydistError, UsageError
 
@@ -68,7 +69,8 @@ def check_command(command: list[str], cwd: str) -> None:
     if os.path.basename(program).startswith("python"):
         script = _python_script(command[1:])
         if script is not None and not os.path.isfile(os.path.join(cwd, script)):
-            raise UsageError(f"raydist launch: script not found: {script} (in {cwd})")
+            where = "" if os.path.isabs(script) else f" (in {cwd})"
+            raise UsageError(f"raydist launch: script not found: {script}{where}")
 
 
 def _python_script(args: list[str]) -> str | None:
@@ -88,12 +90,23 @@ def _python_script(args: list[str]) -> str | None:
     return None
 
 
+def cluster_address(cfg) -> str:
+    """The GCS address to join; '' for the embedded instance. After `eval "$(raydist env)"` RAY_ADDRESS is the
+    dashboard's URL (for `ray job submit`): the connection file it names holds the GCS address."""
+    address = cfg.address or os.environ.get("RAY_ADDRESS", "")
+    connection = os.environ.get("RAYDIST_CONNECTION")
+    if address.startswith(("http://", "https://")) and connection:
+        from raydist.slurm.connection import read
+
+        return read(Path(connection)).gcs_address
+    return "" if address == "local" else address
+
+
 def check_before_ray(cfg, cwd: str) -> None:
     from raydist.preflight import check_ray_target, check_writable
 
     check_writable(cfg.run_dir, "storage_path")
-    address = cfg.address or os.environ.get("RAY_ADDRESS", "")
-    check_ray_target("" if address == "local" else address)
+    check_ray_target(cluster_address(cfg))
 
 
 def connect(cfg) -> str:
@@ -106,8 +119,8 @@ def connect(cfg) -> str:
     from raydist.preflight import check_reachable
 
     prepare_ray_environment()
-    address = cfg.address or os.environ.get("RAY_ADDRESS", "")
-    if address and address != "local":
+    address = cluster_address(cfg)
+    if address:
         check_reachable(address)
         try:
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)

@@ -47,3 +47,9 @@ class LaunchSummary:
     def read(cls, path: str | Path) -> "LaunchSummary":
         path = Path(path)
         return cls(**json.loads((path / SUMMARY_FILE if path.is_dir() else path).read_text()))
+
+
+if __name__ == "__main__":
+    from raydist.summary import fields_markdown
+
+    print(fields_markdown(LaunchSummary), end="")
