@@ -172,14 +172,52 @@ def commit() -> str:
     return r.stdout.strip() + ("-dirty" if dirty else "")
 
 
+ROWS = (("local", "raydist_launch", "torchrun", "this machine, 2 ranks", "`raydist launch` (embedded Ray)"),
+        ("cluster", "raydist_launch", "srun", "warm cluster, 3 hosts", "`raydist launch` (after `raydist env`)"),
+        ("cluster", "ray_job_submit_launch", "srun", "warm cluster, 3 hosts", "`ray job submit -- raydist launch`"))
+
+
+def _range(v: dict) -> str:
+    return f"{v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})"
+
+
+def markdown(stored: dict) -> str:
+    """docs/benchmarks.md's tables, from the stored result (a test keeps the two equal)."""
+    rows = ["| where | command | against | its first step, s | first step, s | ratio | whole command, ratio |",
+            "|---|---|---|---|---|---|---|"]
+    for part, name, base, where, what in ROWS:
+        if part not in stored:
+            continue
+        m = stored[part]["summary"]
+        rows.append(f"| {where} | {what} | {stored[part]['setting']['baseline']} | {_range(m[f'{base} first_step_s'])} "
+                    f"| {_range(m[f'{name} first_step_s'])} | {_range(m[f'{name}/{base} first_step_s'])} "
+                    f"| {_range(m[f'{name}/{base} total_s'])} |")
+    rows += ["", "| where | command | connected | placed | started | first output | first step |",
+             "|---|---|---|---|---|---|---|"]
+    for part, name, _, where, what in ROWS:
+        m = stored.get(part, {}).get("summary", {})
+        if f"{name} split first_step" in m:
+            rows.append(f"| {where} | {what} | " + " | ".join(
+                _range(m[f"{name} split {k}"]) for k in ("connected", "placed", "started", "first_output",
+                                                        "first_step")) + " |")
+    rounds = {part: len(stored[part]["rounds"]) for part in ("local", "cluster") if part in stored}
+    return "\n".join(rows) + "\n\n" + "; ".join(
+        f"{part}: {n} rounds, {stored[part]['date']}, commit {stored[part]['commit'][:12]}, "
+        f"{stored[part]['machine']['cpus']} CPUs" for part, n in rounds.items()) + "\n"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--table", action="store_true", help="print docs/benchmarks.md's tables from --out, run nothing")
     p.add_argument("--cluster", action="store_true", help="the emulated SLURM cluster (root) instead of this machine")
     p.add_argument("--out", default=str(REPO / "docs" / "data" / "launch_first_step.json"))
     a = p.parse_args()
     path = Path(a.out)
     stored = json.loads(path.read_text()) if path.exists() else {}
+    if a.table:
+        print(markdown(stored), end="")
+        return 0
     if a.cluster:
         rows, hosts = cluster_rounds(a.rounds)
         part = {"setting": {"hosts": hosts, "workers": hosts, "script_args": SCRIPT_ARGS, "baseline": "srun"},

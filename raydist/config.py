@@ -14,7 +14,7 @@ import operator
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal, get_args, get_origin, get_type_hints
+from typing import Any, Callable, ClassVar, Iterable, Literal, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -189,8 +189,27 @@ class TrainConfig:
     )
 
 
+class WorkerRange:
+    """For a config whose `COUNT_FIELD` holds a worker count N or an elastic range 'MIN-MAX' (`_worker_count`)."""
+
+    COUNT_FIELD: ClassVar[str] = "num_workers"
+
+    @property
+    def elastic(self) -> bool:
+        return isinstance(getattr(self, self.COUNT_FIELD), str)
+
+    @property
+    def max_workers(self) -> int:
+        """The worker count the run is sized for (the fixed count, or the top of the range)."""
+        return int(str(getattr(self, self.COUNT_FIELD)).rpartition("-")[2])
+
+    @property
+    def min_workers(self) -> int:
+        return int(str(getattr(self, self.COUNT_FIELD)).partition("-")[0])
+
+
 @dataclass
-class ScalingConfig:
+class ScalingConfig(WorkerRange):
     """How many workers, on what hardware, talking over which collective backend."""
 
     num_workers: int | str = opt(
@@ -215,19 +234,6 @@ class ScalingConfig:
     def check(self, prefix: str) -> None:
         _check(not (self.backend == "nccl" and not self.use_gpu), f"{prefix}backend",
                "nccl needs GPUs: set scaling.use_gpu=true or backend=gloo")
-
-    @property
-    def elastic(self) -> bool:
-        return isinstance(self.num_workers, str)
-
-    @property
-    def max_workers(self) -> int:
-        """The worker count the run is sized for (the fixed count, or the top of the range)."""
-        return int(str(self.num_workers).rpartition("-")[2])
-
-    @property
-    def min_workers(self) -> int:
-        return int(str(self.num_workers).partition("-")[0])
 
     @property
     def resolved_backend(self) -> str:

@@ -165,3 +165,22 @@ def test_the_command_is_checked_before_ray(tmp_path):
         check_command([], str(tmp_path))
     assert _python_script(["-X", "dev", "-u", "t.py", "-m", "x"]) == "t.py"
     assert _python_script(["-c", "print(1)"]) is None
+
+
+def test_the_docs_launch_benchmark_tables_are_the_stored_results():
+    import json
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(repo / "benchmarks"))
+    from launch_first_step import markdown
+
+    stored = json.loads((repo / "docs" / "data" / "launch_first_step.json").read_text())
+    assert {"local", "cluster"} <= set(stored)
+    for part in stored.values():  # raw rounds, the machine, the commit
+        assert part["rounds"] and part["machine"]["cpus"] and len(part["commit"]) >= 40
+    text = (repo / "docs" / "benchmarks.md").read_text()
+    block = ("<!-- BEGIN launch benchmark (generated: python benchmarks/launch_first_step.py --table) -->\n\n"
+             f"{markdown(stored)}\n<!-- END launch benchmark -->")
+    assert block in text, "docs/benchmarks.md is stale: paste `python benchmarks/launch_first_step.py --table`"

@@ -31,6 +31,17 @@ def _wait_for(path: Path, job: rayup.RayUpJob, timeout: float = 240) -> None:
         time.sleep(0.2)
 
 
+def _status_ranks(cluster, job: rayup.RayUpJob, timeout: float = 60) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while True:
+        r = cluster.run("node01", ["raydist", "status", "--json"], env=job.env())
+        ranks = json.loads(r.stdout).get("launched", []) if r.stdout.startswith("{") else []
+        if len([x for x in ranks if x["run"] == "batch-launch" and "step" in x]) == 3:
+            return [x for x in ranks if x["run"] == "batch-launch"]
+        assert time.monotonic() < deadline, (r.stdout[-3000:], r.stderr[-3000:])
+        time.sleep(1)
+
+
 def test_the_srun_script_and_raydist_launch_in_batch_mode_warned_and_requeued_end_alike(slurm_cluster):
     shared = slurm_cluster.shared / "launch"
     shared.mkdir(exist_ok=True)
@@ -51,10 +62,13 @@ def test_the_srun_script_and_raydist_launch_in_batch_mode_warned_and_requeued_en
     slurm_cluster.wait_idle(60)
     snap, after, storage = shared / "after.pt", shared / "after.json", slurm_cluster.shared / "runs"
     command = ("raydist", "launch", "--workers", "3", "--name", "batch-launch", "--storage", str(storage), "--",
-               "python", "examples/ddp_train.py", *ARGS, "--step-sleep", "0.05", "--snapshot", str(snap),
+               "python", "examples/ddp_train.py", *ARGS, "--step-sleep", "0.1", "--snapshot", str(snap),
                "--out", str(after))
     job = rayup.submit(slurm_cluster, rayup.write_config(slurm_cluster, "batch-launch"), command=command)
     _wait_for(snap, job)
+    ranks = _status_ranks(slurm_cluster, job)  # `raydist status` lists the script's ranks on their nodes
+    assert {(r["rank"], r["node"]) for r in ranks} == {(0, "master-node"), (1, "node01"), (2, "node02")}
+    assert all(r["state"] == "alive" and r["restarts"] == 0 and r["rss_bytes"] > 0 for r in ranks), ranks
     slurm_cluster.run("master-node", ["scancel", "--batch", "--signal=USR1", str(job.job_id)], check=True)
     stopped = _wait_text(job, r"SIGTERM: snapshot at step (\d+), exiting", timeout=60)
     _wait_text(job, r"requeueing after the time limit \(1 of at most 3\)", timeout=90)

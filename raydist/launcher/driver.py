@@ -25,6 +25,7 @@ from raydist.summary import RESULT_ENV
 
 POLL_S = 0.2  # how often output is relayed and the ranks are looked at
 STOP_POLL_S = 1.0  # how often the cluster's stop request and node drains are read (GCS reads)
+REGISTER_AFTER_S = 5.0  # the dashboard's run list gets a start this long after it began, or at its first step
 GROW_CHECK_S = 30.0  # how often an elastic run below MAX looks for room for more (as Ray Train's resize check)
 
 
@@ -94,9 +95,13 @@ class LaunchRun:
         self.first_step_unix: float | None = None
         self.run_id = uuid.uuid4().hex[:12]
         self._registering: threading.Thread | None = None
+        self._register_at: float | None = None
 
-    def _registered(self) -> None:
-        """Wait for the dashboard registration of the current start (before the view is told what came next)."""
+    def _registered(self, group: Group | None = None) -> None:
+        """Wait for the dashboard registration of the current start (before the view is told what came next);
+        a start that ended before its registration was due is registered now."""
+        if group is not None and self._register_at is not None:
+            self._register(group)
         if self._registering is not None:
             self._registering.join(timeout=30)
 
@@ -122,13 +127,13 @@ class LaunchRun:
                 if decision.counts:
                     self.failures.append(decision.reason)
                 say(decision.reason)
+                self._registered(group)
                 group.end()
-                self._registered()
                 self.view.restarting(decision.reason)
                 self.restarts += 1
             return self._finish(group, decision)
         except BaseException as e:
-            self._registered()
+            self._registered(group)
             self.view.end(error=e)
             raise
         finally:
@@ -155,28 +160,36 @@ class LaunchRun:
         group.start(self.command, self.cwd, self.run_id)
         self._mark("started")
         self.console.attempt(self.restarts, group.ranks)
-        # Registering in the dashboard's run list can take a second (the state actor's first start): off the
-        # critical path, while the scripts import torch.
-        self._registering = threading.Thread(target=self.view.running, daemon=True, args=(
-            [r.agent for r in group.ranks], group.ranks[0].agent, " ".join(self.command)))
-        self._registering.start()
+        self._register_at = time.monotonic() + REGISTER_AFTER_S
         ranks = ", ".join(f"{r.rank}@{r.node}" + (f"/{r.slot.place.iface}" if r.slot.place.iface else "")
                           for r in group.ranks)
         say(f"{self.cfg.name}: {n} ranks ({ranks}); MASTER_ADDR={group.ranks[0].slot.place.ip}; "
             f"logs {self.console.logs}")
         return group
 
+    def _register(self, group: Group) -> None:
+        """Write this start to the dashboard's run list, in a thread: it imports much of Ray Train and may start
+        its state actor, CPU the scripts need while they start (so: after the first step, or REGISTER_AFTER_S)."""
+        self._register_at = None
+        self._registering = threading.Thread(target=self.view.running, daemon=True, args=(
+            [r.agent for r in group.ranks], group.ranks[0].agent, " ".join(self.command)))
+        self._registering.start()
+
     def _supervise(self, group: Group) -> policy.Decision:
         """Poll until something happens that the policy decides about."""
         next_stop_check, next_grow_check = 0.0, time.monotonic() + GROW_CHECK_S
         while True:
+            stepped = False
             for rank, lines in group.poll():
                 if lines:
                     self._mark("first_output")
                 self.console.lines(rank, lines)
                 first = rank.status.get("first_step_unix")
+                stepped = stepped or bool(first)
                 if first and self.first_step_unix is None:
                     self.first_step_unix = first
+            if self._register_at is not None and (stepped or time.monotonic() >= self._register_at):
+                self._register(group)
             event = self._event(group)
             if event is None and time.monotonic() >= next_stop_check:
                 next_stop_check = time.monotonic() + STOP_POLL_S
@@ -293,7 +306,7 @@ class LaunchRun:
             ranks=[{"rank": r.rank, "node": r.node, "iface": r.slot.place.iface, "pid": r.pid,
                     "exit_code": r.exit_code} for r in group.ranks],
             failures=self.failures, logs=str(self.console.logs), startup_s=self._startup())
-        self._registered()
+        self._registered(group)
         if status == "failed":
             self.view.end(error=RaydistError(decision.reason))
         else:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from raydist.launcher.settings import LaunchConfig
 
 USAGE_EXIT = 2  # a script that exits 2 refused its input (argparse does): a restart cannot help
+MAX_DETAIL = 300  # characters of a rank's last line quoted in the one line that names it
 
 
 class Kind(str, enum.Enum):
@@ -41,12 +42,13 @@ class Event:
 
     def describe(self) -> str:
         who = f"rank {self.rank} on {self.node or '?'}" + (f" (pid {self.pid})" if self.pid else "")
+        detail = self.detail if len(self.detail) <= MAX_DETAIL else self.detail[:MAX_DETAIL - 3] + "..."
         if self.kind == Kind.EXITED:
             how = (f"was killed by signal {-self.exit_code}" if self.exit_code is not None and self.exit_code < 0
                    else f"exited {self.exit_code}")
-            return f"{who} {how}" + (f": {self.detail}" if self.detail else "")
+            return f"{who} {how}" + (f": {detail}" if detail else "")
         if self.kind == Kind.LOST:
-            return f"{who} was lost" + (f": {self.detail}" if self.detail else "")
+            return f"{who} was lost" + (f": {detail}" if detail else "")
         if self.kind == Kind.HUNG:
             return f"{who} {self.detail}"
         return self.detail or self.kind.value

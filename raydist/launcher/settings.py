@@ -11,9 +11,9 @@ import os
 import re
 import signal
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal
+from typing import Any, ClassVar, Iterable, Literal
 
-from raydist.config import _check, _run_name, _shared_path, _worker_count, merge, opt, validate
+from raydist.config import WorkerRange, _check, _run_name, _shared_path, _worker_count, merge, opt, validate
 
 WHAT = "launch settings (workers, max_restarts, ...)"
 
@@ -27,8 +27,10 @@ def _signal_name(value: str, key: str) -> str:
 
 
 @dataclass
-class LaunchConfig:
+class LaunchConfig(WorkerRange):
     """A script launched on every worker of the Ray cluster, torchrun- and srun-style."""
+
+    COUNT_FIELD: ClassVar[str] = "workers"
 
     workers: int | str = opt(
         2, "processes running the script in all (WORLD_SIZE): N, or MIN-MAX for an elastic run that starts with "
@@ -70,18 +72,6 @@ class LaunchConfig:
         if self.procs_per_node:
             _check(self.min_workers % self.procs_per_node == 0 and self.max_workers % self.procs_per_node == 0,
                    f"{prefix}procs_per_node", f"must divide workers={self.workers} (got {self.procs_per_node})")
-
-    @property
-    def elastic(self) -> bool:
-        return isinstance(self.workers, str)
-
-    @property
-    def max_workers(self) -> int:
-        return int(str(self.workers).rpartition("-")[2])
-
-    @property
-    def min_workers(self) -> int:
-        return int(str(self.workers).partition("-")[0])
 
     @property
     def storage_dir(self) -> str:
