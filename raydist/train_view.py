@@ -113,6 +113,8 @@ class TrainView:
         try:
             step(*args)
         except Exception as e:  # the dashboard is a view: the run goes on without it
+            if not self.enabled:  # turned off meanwhile (the run ended): nothing to say
+                return
             self.enabled = False
             print(f"[raydist] {self.strategy}: the dashboard's Train view will not show this run "
                   f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else '-'})", file=sys.stderr, flush=True)

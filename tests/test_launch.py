@@ -44,11 +44,11 @@ def work() -> Path:
 
 
 def launch(work: Path, name: str, *options: str, script_args: list[str] = (), extra_env: dict | None = None,
-           command: list[str] | None = None) -> subprocess.Popen:
+           command: list[str] | None = None, stderr=subprocess.PIPE) -> subprocess.Popen:
     return subprocess.Popen(
         [str(BIN / "raydist"), "launch", "--name", name, "--storage", str(work / "runs"), *options, "--",
          *(command or ["python", str(SCRIPT), *script_args])],
-        cwd=work, env=env(TMPDIR=str(work), **(extra_env or {})), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=work, env=env(TMPDIR=str(work), **(extra_env or {})), stdout=subprocess.PIPE, stderr=stderr,
         text=True)
 
 
@@ -173,6 +173,26 @@ def test_a_stopped_rank_is_named_with_every_ranks_stack_within_the_bound(work):
     assert left_running(str(work / "hang-snap.pt")) == []
 
 
+def dashboard_run(stderr, run: str, proc: subprocess.Popen, timeout: float = 60) -> dict:
+    """The run as the local instance's dashboard lists it (Ray Train's run list), once it shows two workers."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        text = stderr()
+        url = re.search(r"local Ray dashboard: (http://\S+)", text)
+        token = re.search(r"the dashboard's token is in (\S+) ", text)
+        if url and token:
+            req = urllib.request.Request(f"{url.group(1)}/api/train/v2/runs/v1", headers={
+                "Authorization": f"Bearer {Path(token.group(1)).read_text().strip()}"})
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                runs = [r for r in json.loads(resp.read())["train_runs"] if r["name"] == run]
+            if runs and runs[0]["attempts"] and len(runs[0]["attempts"][-1]["workers"]) == 2:
+                return runs[0]
+        assert proc.poll() is None and time.monotonic() < deadline, text[-2000:]
+        time.sleep(1)
+
+
 def top_ranks(work: Path, run: str, proc: subprocess.Popen, timeout: float = 60) -> list[dict]:
     """`raydist top --once --json` on the run's local Ray instance, once it shows the run's ranks with a step."""
     deadline = time.monotonic() + timeout
@@ -191,15 +211,21 @@ def top_ranks(work: Path, run: str, proc: subprocess.Popen, timeout: float = 60)
 def test_sigterm_reaches_every_rank_which_snapshots_and_a_rerun_resumes(work, torchrun_checksum):
     snap, out = work / "term-snap.pt", work / "term.json"
     args = [*EPOCHS, "--step-sleep", "0.05", "--snapshot", str(snap), "--out", str(out)]
-    proc = launch(work, "term", "--workers", "2", script_args=args)
+    log = work / "term-stderr.txt"
+    with open(log, "w") as err:
+        proc = launch(work, "term", "--workers", "2", script_args=args, stderr=err)
     wait_for(snap, proc)
+    run = dashboard_run(log.read_text, "term", proc)  # in the dashboard's Train run list, with both ranks
+    assert run["status"] == "RUNNING" and run["attempts"][-1]["status"] == "RUNNING"
+    assert sorted(w["world_rank"] for w in run["attempts"][-1]["workers"]) == [0, 1]
     ranks = top_ranks(work, "term", proc)  # `raydist top` lists the script's ranks while it runs
     assert sorted(r["rank"] for r in ranks) == [0, 1]
     for r in ranks:
         assert r["state"] == "alive" and r["restarts"] == 0 and r["step"] >= 1 and r["loss"] > 0
         assert r["rss_bytes"] > 50 * 2**20 and 0 <= r["cpu_share"] < 4
     proc.send_signal(signal.SIGTERM)
-    rc, stdout, stderr = finish(proc)
+    rc, stdout, _ = finish(proc)
+    stderr = log.read_text()
     assert rc == 0, stderr[-3000:]
     s = summary(work, "term")
     assert (s["status"], s["reason"]) == ("stopped", "raydist launch received SIGTERM")

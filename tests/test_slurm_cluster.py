@@ -225,6 +225,22 @@ def test_sync_ddp_job_trains_one_worker_per_host_over_gloo(slurm_cluster, ray_up
     assert sorted(p["node"] for p in top_seen.values()) == sorted(EXPECTED_IFACES), top_seen
 
 
+def test_your_own_script_runs_under_ray_job_submit_one_rank_per_host_on_its_interface(slurm_cluster, ray_up):
+    """`ray job submit --working-dir . -- raydist launch`: the unmodified script on the warm cluster; on node01 and
+    node02 it runs from Ray's copy of the working dir (the driver's directory is on master-node only)."""
+    storage = slurm_cluster.shared / "runs"
+    r = slurm_cluster.run(
+        "master-node", ["ray", "job", "submit", "--working-dir", ".", "--", "raydist", "launch", "--workers", "3",
+                        "--name", "submitted", "--storage", str(storage), "--output", "all", "--", "python",
+                        "examples/ddp_train.py", "--epochs", "1", "--snapshot", str(slurm_cluster.shared / "sub.pt")],
+        env=ray_up.env(), timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    summary = json.loads((storage / "submitted" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["workers"] == 3
+    assert {(x["node"], x["iface"]) for x in summary["ranks"]} == set(EXPECTED_IFACES.items())
+    assert re.search(r"\[rank 0 master-node\] done: 22 steps, checksum", r.stdout), r.stdout[-3000:]
+
+
 def test_a_second_job_on_the_same_nodes_skips_busy_ports_and_stops_alone_at_its_time_limit(slurm_cluster, ray_up):
     cfg = yaml.safe_load(ray_up.config.read_text())
     p = cfg["ports"]

@@ -97,9 +97,13 @@ class LaunchRun:
         self._registering: threading.Thread | None = None
         self._register_at: float | None = None
 
-    def _registered(self, group: Group | None = None) -> None:
+    def _registered(self, group: Group | None = None, final: bool = False) -> None:
         """Wait for the dashboard registration of the current start (before the view is told what came next);
-        a start that ended before its registration was due is registered now."""
+        a start that ended before its registration was due is registered now. Not at the end of a run on the
+        embedded instance: its dashboard ends with this process, so nobody would see it (a second saved)."""
+        if final and self.ray == "local":
+            self.view.enabled = False
+            return
         if group is not None and self._register_at is not None:
             self._register(group)
         if self._registering is not None:
@@ -133,7 +137,7 @@ class LaunchRun:
                 self.restarts += 1
             return self._finish(group, decision)
         except BaseException as e:
-            self._registered(group)
+            self._registered(group, final=True)
             self.view.end(error=e)
             raise
         finally:
@@ -306,7 +310,7 @@ class LaunchRun:
             ranks=[{"rank": r.rank, "node": r.node, "iface": r.slot.place.iface, "pid": r.pid,
                     "exit_code": r.exit_code} for r in group.ranks],
             failures=self.failures, logs=str(self.console.logs), startup_s=self._startup())
-        self._registered(group)
+        self._registered(group, final=True)
         if status == "failed":
             self.view.end(error=RaydistError(decision.reason))
         else:
