@@ -84,7 +84,7 @@ class Group:
     def place(self) -> None:
         """Reserve the group's resources at once (all or none), then start one agent per process in them."""
         import ray
-        from ray.util.placement_group import placement_group
+        from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from raydist.launcher.agent import RankAgent
@@ -94,7 +94,10 @@ class Group:
         try:
             ray.get(self.pg.ready(), timeout=self.cfg.start_timeout_s)
         except ray.exceptions.GetTimeoutError:
-            raise RaydistError(self._unplaceable()) from None
+            why = self._unplaceable()
+            remove_placement_group(self.pg)
+            self.pg = None
+            raise RaydistError(why) from None
         actor = ray.remote(RankAgent)
         agents = [actor.options(
             num_cpus=self.cfg.cpus_per_worker, num_gpus=1 if self.cfg.use_gpu else 0,
