@@ -184,3 +184,31 @@ def test_the_docs_launch_benchmark_tables_are_the_stored_results():
     block = ("<!-- BEGIN launch benchmark (generated: python benchmarks/launch_first_step.py --table) -->\n\n"
              f"{markdown(stored)}\n<!-- END launch benchmark -->")
     assert block in text, "docs/benchmarks.md is stale: paste `python benchmarks/launch_first_step.py --table`"
+
+
+def test_without_py_spy_a_ranks_stack_comes_from_faulthandler(tmp_path, monkeypatch):
+    """The agent's fallback where py-spy may not read the process: SIGABRT, and faulthandler (on in every rank)
+    prints every thread's stack; a stopped rank is continued so that it can."""
+    import os
+    import signal
+    import sys
+    import time
+
+    from raydist.launcher import agent as A
+
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\ndef wait_for_peers():\n    time.sleep(600)\nprint('up', flush=True)\n"
+                      "wait_for_peers()\n")
+    rank = A.RankAgent("units", 0)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    pid = rank.start([sys.executable, str(script)], {"RANK": "0"}, str(tmp_path), 0, 0)
+    deadline = time.monotonic() + 30
+    while "up" not in rank.lines and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGSTOP)
+    monkeypatch.setattr(A.shutil, "which", lambda _: None)
+    monkeypatch.setattr(A.sys, "executable", str(tmp_path / "no-bin" / "python"))  # no py-spy beside it either
+    got = rank.dump_stack()
+    assert got["how"] == "faulthandler"
+    assert "wait_for_peers" in got["text"] and "sleeper.py" in got["text"], got["text"]
+    assert rank.proc.poll() == -signal.SIGABRT
