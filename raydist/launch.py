@@ -94,8 +94,9 @@ def connect(cfg: Config) -> str:
     return "local"
 
 
-def start_local(num_cpus: int, logging_level: int = logging.INFO) -> None:
-    """Start the embedded Ray instance: private, loopback only, ending with this process."""
+def start_local(num_cpus: int, logging_level: int = logging.INFO, notice=None) -> None:
+    """Start the embedded Ray instance: private, loopback only, ending with this process. Its token line goes to
+    `notice` (stdout by default; `raydist launch` keeps stdout for the script's own output)."""
     import ray
 
     token = private_auth_token()
@@ -114,7 +115,7 @@ def start_local(num_cpus: int, logging_level: int = logging.INFO) -> None:
              logging_level=logging_level)
     if token:
         print(f"[raydist] local Ray: token auth on; the dashboard's token is in {token} (readable by this user "
-              f"only, removed when the job ends)", file=sys.stderr, flush=True)
+              f"only, removed when the job ends)", file=notice or sys.stdout, flush=True)
 
 
 QUIET_WARNINGS = "ignore:`ExecutionOptions.exclude_resources` is deprecated"

@@ -149,7 +149,7 @@ CASES = [
     Case("usage: raydist without a command", "raydist", 2, "raydist: the following arguments are required: command"),
     Case("usage: raydist, unknown command", "raydist bogus", 2,
          "raydist: argument command: invalid choice: 'bogus' (choose from 'config', 'slurm', 'status', 'env', 'doctor', "
-         "'top', 'prometheus-config', 'plan')"),
+         "'top', 'prometheus-config', 'plan', 'launch')"),
     Case("usage: raydist config show, unknown job", "raydist config show --job fedavg", 2,
          "raydist config show: argument --job: invalid choice: 'fedavg' (choose from 'sync', 'local_sgd', 'async', 'fsdp', "
          "'compare')"),

@@ -293,3 +293,4 @@ def test_a_script_that_refuses_its_input_is_one_line_exit_2_and_nothing_left_run
     assert summary(work, "refuses")["restarts"] == 0
     time.sleep(1)
     assert left_running(str(work)) == []  # neither the ranks nor the local Ray instance (its temp dir is here)
+    assert list(work.glob("raydist-launch-*")) == []  # nor the agents' files for the hook

@@ -83,7 +83,7 @@ class RankAgent:
         self.proc: subprocess.Popen | None = None
         self.lines: collections.deque[str] = collections.deque(maxlen=MAX_BUFFERED_LINES)
         self.last_active = time.monotonic()
-        self.status_file = ""
+        self.status_file = self.status_dir = ""
         self.status_seen: dict[str, float] = {}
         self.rank = -1
         self.exporter = None
@@ -115,9 +115,9 @@ class RankAgent:
         from raydist.launcher.environment import merged
 
         self.rank, self.restarts = rank, restarts
-        run_tmp = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"raydist-launch-{os.getpid()}")
-        os.makedirs(run_tmp, exist_ok=True)
-        self.status_file = os.path.join(run_tmp, f"rank{rank}.json")
+        self.status_dir = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"raydist-launch-{os.getpid()}")
+        os.makedirs(self.status_dir, exist_ok=True)
+        self.status_file = os.path.join(self.status_dir, f"rank{rank}.json")
         for stale in (self.status_file, self.status_file + ".tmp"):
             if os.path.exists(stale):
                 os.unlink(stale)
@@ -212,7 +212,7 @@ class RankAgent:
                 return
 
     def kill(self) -> int | None:
-        """SIGKILL the script's process group; its exit code."""
+        """SIGKILL the script's process group, remove the hook's file; the script's exit code."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
@@ -220,6 +220,7 @@ class RankAgent:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        shutil.rmtree(self.status_dir, ignore_errors=True)
         try:
             return self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

@@ -128,7 +128,8 @@ def connect(cfg) -> str:
             raise RaydistError(f"cannot connect to Ray at {address}: {str(e).splitlines()[0]}") from None
         return address
     # ERROR: Ray's start-up lines (and its token notice) would mix into the script's own output.
-    start_local(max(os.cpu_count() or 1, int(cfg.max_workers * cfg.cpus_per_worker + 0.999)), logging.ERROR)
+    start_local(max(os.cpu_count() or 1, int(cfg.max_workers * cfg.cpus_per_worker + 0.999)), logging.ERROR,
+                notice=sys.stderr)
     print(f"[raydist] local Ray dashboard: {os.environ['RAY_API_SERVER_ADDRESS']} (the run is on its Train page)",
           file=sys.stderr, flush=True)
     return "local"

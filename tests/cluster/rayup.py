@@ -78,6 +78,9 @@ def submit(cluster: EmulatedCluster, config: Path, *sbatch_args: str, nodes: int
 
 # Where the repo is mounted into a host's private /tmp (when it lives under /tmp): not a leftover.
 MOUNT_POINTS = {p.relative_to('/tmp').parts[0] for p in shared_tmp_paths()}
+# torch's own compile cache (DDP imports torch._dynamo), left by a user's script run under plain srun
+# (examples/srun_before.sbatch in tests/test_slurm_launch.py), as on any machine torch runs on: not raydist's.
+TORCH_CACHES = ("torchinductor_",)
 
 
 def leftovers(cluster: EmulatedCluster, job_id: int) -> dict[str, list[str]]:
@@ -87,7 +90,7 @@ def leftovers(cluster: EmulatedCluster, job_id: int) -> dict[str, list[str]]:
         issues = [f"process {pid}: {args[:120]}" for pid, args in cluster.processes(host)
                   if not args.startswith(DAEMONS)]
         issues += [f"temp dir /tmp/{p.name}" for p in (cluster.host_dir(host) / "tmp").iterdir()
-                   if p.name not in MOUNT_POINTS]
+                   if p.name not in MOUNT_POINTS and not p.name.startswith(TORCH_CACHES)]
         issues += [f"port {p} listening" for p in sorted(cluster.listening_ports(host) - SLURM_PORTS)]
         if issues:
             found[host] = issues
