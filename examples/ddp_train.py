@@ -155,6 +155,9 @@ def main():
             with open(args.out, "w") as f:
                 json.dump({"checksum": checksum, "steps": step, "resumed_from": resumed, "world_size": world}, f)
     dist.barrier()  # no rank tears its connections down while a peer still uses them
+    # DDP's reducer keeps gloo work objects that hold tensors; freed at interpreter exit they can abort the process
+    # ("terminate called without an active exception"), so free them while Python is still fully alive.
+    del model, opt
     dist.destroy_process_group()
 
 

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from raydist.hook import STATUS_ENV, read
 
-MAX_BUFFERED_LINES = 20000  # between two polls; past it the oldest lines are dropped from the console (not the log)
+MAX_BUFFERED_LINES = 20000  # between two polls (0.2 s); past it the oldest are lost to the console and the log
 STACK_DUMP_TIMEOUT_S = 20
 
 
@@ -100,8 +100,7 @@ class RankAgent:
         gpus = [int(g) for g in ray.get_gpu_ids() if str(g).isdigit()]
         return {"node_id": ctx.get_node_id(), "hostname": socket.gethostname(),
                 "ip": ray.util.get_node_ip_address(), "gpu_ids": gpus, "pid": os.getpid(),
-                "iface": os.environ.get("GLOO_SOCKET_IFNAME") or os.environ.get("NCCL_SOCKET_IFNAME", ""),
-                "working_dir": bool((ctx.runtime_env or {}).get("working_dir")), "cwd": os.getcwd()}
+                "iface": os.environ.get("GLOO_SOCKET_IFNAME") or os.environ.get("NCCL_SOCKET_IFNAME", "")}
 
     def free_port(self) -> int:
         """A port free on this node, for MASTER_PORT (rank 0's agent)."""

@@ -102,7 +102,7 @@ def cluster_address(cfg) -> str:
     return "" if address == "local" else address
 
 
-def check_before_ray(cfg, cwd: str) -> None:
+def check_before_ray(cfg) -> None:
     from raydist.preflight import check_ray_target, check_writable
 
     check_writable(cfg.run_dir, "storage_path")
@@ -149,7 +149,7 @@ def _launch(args: argparse.Namespace) -> int:
     cwd = os.getcwd()
     cfg = settings.load(args.config, overrides(args), command)
     check_command(command, cwd)
-    check_before_ray(cfg, cwd)
+    check_before_ray(cfg)
     from raydist.launcher.driver import LaunchRun, say
 
     try:
