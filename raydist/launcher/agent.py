@@ -9,7 +9,6 @@ its agent (PR_SET_PDEATHSIG), so a lost agent leaves nothing running.
 from __future__ import annotations
 
 import collections
-import ctypes
 import os
 import shutil
 import signal
@@ -18,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
 
 from raydist.hook import STATUS_ENV, read
 
@@ -36,18 +35,18 @@ def _script_niceness() -> int:
         return 0
 
 
-def _prepare_child(niceness: int) -> Callable[[], None]:
-    def prepare() -> None:
-        """In the child, before exec: SIGKILL when the agent's thread that started it exits; srun's niceness."""
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
-        try:
-            os.setpriority(os.PRIO_PROCESS, 0, niceness)
-        except OSError:  # lowering it needs root or RLIMIT_NICE: the script keeps Ray's worker niceness
-            pass
-    return prepare
+SHIM = ("import ctypes, os, sys\n"
+        "ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG: SIGKILL when the agent's thread that started it ends\n"
+        "try:\n    os.setpriority(os.PRIO_PROCESS, 0, int(sys.argv[1]))\nexcept OSError:\n    pass\n"
+        "os.execvp(sys.argv[2], sys.argv[2:])\n")
+"""What the script is exec'd through: a fresh single-threaded interpreter (-S: no site, a few ms) sets the death
+signal and srun's niceness, then becomes the script. Not a preexec_fn: Python code between fork and exec in the
+agent, a process full of Ray's threads, can deadlock (dlopen's lock held by another thread at the fork), and the
+rank then never starts. Lowering the niceness needs root or RLIMIT_NICE; otherwise the script keeps Ray's."""
+
+
+def _shimmed(argv: list[str], niceness: int) -> list[str]:
+    return [sys.executable, "-S", "-c", SHIM, str(niceness), *argv]
 
 
 def _proc_stat(pid: int) -> tuple[str, float, int] | None:
@@ -124,9 +123,8 @@ class RankAgent:
                "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
         if not os.path.isdir(cwd):
             cwd = os.getcwd()  # the driver's directory is not on this node: Ray's copy of the working dir is
-        self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, start_new_session=True,
-                                     preexec_fn=_prepare_child(_script_niceness()))
+        self.proc = subprocess.Popen(_shimmed(argv, _script_niceness()), env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         self.last_active = time.monotonic()
         self.ended = self.exit_seen = None
         threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()

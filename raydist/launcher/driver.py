@@ -100,13 +100,15 @@ class LaunchRun:
     def _registered(self, group: Group | None = None, final: bool = False) -> None:
         """Wait for the dashboard registration of the current start (before the view is told what came next);
         a start that ended before its registration was due is registered now. Not at the end of a run on the
-        embedded instance: its dashboard ends with this process, so nobody would see it (a second saved)."""
-        if final and self.ray == "local":
+        embedded instance that was not registered yet: its dashboard ends with this process, so nobody would see it."""
+        if final and self.ray == "local" and self._registering is None:
             self.view.enabled = False
             return
         if group is not None and self._register_at is not None:
             self._register(group)
         if self._registering is not None:
+            # Also at the end of a local run: a registration still going when Ray shuts down would start a new
+            # local instance (Ray connects a remote call automatically).
             self._registering.join(timeout=30)
 
     def _mark(self, what: str) -> None:
