@@ -5,7 +5,6 @@ The loop acts on what `raydist.launcher.policy.decide` says; `raydist.launcher.g
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -340,6 +339,3 @@ def _in_collective(stack: str) -> bool | None:
         return None
     return any(frame in stack for frame in COLLECTIVE_FRAMES)
 
-
-def describe_outcome(summary: LaunchSummary) -> str:
-    return json.dumps(summary.to_dict())

@@ -109,7 +109,6 @@ class Group:
         places = [environment.Place(w["node_id"], w["hostname"], ips.get(w["node_id"], w["ip"]), tuple(w["gpu_ids"]),
                                     w["iface"]) for w in where]
         slots = environment.assign_ranks(places)
-        self.where = {s.rank: w for s, w in zip(slots, where)}
         self.ranks = sorted((Rank(s.rank, a, s) for a, s in zip(agents, slots)), key=lambda r: r.rank)
 
     def _unplaceable(self) -> str:
