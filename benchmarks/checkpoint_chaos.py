@@ -101,7 +101,7 @@ def _slow_copy(src: str, dst: str) -> None:
 
 
 def _write_ps(run_dir: str, step: int, written: list[str]) -> None:
-    from raydist.ps.driver import _save
+    from raydist.strategies.async_ps.driver import _save
 
     _save(run_dir, step, {"shards": [{"param": _model(step).weight.detach().flatten()}], "steps": step,
                           "workers": 1}, KEEP)
@@ -143,7 +143,7 @@ def choose(writer: str, run_dir: str, use_snapshot: bool = True) -> str | None:
     import io
 
     if writer == "ps":
-        from raydist.ps.driver import latest_checkpoint
+        from raydist.strategies.async_ps.driver import latest_checkpoint
 
         with contextlib.redirect_stdout(io.StringIO()):  # its one line is not this harness's output
             return latest_checkpoint(run_dir)
@@ -152,7 +152,7 @@ def choose(writer: str, run_dir: str, use_snapshot: bool = True) -> str | None:
     known = None
     snapshot = os.path.join(run_dir, RAY_SNAPSHOT)
     if use_snapshot:
-        set_aside_broken_snapshot(run_dir)  # as launch.fit_on_ray_train does before trainer.fit()
+        set_aside_broken_snapshot(run_dir)  # as raytrain.fit_on_ray_train does before trainer.fit()
         if os.path.exists(snapshot):  # Ray's get_checkpoint(): the snapshot's latest checkpoint
             with open(snapshot) as f:
                 known = os.path.join(run_dir, json.load(f)["latest_checkpoint"])
@@ -165,7 +165,7 @@ def check(writer: str, directory: str) -> int:
 
     step = int(os.path.basename(directory)[len("checkpoint_step"):])
     if writer == "ps":
-        from raydist.ps.driver import load_params
+        from raydist.strategies.async_ps.driver import load_params
 
         params = load_params(directory)
     else:

@@ -37,7 +37,7 @@ def _rank(rank: int, port: int, args: argparse.Namespace) -> None:
     from raydist.config import load_config
     from raydist.data import load_splits
     from raydist.models import build_model
-    from raydist.strategies.sync_ddp import SyncDDP
+    from raydist.strategies.sync.worker import SyncDDP
     from raydist.train.desync import param_checksum
 
     torch.set_num_threads(1)

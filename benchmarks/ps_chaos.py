@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/ps_chaos.py [--server-kills 3] [--worker-kills 3] [--seed 0] [--set KEY=VALUE]...
 
-Runs the async job (`python -m raydist.launch async`, on its own embedded Ray instance) twice with the same config,
+Runs the async job (`python -m raydist.job async`, on its own embedded Ray instance) twice with the same config,
 CONFIG below plus any --set: once undisturbed, then once while this script SIGKILLs actor processes, servers and
 workers in turn, each a random one of the processes Ray titled `ray::ParameterShard` or `ray::DownpourWorker` among
 the job's descendants. Before each kill it waits until the run has checkpointed past the point it last restarted
@@ -59,7 +59,7 @@ class Job:
     def __init__(self, storage: Path, name: str, overrides: list[str]):
         self.run_dir = storage / name
         self.out, self.err = storage / f"{name}.out", storage / f"{name}.err"
-        args = [sys.executable, "-m", "raydist.launch", "async", "--set", f"run.storage_path={storage}",
+        args = [sys.executable, "-m", "raydist.job", "async", "--set", f"run.storage_path={storage}",
                 "--set", f"run.name={name}"]
         for o in overrides:
             args += ["--set", o]

@@ -16,7 +16,7 @@ from pathlib import Path
 # Under `ray job submit --working-dir .` the package travels as source, not installed.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from raydist.launch import job_main  # noqa: E402
+from raydist.job import job_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(job_main("fsdp", doc=__doc__))

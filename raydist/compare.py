@@ -62,7 +62,7 @@ def run_strategy(strategy: str, shared_yaml: Path, runs_dir: Path, index: str) -
     """Run one strategy's job as a user would, echo its progress lines, and read the summary.json it writes."""
     run_dir = runs_dir / strategy
     shutil.rmtree(run_dir, ignore_errors=True)  # always a fresh run: a leftover checkpoint would resume instead
-    cmd = [sys.executable, "-m", "raydist.launch", strategy, "--config", str(shared_yaml),
+    cmd = [sys.executable, "-m", "raydist.job", strategy, "--config", str(shared_yaml),
            "--set", f"run.storage_path={runs_dir}", "--set", f"run.name={strategy}"]
     print(f"[compare] {index} {label(strategy)}: starting", flush=True)
     tail: deque[str] = deque(maxlen=40)

@@ -98,7 +98,7 @@ class RayTrainContext:
         from raydist.checkpoint import STATE_FILE, resume_choice, skipped_line
 
         # Ray's own choice can be a checkpoint whose save was killed; with none (a snapshot set aside by
-        # launch.fit_on_ray_train, a kill before Ray's first snapshot) complete ones may still be on disk.
+        # raytrain.fit_on_ray_train, a kill before Ray's first snapshot) complete ones may still be on disk.
         checkpoint = ray.train.get_checkpoint()
         with checkpoint.as_directory() if checkpoint is not None else contextlib.nullcontext(None) as known:
             found, skipped = resume_choice(known, self._run_dir, STATE_FILE)

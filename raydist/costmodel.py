@@ -93,8 +93,8 @@ def ring_allreduce_bytes(nbytes: float, n: int) -> float:
 
 def ps_placement(s: "Setting") -> tuple[list[int], list[int]]:
     """Node of each worker and of each shard: one worker per node on the first W of `nodes`, the shards placed as
-    raydist places them (raydist.ps.placement: nodes without workers first)."""
-    from raydist.ps.placement import shard_nodes
+    raydist places them (raydist.strategies.async_ps.placement: nodes without workers first)."""
+    from raydist.strategies.async_ps.placement import shard_nodes
 
     nodes = max(s.nodes, s.workers)
     workers = list(range(s.workers))

@@ -52,3 +52,12 @@ def exits_cleanly(main: F) -> F:
             fail("interrupted", code=130)
 
     return wrapper  # type: ignore[return-value]
+
+
+def last_error_line(e: BaseException) -> str:
+    """The line of a (possibly wrapped) remote error that says what went wrong: the innermost cause's last."""
+    cause = e
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    lines = [ln for ln in str(cause).splitlines() if ln.strip()]
+    return lines[-1] if lines else type(cause).__name__

@@ -22,14 +22,14 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 @dataclass(frozen=True)
 class StrategySpec:
     name: str
-    """What users type: `compare.strategies`, `python -m raydist.launch <name>`, jobs/<name>.py."""
+    """What users type: `compare.strategies`, `python -m raydist.job <name>`, jobs/<name>.py."""
     label: str
     """How tables and plots name it."""
     summary: str
     """One line for `--help` and the docs."""
     worker: str = ""
     """"module:Class" of a `raydist.train.Strategy` run by the shared loop on Ray Train workers; '' when `driver` does it all."""
-    driver: str = "raydist.launch:fit_on_ray_train"
+    driver: str = "raydist.raytrain:fit_on_ray_train"
     """"module:function" taking (cfg, spec, session) and returning a `JobSummary`."""
     check: str = "raydist.preflight:check_loop"
     """"module:function" taking (cfg): what only this job can check before Ray starts (raises a UsageError,
@@ -52,14 +52,14 @@ STRATEGIES: dict[str, StrategySpec] = {
     s.name: s
     for s in (
         StrategySpec("sync", "sync DDP", "synchronous data parallel (PyTorch DDP), gradients all-reduced every step",
-                     worker="raydist.strategies.sync_ddp:SyncDDP"),
+                     worker="raydist.strategies.sync.worker:SyncDDP"),
         StrategySpec("local_sgd", "local SGD",
                      "workers step alone and average parameters every H steps (all-reduce or ring Polyak)",
-                     worker="raydist.strategies.local_sgd:LocalSGD"),
+                     worker="raydist.strategies.local_sgd.worker:LocalSGD"),
         StrategySpec("async", "async PS", "Downpour SGD: workers push gradients to parameter-server actors without waiting",
-                     driver="raydist.ps.driver:run", check="raydist.preflight:check_async"),
+                     driver="raydist.strategies.async_ps.driver:run", check="raydist.preflight:check_async"),
         StrategySpec("fsdp", "FSDP", "fully sharded data parallel (FSDP2): each worker holds 1/W of the parameters, "
-                     "gradients and optimizer state; sharded checkpoints", worker="raydist.strategies.fsdp:FSDP",
+                     "gradients and optimizer state; sharded checkpoints", worker="raydist.strategies.fsdp.worker:FSDP",
                      compared=False),
     )
 }

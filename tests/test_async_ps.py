@@ -23,7 +23,7 @@ def ray_local():
 
 @pytest.fixture
 def run_async(ray_local, tmp_path):
-    from raydist.ps.driver import train
+    from raydist.strategies.async_ps.driver import train
 
     def run(name: str, *overrides: str) -> dict:
         cfg = load_config(job_defaults("async"), [], [f"run.storage_path={tmp_path}", f"run.name={name}", *overrides])
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize("optimizer", ["optim.name=sgd", "optim.name=adagrad"])
 def test_one_worker_with_n_fetch_1_sees_no_staleness_and_sharding_changes_nothing(run_async, optimizer):
-    from raydist.ps.driver import load_params
+    from raydist.strategies.async_ps.driver import load_params
 
     one = run_async("one", "scaling.num_workers=1", "train.max_steps=30", optimizer)
     three = run_async("three", "scaling.num_workers=1", "train.max_steps=30", "async_ps.num_servers=3", optimizer)

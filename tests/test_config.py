@@ -143,7 +143,7 @@ def test_bad_worker_counts_are_refused(value, message):
 
 
 def test_the_async_ps_refuses_an_elastic_range():
-    from raydist.ps.driver import AsyncPSRun
+    from raydist.strategies.async_ps.driver import AsyncPSRun
 
     cfg = load_config(job_defaults("async"), [], ["scaling.num_workers=2-3"])
     with pytest.raises(ConfigError, match="fixed number of workers"):

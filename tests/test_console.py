@@ -157,7 +157,7 @@ def test_ray_train_info_lines_leave_the_console_but_not_the_log_files():
 
 
 def test_verbose_flag_sets_the_config_key():
-    from raydist.launch import parse_job_args
+    from raydist.job import parse_job_args
 
     assert parse_job_args("sync", []).run.verbose is False
     assert parse_job_args("sync", ["--verbose"]).run.verbose is True

@@ -1,5 +1,5 @@
 """The cost model behind `raydist plan` (raydist/costmodel.py) and where async puts its server shards
-(raydist/ps/placement.py): pure functions, checked by hand-computed values and on the shipped measured runs."""
+(raydist/strategies/async_ps/placement.py): pure functions, checked by hand-computed values and on the shipped measured runs."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from raydist import costmodel as cm
 from raydist.commands import plan_cmd
-from raydist.ps.placement import shard_nodes
+from raydist.strategies.async_ps.placement import shard_nodes
 
 REPO = Path(__file__).resolve().parents[1]
 G = 1e6  # gradient bytes

@@ -20,7 +20,7 @@ def _averaging_worker(rank: int, world_size: int, port: int, alpha: float, resul
     import torch
     import torch.distributed as dist
 
-    from raydist.strategies.local_sgd import average_allreduce, ring_polyak
+    from raydist.strategies.local_sgd.worker import average_allreduce, ring_polyak
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     try:

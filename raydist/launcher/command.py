@@ -115,7 +115,7 @@ def connect(cfg) -> str:
 
     import ray
 
-    from raydist.launch import prepare_ray_environment, start_local
+    from raydist.session import prepare_ray_environment, start_local
     from raydist.preflight import check_reachable
 
     prepare_ray_environment()

@@ -324,7 +324,7 @@ class LaunchRun:
     def _startup(self) -> dict[str, float]:
         out = dict(self.timeline)
         if self.first_step_unix is not None:
-            from raydist.launch import process_start_time
+            from raydist.session import process_start_time
 
             out["first_step"] = round(self.first_step_unix - process_start_time(), 3)
         return out

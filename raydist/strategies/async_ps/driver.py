@@ -25,10 +25,10 @@ from raydist.evaluation import evaluate
 from raydist.flat import as_tensor, flatten_, slice_bounds
 from raydist.models import build_model
 from raydist.ray_metrics import Exporter
-from raydist.ps.crew import Crew, Death, Hung, Watchdog
+from raydist.strategies.async_ps.crew import Crew, Death, Hung, Watchdog
 from raydist.train_view import RunDescription, TrainView, actor_name
 from raydist.preflight import check_async
-from raydist.ps.messages import Drained, PullReply, WorkerReport
+from raydist.strategies.async_ps.messages import Drained, PullReply, WorkerReport
 from raydist.summary import JobSummary
 from raydist.tensorboard_log import RunLog
 
@@ -189,14 +189,14 @@ class AsyncPSRun:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-        from raydist.ps.gate import StalenessGate
-        from raydist.ps.server import ParameterShard
-        from raydist.ps.worker import DownpourWorker
+        from raydist.strategies.async_ps.gate import StalenessGate
+        from raydist.strategies.async_ps.server import ParameterShard
+        from raydist.strategies.async_ps.worker import DownpourWorker
 
         cfg, ps, W, crew = self.cfg, self.cfg.async_ps, self.cfg.scaling.max_workers, self.crew
         config = cfg.to_dict()
         named = self.view.options  # 'raydist/<run>/server-0', ...: readable in the dashboard's actor lists
-        # Servers that reserve no CPU fit on any node: pinned where raydist.ps.placement says. Ones that reserve
+        # Servers that reserve no CPU fit on any node: pinned where raydist.strategies.async_ps.placement says. Ones that reserve
         # CPUs go where Ray finds them free, spread as far as it can (a pin could wait for ever on a full node).
         spread = ps.server_placement == "spread"
         nodes = self._shard_nodes(pg, ps.num_servers) if spread and ps.cpus_per_server == 0 else []
@@ -228,11 +228,11 @@ class AsyncPSRun:
 
     @staticmethod
     def _shard_nodes(pg, num_servers: int) -> list[str]:
-        """Node ids for the shards (raydist.ps.placement): alive nodes by hostname, the workers' from their bundles."""
+        """Node ids for the shards (raydist.strategies.async_ps.placement): alive nodes by hostname, the workers' from their bundles."""
         import ray
         from ray.util import placement_group_table
 
-        from raydist.ps.placement import shard_nodes
+        from raydist.strategies.async_ps.placement import shard_nodes
 
         alive = sorted((n for n in ray.nodes() if n["Alive"]), key=lambda n: (n["NodeManagerHostname"], n["NodeID"]))
         workers = list(placement_group_table(pg)["bundles_to_node_id"].values())
@@ -255,7 +255,7 @@ class AsyncPSRun:
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
 
-        from raydist.launch import last_error_line
+        from raydist.errors import last_error_line
 
         self._check_resources()
         W = self.cfg.scaling.max_workers
@@ -491,7 +491,7 @@ def train(cfg: Config, ray_address: str = "local", started: float | None = None)
 
 def run(cfg: Config, spec: registry.StrategySpec, session) -> JobSummary:
     """The registry's driver: everything checkable is checked before Ray starts."""
-    from raydist.launch import connect
+    from raydist.session import connect
 
     job = AsyncPSRun(cfg, started=session.started)
     job.ray_address = session.ray = connect(cfg)

@@ -16,7 +16,7 @@ import torch
 from raydist.config import Config
 from raydist.flat import as_tensor
 from raydist.optim import build_optimizer, lr_factor
-from raydist.ps.messages import Drained, PullReply
+from raydist.strategies.async_ps.messages import Drained, PullReply
 from raydist.ray_metrics import Exporter
 
 

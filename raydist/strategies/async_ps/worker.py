@@ -15,7 +15,7 @@ from raydist.config import Config
 from raydist.data import load_splits
 from raydist.flat import as_tensor, flatten_
 from raydist.models import build_model
-from raydist.ps.messages import PullReply, WorkerReport
+from raydist.strategies.async_ps.messages import PullReply, WorkerReport
 from raydist.ray_metrics import Exporter
 from raydist.seeding import reseed
 from raydist.sharding import worker_shard

@@ -1,0 +1,171 @@
+"""The driver of every loop strategy: a Ray Train `TorchTrainer` running `raydist.train.entry.train_worker`, and
+the summary read from its final report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+from raydist import registry
+from raydist.config import Config
+from raydist.errors import RaydistError, last_error_line
+from raydist.metrics import METRICS_FILE
+from raydist.session import Session, connect, process_start_time
+from raydist.summary import JobSummary
+from raydist.train.entry import FAILURE_FILE, train_worker
+
+
+ELASTIC_PLACEMENT_RETRIES = 3
+
+
+def hung_worker(error: BaseException, cfg: Config) -> str | None:
+    """'rank R on node H (pid P) stopped answering ...' when Ray Train gave a worker up for not answering its
+    health check (a stopped or frozen process), else None. Ray's message holds the worker's repr: read it there."""
+    from ray.train.v2._internal.exceptions import WorkerHealthCheckTimeoutError
+
+    failures = getattr(error, "worker_failures", None) or {}
+    for rank, failure in sorted(failures.items()):
+        if isinstance(failure, WorkerHealthCheckTimeoutError):
+            text = str(failure)
+            host = re.search(r"hostname='([^']*)'", text)
+            pid = re.search(r"pid=(\d+)", text)
+            waited = re.search(r"hanging for ([\d.]+) seconds", text)
+            return (f"rank {rank} on node {host.group(1) if host else '?'} (pid {pid.group(1) if pid else '?'}) "
+                    f"stopped answering for {float(waited.group(1)) if waited else cfg.faults.hang_timeout_s:.0f} s "
+                    f"(faults.hang_timeout_s={cfg.faults.hang_timeout_s:g}): a stopped or frozen process")
+    return None
+
+
+def failure_line(error: BaseException, cfg: Config, dead: list[str]) -> str:
+    """The one line a failed Ray Train run ends with; a worker group that no longer fits names the dead nodes, a
+    worker that stopped answering is named by rank and node."""
+    reason = hung_worker(error, cfg) or last_error_line(error)
+    if dead and "startup timed out" in reason:
+        s = cfg.scaling
+        want = f"{s.min_workers} to {s.max_workers}" if s.elastic else str(s.max_workers)
+        return (f"training failed: {want} workers no longer fit the cluster after node(s) died: {'; '.join(dead)} "
+                f"(waited scaling.node_loss_timeout_s={s.node_loss_timeout_s:g} s; a range such as "
+                f"scaling.num_workers={max(1, s.min_workers - 1 if s.elastic else s.max_workers - 1)}-{s.max_workers} "
+                f"continues on fewer)")
+    return f"training failed: {reason}" + (f"; dead node(s): {'; '.join(dead)}" if dead else "")
+
+
+def build_trainer(cfg: Config, spec: registry.StrategySpec):
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+
+    from raydist.console import ray_train_log_level
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    s = cfg.scaling
+    # Read by Ray Train's controller (it propagates these variables): how long placing a worker group may take,
+    # how long a worker may leave a health check unanswered (a SIGSTOPped or frozen process answers none; a rank
+    # merely waiting in a collective still does, from its actor's own thread), and how long Ray Train's own
+    # barriers (report, preemption check) wait.
+    os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(s.node_loss_timeout_s)
+    os.environ["RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S"] = str(cfg.faults.hang_timeout_s)
+    os.environ["RAY_TRAIN_COLLECTIVE_TIMEOUT_S"] = str(cfg.faults.collective_timeout_s)
+    return TorchTrainer(
+        train_loop_per_worker=train_worker,
+        train_loop_config={"config": cfg.to_dict(), "strategy": spec.name},
+        scaling_config=ScalingConfig(
+            # A range selects Ray Train's elastic policy: restart from the checkpoint with the workers that fit.
+            num_workers=(s.min_workers, s.max_workers) if s.elastic else s.max_workers,
+            elastic_resize_monitor_interval_s=s.resize_check_s,
+            use_gpu=s.use_gpu,
+            resources_per_worker={"CPU": s.cpus_per_worker, **({"GPU": 1} if s.use_gpu else {})},
+        ),
+        # The process group's timeout bounds its start-up and every gloo collective (NCCL's too, with its
+        # watchdog): a peer that is alive but never joins fails the step instead of hanging it.
+        torch_config=TorchConfig(backend=cfg.scaling.resolved_backend,
+                                 timeout_s=max(1, round(cfg.faults.collective_timeout_s))),
+        run_config=RunConfig(
+            name=cfg.run.name,
+            storage_path=cfg.run.storage_dir,
+            checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
+            # A worker group that cannot be placed again (a lost node) is a controller failure; Ray's default
+            # retries those forever. A fixed count gets none: the start timeout (scaling.node_loss_timeout_s) is
+            # the bound. An elastic run gets a few, because Ray may still count a lost node as alive (until its
+            # heartbeats time out) and first try, in vain, to place as many workers as before.
+            failure_config=FailureConfig(max_failures=s.max_failures, max_preemption_failures=s.max_preemptions,
+                                         controller_failure_limit=ELASTIC_PLACEMENT_RETRIES if s.elastic else 0),
+            # Ray Train's INFO lines (worker group started, checkpoint created, ...) stay in its log files; on the
+            # console only with run.verbose.
+            logging_config=LoggingConfig(log_level=ray_train_log_level(cfg.run.verbose)),
+        ),
+    )
+
+
+def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session) -> JobSummary:
+    """Run a loop strategy on Ray Train; its summary comes from the final checkpoint's report."""
+    from raydist.checkpoint import set_aside_broken_snapshot
+    from raydist.cluster_watch import NodeWatcher, dead_nodes
+    from raydist.console import MetricsTail, ProgressBar, start_line
+    from raydist.ray_metrics import Exporter
+
+    # run_job checked the config (check_before_ray); connect checks what a named cluster can hold.
+    session.ray = connect(cfg)
+    connected = time.time()
+    trainer = build_trainer(cfg, spec)
+    moved = set_aside_broken_snapshot(cfg.run.run_dir)  # Ray would refuse to start on a truncated snapshot
+    if moved:
+        print(moved, flush=True)
+    failure = Path(cfg.run.run_dir) / FAILURE_FILE
+    failure.unlink(missing_ok=True)  # an earlier session's
+    print(start_line(spec.name, cfg.run.run_dir), file=sys.stderr, flush=True)
+    bar = ProgressBar(spec.name, export=Exporter(cfg.run.name, spec.name, "driver", 0))
+    tail = MetricsTail(os.path.join(cfg.run.run_dir, METRICS_FILE), bar).start()
+    completed = False
+    try:
+        with NodeWatcher():
+            result = trainer.fit()
+        completed = True
+    except Exception as e:  # TrainingFailedError, and the controller's own failures, which arrive as other types
+        raise RaydistError(failure_line(e, cfg, dead_nodes())) from None
+    finally:
+        tail.stop()
+        bar.close(completed=completed and not failure.exists())
+    if failure.exists():
+        raise RaydistError(f"training failed: {json.loads(failure.read_text())['reason']}")
+    m = result.metrics or {}
+    comm = m.get("comm") or {}
+    memory = m.get("memory") or {}
+    total = m.get("total_steps")
+    return JobSummary(
+        strategy=spec.name, run_name=cfg.run.name, run_dir=cfg.run.run_dir, ray=session.ray,
+        workers=m.get("world_size", cfg.scaling.max_workers),
+        status="completed" if total is not None and m.get("step") == total else "stopped",
+        steps=m.get("step", 0), total_steps=total if total is not None else 0,
+        resumed_from_step=m.get("resumed_from_step"),
+        wall_s=round(time.perf_counter() - session.started, 3), train_time_s=m.get("train_time_s"),
+        test_accuracy=m.get("test_accuracy"), test_loss=m.get("test_loss"), final_loss=m.get("loss"),
+        samples_per_s=m.get("samples_per_s"), steps_per_s=m.get("steps_per_s"),
+        checkpoint=result.checkpoint.path if result.checkpoint else None,
+        metrics_file=os.path.join(cfg.run.run_dir, "metrics.jsonl"),
+        bytes_per_worker=comm.get("bytes_per_worker", []), wait_s_per_worker=comm.get("wait_s_per_worker", []),
+        peak_memory_bytes_per_worker=memory.get("peak_memory_bytes_per_worker", []),
+        param_bytes_per_worker=memory.get("param_bytes_per_worker", []),
+        stop_reason=m.get("stop_reason"),
+        startup_s=startup_seconds(os.path.join(cfg.run.run_dir, METRICS_FILE), connected),
+    )
+
+
+def startup_seconds(metrics_file: str, connected: float) -> dict[str, float] | None:
+    """This session's start-up, from rank 0's first `startup` record written after `connected` (a restart writes
+    another), in seconds since this process started."""
+    from raydist.metrics import startup_records
+
+    began = process_start_time()
+    try:
+        ours = [s for s in startup_records(metrics_file) if s["worker_entered"] >= connected]
+    except (OSError, ValueError, KeyError):
+        return None
+    if not ours:
+        return None
+    s = ours[0]
+    return {"connect": round(connected - began, 3), "workers": round(s["worker_entered"] - began, 3),
+            "ready": round(s["ready"] - began, 3), "first_step": round(s["first_step"] - began, 3)}

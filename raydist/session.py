@@ -1,0 +1,116 @@
+"""The driver's Ray session: the settings raydist relies on, and joining a cluster or starting the embedded instance.
+
+Every driver uses it: the Ray Train driver (raydist.raytrain), the async PS's driver and `raydist launch`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+from raydist.config import Config
+from raydist.errors import RaydistError
+from raydist.local_auth import private_auth_token
+from raydist.preflight import check_cluster_fits, check_reachable, local_cpus, ray_address
+
+
+@dataclass
+class Session:
+    """What a driver needs to know about how its job was started."""
+
+    job: str
+    started: float  # time.perf_counter() at the job's start: wall_s counts Ray start-up too
+    ray: str = ""  # 'local' or the cluster address, once connected
+
+
+def prepare_ray_environment() -> None:
+    """Ray settings raydist relies on; each can still be overridden from the environment."""
+    os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+    # Ray Train then records each run, its attempts and workers in its state actor, which the dashboard's Train
+    # API (/api/train/v2/runs/v1) reads; off by default in Ray 2.60. Read by the trainer in this process, and by
+    # raydist.train_view for the async PS and raydist launch.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")
+    # Ray Train holds one pending report per worker and drains it on each controller poll (2 s by
+    # default), so a report every epoch of a small model would stall training; poll faster instead
+    # (at 0.1 s the loop runs at 0.98x the steps/s of plain torchrun, 0.54x at 0.2 s; see benchmarks/).
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
+    # Without this Ray Train echoes every worker print a second time through its logger.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
+    # After a worker hung, Ray Train waits this long for every worker to leave the process group before it
+    # kills them (30 s by default); the hung one never answers. Workers started by this process inherit it.
+    os.environ.setdefault("TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S", "5")
+    # How often each process's metrics reach its node's agent (10 s by default): raydist's metrics (ray_metrics.py)
+    # are meant to be watched live. Read by the Ray processes this driver starts (the embedded instance).
+    os.environ.setdefault("RAY_metrics_report_interval_ms", "2000")
+
+
+def connect(cfg: Config) -> str:
+    """Join the named cluster (run.address or RAY_ADDRESS), else start a local Ray instance sized for the job."""
+    import ray
+
+    address = ray_address(cfg)
+    if address:
+        check_reachable(address)  # again: run_job's checks may have taken a while
+        try:
+            # WARNING: Ray's "Connecting to ..." lines would come before a refusal's one line on stderr.
+            ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING)
+        except (ConnectionError, ValueError, RuntimeError) as e:
+            raise RaydistError(f"cannot connect to Ray at {address}: {str(e).splitlines()[0]}") from None
+        check_cluster_fits(cfg, address)
+        return address
+    start_local(local_cpus(cfg))
+    return "local"
+
+
+def start_local(num_cpus: int, logging_level: int = logging.INFO, notice=None) -> None:
+    """Start the embedded Ray instance: private, loopback only, ending with this process. Its token line goes to
+    `notice` (stdout by default; `raydist launch` keeps stdout for the script's own output)."""
+    import ray
+
+    token = private_auth_token()
+    # The embedded default: a private instance that ends with this process.
+    # address="local": a new instance even when /tmp/ray/ray_current_cluster names another (maybe dead) one.
+    # Loopback only: nothing outside this machine can reach (or needs) a private instance.
+    # Ray's own actors (Ray Train's state actor and placement-group cleaner) find the state API through
+    # RAY_API_SERVER_ADDRESS, else by looking for a Ray instance on the machine, which finds the wrong one, or
+    # several, when others run beside this one (the dashboard then marks our run aborted). They inherit this
+    # process's environment, so name our dashboard before it starts.
+    dashboard_port = _free_loopback_port()
+    os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{dashboard_port}"
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=True,
+             dashboard_host="127.0.0.1", dashboard_port=dashboard_port,
+             _node_ip_address="127.0.0.1", runtime_env={"env_vars": {"PYTHONWARNINGS": QUIET_WARNINGS}},
+             logging_level=logging_level)
+    if token:
+        print(f"[raydist] local Ray: token auth on; the dashboard's token is in {token} (readable by this user "
+              f"only, removed when the job ends)", file=notice or sys.stdout, flush=True)
+
+
+QUIET_WARNINGS = "ignore:`ExecutionOptions.exclude_resources` is deprecated"
+"""Ray Train's controller trips over Ray Data's own deprecation at every start once state tracking is on: two lines
+of Ray's business on the user's console. The embedded instance's processes skip that one warning."""
+
+
+def _free_loopback_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def process_start_time() -> float:
+    """Wall time this process started (Linux: /proc; elsewhere the time raydist.session was imported)."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, counted after the comm field
+        # starttime counts from boot: against CLOCK_BOOTTIME, not /proc/stat's btime (whole seconds).
+        return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return IMPORTED
+
+
+IMPORTED = time.time()

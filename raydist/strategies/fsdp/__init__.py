@@ -1,0 +1,1 @@
+"""FSDP2: fully sharded data parallel; its worker, config section, cost terms."""

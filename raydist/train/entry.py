@@ -1,0 +1,34 @@
+"""The worker entry of every loop strategy: Ray Train's `train_loop_per_worker`, which runs the shared `Trainer`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from raydist import registry
+from raydist.atomic import write_json_atomic
+from raydist.config import Config
+
+
+def train_worker(config: dict[str, Any]) -> None:
+    """Ray Train's train_loop_per_worker for every loop strategy: the registry names the `Strategy` class."""
+    from raydist.context import RayTrainContext
+    from raydist.train.loop import Trainer
+
+    entered = time.time()
+    cfg = Config.from_dict(config["config"])
+    if not cfg.run.verbose:  # Ray Train's "Reporting training result ..." (its log level does not reach that one)
+        from raydist.console import quiet_ray_train_logs
+
+        quiet_ray_train_logs()
+    strategy = registry.get(config["strategy"]).load("worker")
+    ctx = RayTrainContext(async_upload=cfg.checkpoint.async_upload, run_dir=cfg.run.run_dir)
+    trainer = Trainer(cfg, ctx, strategy, entered)
+    trainer.fit()
+    if trainer.aborted and ctx.rank == 0:  # Ray Train keeps metrics only with checkpoints: say it in a file
+        write_json_atomic(Path(cfg.run.run_dir) / FAILURE_FILE, {"reason": trainer.aborted})
+
+
+FAILURE_FILE = "failure.json"
+"""Written by rank 0 when the workers ended the run as failed without a checkpoint (a desync, on_desync=stop)."""
