@@ -57,7 +57,7 @@ STRATEGIES: dict[str, StrategySpec] = {
                      "workers step alone and average parameters every H steps (all-reduce or ring Polyak)",
                      worker="raydist.strategies.local_sgd.worker:LocalSGD"),
         StrategySpec("async", "async PS", "Downpour SGD: workers push gradients to parameter-server actors without waiting",
-                     driver="raydist.strategies.async_ps.driver:run", check="raydist.preflight:check_async"),
+                     driver="raydist.strategies.async_ps.driver:run", check="raydist.strategies.async_ps.checks:check_async"),
         StrategySpec("fsdp", "FSDP", "fully sharded data parallel (FSDP2): each worker holds 1/W of the parameters, "
                      "gradients and optimizer state; sharded checkpoints", worker="raydist.strategies.fsdp.worker:FSDP",
                      compared=False),

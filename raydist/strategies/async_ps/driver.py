@@ -27,7 +27,7 @@ from raydist.models import build_model
 from raydist.ray_metrics import Exporter
 from raydist.strategies.async_ps.crew import Crew, Death, Hung, Watchdog
 from raydist.train_view import RunDescription, TrainView, actor_name
-from raydist.preflight import check_async
+from raydist.strategies.async_ps.checks import check_async
 from raydist.strategies.async_ps.messages import Drained, PullReply, WorkerReport
 from raydist.summary import JobSummary
 from raydist.tensorboard_log import RunLog
