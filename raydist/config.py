@@ -1,116 +1,19 @@
-"""The one typed config system: dataclasses whose fields carry their help and bounds, loaded from YAML and --set.
+"""The run config: what every job reads (`Config`), with each strategy's own section taken from the registry.
 
-The run config (`Config`, below) and the SLURM cluster config (`raydist.slurm.settings.ClusterConfig`) are both
-declared with `opt(...)`, read by `_apply`, checked by `validate` and documented by `reference_markdown`: a bound
-or a help text is written once, and the loader, the error messages and docs/configuration.md all follow it.
+The engine that loads, checks and documents it is raydist.typedconfig; this module only declares the sections every
+job shares and puts them together with the sections the registry's entries name (`StrategySpec.config`).
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import difflib
-import operator
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterable, Literal, get_args, get_origin, get_type_hints
-
-import yaml
+from typing import Any, Iterable, Literal
 
 from raydist import registry
-from raydist.errors import ConfigError
-
-CONFIG_DIR = registry.CONFIG_DIR
-_BOUNDS = ("ge", "gt", "le", "lt")
-_COMPARE = {"ge": operator.ge, "gt": operator.gt, "le": operator.le, "lt": operator.lt}
-_SYMBOL = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
-
-
-def opt(
-    default: Any,
-    help: str,
-    *,
-    ge: float | None = None,
-    gt: float | None = None,
-    le: float | None = None,
-    lt: float | None = None,
-    special: dict[Any, str] | None = None,
-    parse: Callable[[Any, str], Any] | None = None,
-    shown: str = "",
-) -> Any:
-    """A config field: its default, its one-line help, and what values it takes.
-
-    ge/gt/le/lt: bounds `validate` enforces on numbers; special: values allowed outside them, with their meaning
-    ({-1: "unbounded"}); parse: (value, key) -> value, for fields a plain type cannot describe (sizes, host maps),
-    run on every value read from YAML or --set; shown: the type as the reference names it, for parsed fields.
-    """
-    bounds = {name: value for name, value in zip(_BOUNDS, (ge, gt, le, lt)) if value is not None}
-    metadata = {"help": help, "bounds": bounds, "special": special or {}, "parse": parse, "shown": shown}
-    if isinstance(default, (dict, list)):  # mutable: each instance gets its own copy
-        return field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
-    return field(default=default, metadata=metadata)
-
-
-def internal(default: Any) -> Any:
-    """A field the program sets, not the user: refused as a key, left out of the reference."""
-    return field(default=default, metadata={"internal": True})
-
-
-def _check(ok: bool, key: str, message: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}: {message}")
-
-
-# ---- per-field parsers: rules a bound cannot say --------------------------------------------------------
-
-
-def _run_name(value: str, key: str) -> str:
-    # The name is a directory under storage_path: a '/', '.' or '..' would put the run somewhere else.
-    _check("/" not in value, key, f"must not contain '/' (got {value!r})")
-    _check(value not in (".", ".."), key, f"must name a directory under run.storage_path (got {value!r})")
-    _no_control_characters(value, key)
-    return value
-
-
-def _no_control_characters(value: str, key: str) -> None:
-    # A NUL cannot be in a path at all; other control characters make paths no one can type.
-    _check(value.isprintable(), key, f"must not contain control characters (got {value!r})")
-
-
-def _shared_path(value: str, key: str) -> str:
-    _check(bool(value.strip()), key, "must not be empty")
-    _no_control_characters(value, key)
-    # Workers on other nodes open it as a path; a URL would need a filesystem layer raydist does not set up.
-    _check("://" not in value, key, f"must be a local or shared filesystem path (got {value!r})")
-    return value
-
-
-def _strategy_names(value: str, key: str) -> str:
-    names = [s.strip() for s in value.split(",") if s.strip()]
-    known = registry.names()
-    _check(bool(names), key, "must name at least one strategy")
-    for name in names:
-        _check(name in known, key, f"unknown strategy {name!r} (choose from {', '.join(known)})")
-    _check(len(set(names)) == len(names), key, f"names a strategy twice ({value!r})")
-    return value
-
-
-def _worker_count(value: Any, key: str) -> int | str:
-    """N (a fixed count) or 'MIN-MAX' (elastic): kept as written, read through ScalingConfig's properties."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        _check(value >= 1, key, f"must be >= 1 (got {value})")
-        return value
-    text = str(value).strip()
-    low, sep, high = text.partition("-")
-    if not sep and low.isdigit():
-        return _worker_count(int(low), key)
-    _check(bool(sep) and low.strip().isdigit() and high.strip().isdigit(), key,
-           f"must be a worker count N or a range MIN-MAX such as 2-4 (got {value!r})")
-    lo, hi = int(low), int(high)
-    _check(1 <= lo < hi, key, f"range must have 1 <= MIN < MAX (got {value!r})")
-    return f"{lo}-{hi}"
-
+from raydist.typedconfig import WorkerRange, apply, check, merge, opt, run_name, shared_path, validate, worker_count
 
 # ---- the run config ------------------------------------------------------------------------------------
 
@@ -189,25 +92,6 @@ class TrainConfig:
     )
 
 
-class WorkerRange:
-    """For a config whose `COUNT_FIELD` holds a worker count N or an elastic range 'MIN-MAX' (`_worker_count`)."""
-
-    COUNT_FIELD: ClassVar[str] = "num_workers"
-
-    @property
-    def elastic(self) -> bool:
-        return isinstance(getattr(self, self.COUNT_FIELD), str)
-
-    @property
-    def max_workers(self) -> int:
-        """The worker count the run is sized for (the fixed count, or the top of the range)."""
-        return int(str(getattr(self, self.COUNT_FIELD)).rpartition("-")[2])
-
-    @property
-    def min_workers(self) -> int:
-        return int(str(getattr(self, self.COUNT_FIELD)).partition("-")[0])
-
-
 @dataclass
 class ScalingConfig(WorkerRange):
     """How many workers, on what hardware, talking over which collective backend."""
@@ -215,7 +99,7 @@ class ScalingConfig(WorkerRange):
     num_workers: int | str = opt(
         2, "training workers (one process each): N, or MIN-MAX for an elastic run that continues on as few as MIN "
         "workers when nodes are lost and grows back to MAX when they return (sync, local_sgd)",
-        parse=_worker_count, shown="N or MIN-MAX")
+        parse=worker_count, shown="N or MIN-MAX")
     use_gpu: bool = opt(False, "one GPU per worker")
     backend: Literal["auto", "nccl", "gloo"] = opt("auto", "torch.distributed backend; auto: nccl with GPUs, gloo without")
     cpus_per_worker: float = opt(1.0, "Ray CPUs reserved per worker", gt=0)
@@ -232,8 +116,8 @@ class ScalingConfig(WorkerRange):
         30.0, "elastic num_workers: how often a running elastic run checks whether more workers fit again", gt=0)
 
     def check(self, prefix: str) -> None:
-        _check(not (self.backend == "nccl" and not self.use_gpu), f"{prefix}backend",
-               "nccl needs GPUs: set scaling.use_gpu=true or backend=gloo")
+        check(not (self.backend == "nccl" and not self.use_gpu), f"{prefix}backend",
+              "nccl needs GPUs: set scaling.use_gpu=true or backend=gloo")
 
     @property
     def resolved_backend(self) -> str:
@@ -257,11 +141,11 @@ class RunConfig:
 
     name: str = opt(
         "", "run name; '' = <job>-<data.name>, e.g. sync-digits; re-running with the same name and storage_path resumes from its latest checkpoint",
-        parse=_run_name,
+        parse=run_name,
     )
     storage_path: str = opt(
         "~/raydist_runs", "directory for checkpoints and metrics, on a filesystem every node shares (absolute or ~)",
-        parse=_shared_path,
+        parse=shared_path,
     )
     address: str = opt(
         "", "Ray cluster to use: '' = RAY_ADDRESS if set (as under `ray job submit`), else start a local Ray instance"
@@ -327,112 +211,24 @@ class FaultsConfig:
     inject_desync_step: int = opt(1, "testing: the step after which inject_desync_rank perturbs its parameters", ge=1)
 
 
-@dataclass
-class LocalSGDConfig:
-    """jobs/local_sgd.py: workers step on their own and average parameters every `sync_every` steps."""
-
-    sync_every: int = opt(8, "local steps between two averagings (H)", ge=1)
-    averaging: Literal["allreduce", "ring"] = opt(
-        "allreduce", "allreduce: every worker takes the mean of all; ring: each mixes in its left neighbour's parameters (Polyak, `alpha`)"
-    )
-    alpha: float = opt(0.5, "ring: weight of the neighbour's parameters, p <- (1 - alpha) p + alpha p_left", gt=0, le=1)
-    warmup_sync_steps: int = opt(
-        0, "fully synchronous steps (gradients all-reduced every step) before local SGD starts (post-local SGD)", ge=0
-    )
-
-
-@dataclass
-class AsyncPSConfig:
-    """jobs/async.py: Downpour SGD against parameter-server actors."""
-
-    num_servers: int = opt(
-        1, "parameter-server actors; the flat parameter vector is split into this many contiguous slices", ge=1
-    )
-    n_fetch: int = opt(
-        1, "a worker fetches fresh parameters every this many of its steps (in between it applies its own gradients locally)", ge=1
-    )
-    max_staleness: int = opt(
-        -1, "bound on an update's staleness (server versions); -1 = unbounded", ge=0, special={-1: "unbounded"}
-    )
-    on_stale: Literal["wait", "drop"] = opt(
-        "wait", "with a bound: wait = a worker waits before a step that could exceed it; drop = the server discards gradients past it"
-    )
-    staleness_lr: bool = opt(False, "divide the learning rate of each update by max(1, its staleness)")
-    cpus_per_server: float = opt(
-        0.0, "Ray CPUs reserved per server actor; 0 = none (a server mostly waits for messages)", ge=0
-    )
-    server_placement: Literal["spread", "default"] = opt(
-        "spread", "spread = one server shard per node as far as the nodes go, nodes without workers first, so that "
-        "the workers' pushes fan in over several links, not one (docs/benchmarks.md); with cpus_per_server > 0, Ray's "
-        "SPREAD over nodes with free CPUs; default = Ray's own choice, which may pack actors that reserve no CPU onto "
-        "one node"
-    )
-
-
-@dataclass
-class FSDPConfig:
-    """jobs/fsdp.py: fully sharded data parallel (FSDP2); each worker holds 1/W of the parameters and optimizer state."""
-
-    reshard_after_forward: bool = opt(
-        True, "free each layer's gathered parameters after its forward and gather them again in backward (least "
-        "memory, 1.5x sync's communication); false keeps them until backward (sync's communication, more memory)")
-
-
-@dataclass
-class CompareConfig:
-    """jobs/compare.py: run several strategies on one setting and report them side by side."""
-
-    strategies: str = opt(
-        ",".join(registry.compared()),
-        f"comma-separated strategies to run, in this order; any of: {', '.join(registry.names())}",
-        parse=_strategy_names,
-    )
-    target_accuracy: float = opt(
-        0.95, "test accuracy whose first reaching is timed (the table's time-to-target)", gt=0, le=1
-    )
-    output_dir: str = opt("", "where results.json, results.md and plot.png go; '' = <run.storage_path>/<run.name>")
-    plot_width: int = opt(1200, "width of plot.png in pixels", ge=200)
-    plot_height: int = opt(500, "height of plot.png in pixels", ge=150)
-
-    @property
-    def strategy_list(self) -> list[str]:
-        return [s.strip() for s in self.strategies.split(",") if s.strip()]
-
-
-@dataclass
-class Config:
-    """A whole run."""
-
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    scaling: ScalingConfig = field(default_factory=ScalingConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    run: RunConfig = field(default_factory=RunConfig)
-    straggler: StragglerConfig = field(default_factory=StragglerConfig)
-    faults: FaultsConfig = field(default_factory=FaultsConfig)
-    local_sgd: LocalSGDConfig = field(default_factory=LocalSGDConfig)
-    async_ps: AsyncPSConfig = field(default_factory=AsyncPSConfig)
-    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
-    compare: CompareConfig = field(default_factory=CompareConfig)
+class RunSchema:
+    """What `Config` adds to its sections: the checks across them, and (de)serialising a whole run."""
 
     def check(self, prefix: str) -> None:
-        _check(not (self.model.name == "cnn" and self.data.name != "digits"), "model.name",
-               "cnn needs image data: set data.name=digits")
-        _check(not (self.model.params and self.model.name not in ("mlp", "transformer")), "model.params",
-               f"sizes the mlp and the transformer only (model.name={self.model.name})")
+        check(not (self.model.name == "cnn" and self.data.name != "digits"), "model.name",
+              "cnn needs image data: set data.name=digits")
+        check(not (self.model.params and self.model.name not in ("mlp", "transformer")), "model.params",
+              f"sizes the mlp and the transformer only (model.name={self.model.name})")
         if self.model.name == "transformer":
             features = 64 if self.data.name == "digits" else self.data.synthetic_features
-            _check(features % self.model.tokens == 0, "model.tokens",
+            check(features % self.model.tokens == 0, "model.tokens",
                    f"must divide the {features} input features into equal tokens (got {self.model.tokens})")
-            _check(self.model.params or self.model.hidden % self.model.heads == 0, "model.hidden",
+            check(self.model.params or self.model.hidden % self.model.heads == 0, "model.hidden",
                    f"must be a multiple of model.heads={self.model.heads} (got {self.model.hidden})")
-        _check(self.straggler.worker < self.scaling.max_workers, "straggler.worker",
-               f"must be below scaling.num_workers={self.scaling.max_workers} (got {self.straggler.worker})")
-        _check(self.faults.inject_desync_rank < self.scaling.max_workers, "faults.inject_desync_rank",
-               f"must be below scaling.num_workers={self.scaling.max_workers} (got {self.faults.inject_desync_rank})")
+        check(self.straggler.worker < self.scaling.max_workers, "straggler.worker",
+              f"must be below scaling.num_workers={self.scaling.max_workers} (got {self.straggler.worker})")
+        check(self.faults.inject_desync_rank < self.scaling.max_workers, "faults.inject_desync_rank",
+              f"must be below scaling.num_workers={self.scaling.max_workers} (got {self.faults.inject_desync_rank})")
 
     def validate(self) -> "Config":
         return validate(self)
@@ -443,178 +239,37 @@ class Config:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Config":
         cfg = cls()
-        _apply(cfg, data)
+        apply(cfg, data)
         return validate(cfg)
 
 
-# ---- validation ----------------------------------------------------------------------------------------
+COMMON_SECTIONS: dict[str, type] = {
+    "model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "schedule": ScheduleConfig,
+    "train": TrainConfig, "scaling": ScalingConfig, "checkpoint": CheckpointConfig, "run": RunConfig,
+    "straggler": StragglerConfig, "faults": FaultsConfig,
+}
+"""The sections every job reads, in the order the reference lists them."""
 
 
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else str(x)
+def _sections() -> dict[str, type]:
+    """Every section: the shared ones, then each registry entry's own (strategies first, then other jobs)."""
+    own = {spec.section: spec.load("config") for spec in registry.all_specs() if spec.section}
+    return {**COMMON_SECTIONS, **own}
 
 
-def _within(value: float, bounds: dict[str, float]) -> bool:
-    return all(_COMPARE[name](value, limit) for name, limit in bounds.items())
+def _section_field(cls: type) -> Any:
+    return field(default_factory=cls)
 
 
-def _range_text(bounds: dict[str, float]) -> str:
-    """'>= 1', '> 0', 'in [0, 1)': how messages and the reference state a field's bounds."""
-    low = {name: v for name, v in bounds.items() if name in ("ge", "gt")}
-    high = {name: v for name, v in bounds.items() if name in ("le", "lt")}
-    if low and high:
-        (lo_name, lo), (hi_name, hi) = *low.items(), *high.items()
-        return f"in {'[' if lo_name == 'ge' else '('}{_num(lo)}, {_num(hi)}{']' if hi_name == 'le' else ')'}"
-    return " and ".join(f"{_SYMBOL[name]} {_num(v)}" for name, v in bounds.items())
+Config = make_dataclass(
+    "Config", [(name, cls, _section_field(cls)) for name, cls in _sections().items()], bases=(RunSchema,),
+    namespace={"__doc__": "A whole run: the shared sections and every registered job's own."})
+Config.__module__ = __name__
 
 
-def _check_bounds(value: Any, meta: Any, key: str) -> None:
-    bounds, special = meta.get("bounds"), meta.get("special", {})
-    if not bounds or value is None or value in special:
-        return
-    if not _within(value, bounds):
-        notes = "".join(f", or {_num(v)} for {why}" for v, why in special.items())
-        raise ConfigError(f"{key}: must be {_range_text(bounds)}{notes} (got {value})")
-
-
-def validate(obj: Any, prefix: str = "") -> Any:
-    """Check every field's declared bounds, depth first, then each dataclass's own `check(prefix)` hook.
-
-    Hooks are for rules across fields (nccl needs GPUs); a rule on one field belongs in its `opt(...)`."""
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if dataclasses.is_dataclass(value):
-            validate(value, f"{prefix}{f.name}.")
-        else:
-            _check_bounds(value, f.metadata, f"{prefix}{f.name}")
-    if hasattr(obj, "check"):
-        obj.check(prefix)
-    return obj
-
-
-# ---- loading ---------------------------------------------------------------------------------
-
-
-def _coerce(value: Any, typ: Any, key: str) -> Any:
-    """Check `value` against a field's type; numbers written as strings (YAML reads '1e-3' as a string) convert."""
-    if get_origin(typ) is Literal:
-        choices = get_args(typ)
-        _check(value in choices, key, f"must be one of {', '.join(map(str, choices))} (got {value!r})")
-        return value
-    if typ is bool:
-        _check(isinstance(value, bool), key, f"must be true or false (got {value!r})")
-        return value
-    if typ is int:
-        if isinstance(value, str):
-            try:
-                value = int(value)
-            except ValueError:
-                pass
-        _check(isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer (got {value!r})")
-        return value
-    if typ is float:
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        _check(isinstance(value, (int, float)) and not isinstance(value, bool), key, f"must be a number (got {value!r})")
-        return float(value)
-    if typ is str:
-        _check(isinstance(value, str), key, f"must be a string (got {value!r})")
-        return value
-    raise TypeError(f"unsupported config type {typ} for {key}: give the field a parse=")  # a bug, not user input
-
-
-def _plain(typ: Any) -> bool:
-    return typ in (bool, int, float, str) or get_origin(typ) is Literal
-
-
-def _settable(obj: Any) -> list[str]:
-    return [f.name for f in dataclasses.fields(obj) if not f.metadata.get("internal")]
-
-
-def _unknown(key: str, known: list[str]) -> ConfigError:
-    section, _, leaf = key.rpartition(".")
-    close = difflib.get_close_matches(leaf, known, n=1)
-    if close:
-        return ConfigError(f"unknown key '{key}' (did you mean '{section + '.' if section else ''}{close[0]}'?)")
-    return ConfigError(f"unknown key '{key}'; known: {', '.join(known)}")
-
-
-def _apply(obj: Any, data: dict[str, Any], prefix: str = "") -> None:
-    """Merge a nested mapping into dataclass `obj`, checking each key and type (bounds wait for `validate`)."""
-    hints = get_type_hints(type(obj))
-    known = _settable(obj)
-    fields = {f.name: f for f in dataclasses.fields(obj)}
-    for name, value in data.items():
-        key = f"{prefix}{name}"
-        if name not in known:
-            raise _unknown(key, known)
-        current = getattr(obj, name)
-        if dataclasses.is_dataclass(current):
-            _check(isinstance(value, dict), key, f"must be a mapping of {', '.join(_settable(current))}")
-            _apply(current, value, key + ".")
-            continue
-        typ, parse = hints[name], fields[name].metadata.get("parse")
-        if _plain(typ) or not parse:  # a parser of a plain-typed field gets the typed value
-            value = _coerce(value, typ, key)
-        setattr(obj, name, parse(value, key) if parse else value)
-
-
-def read_yaml(path: Path, what: str = "sections (model, data, ...)", kind: str = "config") -> dict[str, Any]:
-    """A YAML file that must hold a mapping; every way it can fail is one ConfigError naming the file."""
-    if not path.is_file():
-        raise ConfigError(f"{kind} file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        where = getattr(e, "problem_mark", None)
-        at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
-        problem = getattr(e, "problem", None) or "invalid YAML"
-        raise ConfigError(f"cannot parse {path}{at}: {problem}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read {path}: {e}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: must be a mapping of {what}, got {type(data).__name__}")
-    return data
-
-
-def parse_override(text: str) -> dict[str, Any]:
-    """'train.lr=0.1' -> {'train': {'lr': 0.1}}; the value is read as YAML so 'true', '3' and '[1]' get their types."""
-    key, sep, raw = text.partition("=")
-    key = key.strip()
-    if not sep or not key:
-        raise ConfigError(f"--set needs key.path=value (got {text!r})")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    nested: dict[str, Any] = {}
-    node = nested
-    parts = key.split(".")
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-    node[parts[-1]] = value
-    return nested
-
-
-def merge(cfg: Any, files: Iterable[str | Path] = (), overrides: Iterable[str] = (), *,
-          what: str = "sections (model, data, ...)", kind: str = "config") -> Any:
-    """Apply each YAML file, then each --set, to dataclass `cfg` in order (later wins); not yet validated.
-
-    A file's errors start with its path: with several files and overrides, the key alone would not say where."""
-    for path in map(Path, files):
-        data = read_yaml(path, what, kind)
-        try:
-            _apply(cfg, data)
-        except ConfigError as e:
-            raise ConfigError(f"{path}: {e}") from None
-    for text in overrides:
-        _apply(cfg, parse_override(text))
-    return cfg
+def strategy_sections() -> list[str]:
+    """The sections registry entries own (each strategy's, compare's)."""
+    return [spec.section for spec in registry.all_specs() if spec.section]
 
 
 def load_config(
@@ -635,52 +290,4 @@ def load_config(
 
 def job_defaults(job: str) -> Path | None:
     """The YAML holding the keys where `job`'s defaults differ from the dataclass defaults; None if they do not."""
-    if job in registry.names():
-        return registry.get(job).defaults
-    path = CONFIG_DIR / f"{job}.yaml"  # a job that is not a strategy (registry.OTHER_JOBS)
-    return path if path.is_file() else None
-
-
-# ---- reference ---------------------------------------------------------------------------------
-
-
-def _type_text(typ: Any, meta: Any) -> str:
-    name = meta.get("shown") or (" | ".join(map(str, get_args(typ))) if get_origin(typ) is Literal else typ.__name__)
-    limits = _range_text(meta.get("bounds") or {})
-    extra = "".join(f" or {_num(v)}" for v in meta.get("special", {}))
-    return f"{name} {limits}{extra}" if limits else name
-
-
-def _default_text(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if value == "":
-        return "''"
-    return str(value)
-
-
-def _cell(text: str) -> str:
-    """Text safe in a markdown table cell: '|' escaped; '<' too, outside `code` (where markdown would show '&lt;')."""
-    parts = text.split("`")
-    return "`".join(p if i % 2 else p.replace("<", "&lt;") for i, p in enumerate(parts)).replace("|", "\\|")
-
-
-def _rows(obj: Any, prefix: str = "") -> Iterable[str]:
-    hints = get_type_hints(type(obj))
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if f.metadata.get("internal"):
-            continue
-        if dataclasses.is_dataclass(value):
-            yield from _rows(value, f"{prefix}{f.name}.")
-            continue
-        yield (f"| `{prefix}{f.name}` | {_cell(_type_text(hints[f.name], f.metadata))} | `{_default_text(value)}` "
-               f"| {_cell(f.metadata.get('help', ''))} |")
-
-
-def reference_markdown(cls: type = Config) -> str:
-    """The reference of config class `cls` as a markdown table, generated from its fields (docs/configuration.md)."""
-    rows = ["| key | type | default | meaning |", "|---|---|---|---|", *_rows(cls())]
-    return "\n".join(rows) + "\n"
+    return registry.get(job).defaults

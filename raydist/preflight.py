@@ -272,17 +272,3 @@ def check_model_memory(cfg: Config, num_params: int) -> None:
         raise ConfigError(f"model.name={cfg.model.name} (model.hidden={cfg.model.hidden}, model.depth="
                           f"{cfg.model.depth}) has {num_params} parameters, at least {per_copy / GiB:.1f} GiB per copy "
                           f"({who} each hold one) but this machine has {_memory() / GiB:.1f} GiB")
-
-
-def check_compare(cfg: Config) -> None:
-    """compare: its output directory, then every strategy's own checks on the config its job will get, so that a
-    setting one strategy refuses is refused before the first one runs."""
-    from raydist.compare import output_dir, strategy_config
-
-    out = output_dir(cfg)
-    check_writable(str(out), "compare.output_dir" if cfg.compare.output_dir else "run.storage_path")
-    for name in cfg.compare.strategy_list:
-        try:
-            check_before_ray(name, strategy_config(cfg, name, out / "runs"), reach=False)
-        except RaydistError as e:
-            raise type(e)(f"{name}: {e}") from None

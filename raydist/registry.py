@@ -1,12 +1,9 @@
-"""Every training strategy raydist runs, one entry each: the one list the jobs, the config and `compare` read.
+"""Every training strategy raydist runs, one entry each: the one list that the jobs, the config, compare,
+preflight, the summary and the cost model ask about a strategy. None of them names one.
 
-An entry names its code by import path ("module:attribute") so that reading the list imports neither torch nor
-Ray: `raydist.config` validates `compare.strategies` against it before anything starts.
-
-Adding a strategy: write its module (a `Strategy` subclass for the shared Ray Train loop, or a driver of its own
-like the async PS, with a `check` for what it refuses), add one `StrategySpec` below, and, if its defaults differ
-from the dataclass defaults, a `raydist/configs/<name>.yaml` holding only the keys that differ. See
-docs/strategies.md.
+An entry names its parts by import path ("module:attribute") so that reading the list imports neither torch nor
+Ray; each part lives in the strategy's folder, raydist/strategies/<folder>/. Adding a strategy: its folder, one
+`StrategySpec` below and one jobs/<name>.py (docs/layout.md lists exactly what a new strategy touches).
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-CONFIG_DIR = Path(__file__).parent / "configs"
+PACKAGE_DIR = Path(__file__).parent
 
 
 @dataclass(frozen=True)
@@ -36,12 +33,23 @@ class StrategySpec:
     writes nothing); run by `raydist.preflight.check_before_ray` after the checks every job shares."""
     compared: bool = True
     """Whether `compare` runs it by default (any strategy can still be named in `compare.strategies`)."""
+    section: str = ""
+    """Its config section's key (`local_sgd` for `local_sgd.sync_every`); '' when it has none."""
+    config: str = ""
+    """"module:Class" of that section's dataclass, declared with `raydist.typedconfig.opt`; '' when none."""
+    summary_fields: str = ""
+    """"module:Class" of a dataclass of the summary fields only it fills (appended to `JobSummary`); '' when none."""
+    cost: str = ""
+    """"module:Class" of its `raydist.costmodel.CostTerms`: the bytes and hops of its step and what is fitted on
+    its measured runs; '' when `raydist plan` does not model it."""
+
+    defaults_file: str = ""
+    """A YAML under raydist/ holding only the keys where its job's defaults differ from the dataclass defaults
+    (its tuned optimizer, say); '' when none differ."""
 
     @property
     def defaults(self) -> Path | None:
-        """raydist/configs/<name>.yaml: the keys whose job defaults differ from the dataclass defaults, if any."""
-        path = CONFIG_DIR / f"{self.name}.yaml"
-        return path if path.is_file() else None
+        return PACKAGE_DIR / self.defaults_file if self.defaults_file else None
 
     def load(self, what: str) -> Any:
         module, _, attribute = getattr(self, what).partition(":")
@@ -52,22 +60,30 @@ STRATEGIES: dict[str, StrategySpec] = {
     s.name: s
     for s in (
         StrategySpec("sync", "sync DDP", "synchronous data parallel (PyTorch DDP), gradients all-reduced every step",
-                     worker="raydist.strategies.sync.worker:SyncDDP"),
+                     worker="raydist.strategies.sync.worker:SyncDDP", cost="raydist.strategies.sync.cost:SyncCost"),
         StrategySpec("local_sgd", "local SGD",
                      "workers step alone and average parameters every H steps (all-reduce or ring Polyak)",
-                     worker="raydist.strategies.local_sgd.worker:LocalSGD"),
+                     worker="raydist.strategies.local_sgd.worker:LocalSGD", section="local_sgd",
+                     config="raydist.strategies.local_sgd.config:LocalSGDConfig",
+                     cost="raydist.strategies.local_sgd.cost:LocalSGDCost"),
         StrategySpec("async", "async PS", "Downpour SGD: workers push gradients to parameter-server actors without waiting",
-                     driver="raydist.strategies.async_ps.driver:run", check="raydist.strategies.async_ps.checks:check_async"),
+                     driver="raydist.strategies.async_ps.driver:run", check="raydist.strategies.async_ps.checks:check_async",
+                     section="async_ps", config="raydist.strategies.async_ps.config:AsyncPSConfig",
+                     summary_fields="raydist.strategies.async_ps.summary:ServerBooks",
+                     cost="raydist.strategies.async_ps.cost:AsyncPSCost",
+                     defaults_file="strategies/async_ps/defaults.yaml"),
         StrategySpec("fsdp", "FSDP", "fully sharded data parallel (FSDP2): each worker holds 1/W of the parameters, "
                      "gradients and optimizer state; sharded checkpoints", worker="raydist.strategies.fsdp.worker:FSDP",
-                     compared=False),
+                     compared=False, section="fsdp", config="raydist.strategies.fsdp.config:FSDPConfig",
+                     cost="raydist.strategies.fsdp.cost:FSDPCost"),
     )
 }
 
 # Jobs that are not strategies but share the config and the launcher.
 OTHER_JOBS: dict[str, StrategySpec] = {
     "compare": StrategySpec("compare", "compare", "run several strategies on one setting and set them side by side",
-                            driver="raydist.compare:run", check="raydist.preflight:check_compare"),
+                            driver="raydist.compare.runner:run", check="raydist.compare.checks:check_compare",
+                            section="compare", config="raydist.compare.config:CompareConfig"),
 }
 
 
@@ -87,3 +103,13 @@ def compared() -> list[str]:
 
 def jobs() -> list[str]:
     return names() + list(OTHER_JOBS)
+
+
+def all_specs() -> list[StrategySpec]:
+    """Every entry, strategies first, in the order the config reference and the summary list their parts."""
+    return [*STRATEGIES.values(), *OTHER_JOBS.values()]
+
+
+def modelled() -> list[StrategySpec]:
+    """The strategies the cost model has terms for, in registry order."""
+    return [spec for spec in STRATEGIES.values() if spec.cost]

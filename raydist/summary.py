@@ -10,69 +10,58 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_type_hints
 
+from raydist import registry
 from raydist.atomic import write_json_atomic
+from raydist.summary_fields import described
 
 SUMMARY_FILE = "summary.json"
 RESULT_ENV = "RAYDIST_RESULT_FILE"
 """When set, a job also writes its summary to this path (batch mode reads the job's status there)."""
 
 
-def _f(help: str, default: Any = dataclasses.MISSING) -> Any:
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
-
-
 @dataclass
-class JobSummary:
-    """One training job's outcome (sync DDP, local SGD, async PS, FSDP)."""
+class CommonSummary:
+    """What every training job's summary holds; `JobSummary` adds the fields registry entries declare."""
 
-    strategy: str = _f("registry name of the strategy: sync, local_sgd, async, fsdp")
-    run_name: str = _f("run.name")
-    run_dir: str = _f("<run.storage_path>/<run.name>: checkpoints, metrics.jsonl, this file")
-    ray: str = _f("'local' for the embedded instance, else the cluster address the job used")
-    workers: int = _f("training workers at the end (scaling.num_workers, or fewer in an elastic run that lost nodes)")
-    status: Literal["completed", "stopped"] = _f(
+    strategy: str = described(f"registry name of the strategy: {', '.join(registry.names())}")
+    run_name: str = described("run.name")
+    run_dir: str = described("<run.storage_path>/<run.name>: checkpoints, metrics.jsonl, this file")
+    ray: str = described("'local' for the embedded instance, else the cluster address the job used")
+    workers: int = described("training workers at the end (scaling.num_workers, or fewer in an elastic run that lost nodes)")
+    status: Literal["completed", "stopped"] = described(
         "completed: the run reached its step budget; stopped: it ended early at a checkpoint it resumes from")
-    steps: int = _f("optimizer steps done, over the whole run (async: gradient updates from all workers)")
-    total_steps: int = _f("steps the run is configured for; status is completed when steps reaches it")
-    resumed_from_step: int | None = _f("the step this session resumed from, or null for a fresh start")
-    wall_s: float = _f("seconds from the job's start to its end, Ray start-up included")
-    train_time_s: float | None = _f("seconds this session spent in its training loop")
-    test_accuracy: float | None = _f("accuracy on the whole test split at the end")
-    test_loss: float | None = _f("mean cross-entropy on the test split at the end")
-    final_loss: float | None = _f("training loss at the end (mean over workers)")
-    samples_per_s: float | None = _f("training samples per second over this session, all workers together")
-    steps_per_s: float | None = _f("steps per second over this session")
-    checkpoint: str | None = _f("directory of the last checkpoint")
-    metrics_file: str = _f("per-step records (metrics.jsonl), appended across resumes")
-    bytes_per_worker: list[float] = _f("payload bytes each worker sent plus received this session (algorithm volume)", [])
-    wait_s_per_worker: list[float] = _f("seconds each worker spent waiting on others this session", [])
-    peak_memory_bytes_per_worker: list[int] = _f(
+    steps: int = described("optimizer steps done, over the whole run (async: gradient updates from all workers)")
+    total_steps: int = described("steps the run is configured for; status is completed when steps reaches it")
+    resumed_from_step: int | None = described("the step this session resumed from, or null for a fresh start")
+    wall_s: float = described("seconds from the job's start to its end, Ray start-up included")
+    train_time_s: float | None = described("seconds this session spent in its training loop")
+    test_accuracy: float | None = described("accuracy on the whole test split at the end")
+    test_loss: float | None = described("mean cross-entropy on the test split at the end")
+    final_loss: float | None = described("training loss at the end (mean over workers)")
+    samples_per_s: float | None = described("training samples per second over this session, all workers together")
+    steps_per_s: float | None = described("steps per second over this session")
+    checkpoint: str | None = described("directory of the last checkpoint")
+    metrics_file: str = described("per-step records (metrics.jsonl), appended across resumes")
+    bytes_per_worker: list[float] = described("payload bytes each worker sent plus received this session (algorithm volume)", [])
+    wait_s_per_worker: list[float] = described("seconds each worker spent waiting on others this session", [])
+    peak_memory_bytes_per_worker: list[int] = described(
         "each worker's peak memory this session: the process's peak resident set on CPU (ru_maxrss; interpreter, "
         "torch, Ray and data included), torch.cuda.max_memory_allocated on GPU (loop strategies)", [])
-    param_bytes_per_worker: list[int] = _f(
+    param_bytes_per_worker: list[int] = described(
         "parameter bytes each worker holds between steps: the whole model, or its shard under fsdp (loop strategies)",
         [])
-    stop_reason: str | None = _f(
+    stop_reason: str | None = described(
         "why a stopped run stopped: train.stop_at_step, a stop request (SLURM time limit, preemption), a draining node",
         None)
-    startup_s: dict[str, float] | None = _f(
+    startup_s: dict[str, float] | None = described(
         "seconds from the job's process start until: Ray connected (`connect`), the workers' training function began "
         "(`workers`), model, data and checkpoint were ready (`ready`), the first step was done (`first_step`); "
         "Ray Train strategies", None)
-    restarts: int = _f("times the run replaced failed workers or servers and went on from a checkpoint", 0)
-    # The parameter server's own books; null for strategies without servers.
-    servers: int | None = _f("async: parameter-server shards", None)
-    server_hosts: list[str] | None = _f("async: the host of each server shard (async_ps.server_placement)", None)
-    staleness_mean: float | None = _f("async: mean staleness (server versions) of the applied updates", None)
-    staleness_max: int | None = _f("async: largest staleness of an applied update", None)
-    dropped: int | None = _f("async: gradients discarded as too stale (async_ps.on_stale=drop)", None)
-    steps_per_worker: list[int] | None = _f("async: steps each worker computed this session", None)
+    restarts: int = described("times the run replaced failed workers or servers and went on from a checkpoint", 0)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -82,11 +71,28 @@ class JobSummary:
         return write_json_atomic(Path(self.run_dir) / SUMMARY_FILE, self.to_dict())
 
     @classmethod
-    def read(cls, path: str | Path) -> "JobSummary":
+    def read(cls, path: str | Path) -> "CommonSummary":
         path = Path(path)
         if path.is_dir():
             path = path / SUMMARY_FILE
         return cls(**json.loads(path.read_text()))
+
+
+def _own_fields() -> list[tuple[str, Any, Any]]:
+    """Each registry entry's declared summary fields (`StrategySpec.summary_fields`), in registry order; null or
+    empty in other strategies' summaries."""
+    own = []
+    for spec in registry.all_specs():
+        if spec.summary_fields:
+            cls = spec.load("summary_fields")
+            hints = get_type_hints(cls)
+            own += [(f.name, hints[f.name], field(default=f.default, metadata=f.metadata)) for f in dataclasses.fields(cls)]
+    return own
+
+
+JobSummary = make_dataclass("JobSummary", _own_fields(), bases=(CommonSummary,),
+                            namespace={"__doc__": "One training job's outcome: the common fields, then each strategy's own."})
+JobSummary.__module__ = __name__
 
 
 def fields_markdown(cls: type = JobSummary) -> str:

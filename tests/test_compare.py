@@ -75,7 +75,7 @@ def test_one_tensorboard_logdir_shows_every_strategy_side_by_side(compared):
 def test_a_failing_strategy_job_fails_compare_with_its_one_line_reason(tmp_path):
     # compare checks every strategy's config before the first one runs (tests/test_bad_inputs.py); what only a
     # strategy's own job finds (on a cluster: what the cluster can hold) fails compare with that job's line.
-    from raydist.compare import run_strategy
+    from raydist.compare.runner import run_strategy
     from raydist.errors import RaydistError
 
     shared = tmp_path / "shared.yaml"

@@ -9,7 +9,8 @@ from pathlib import Path
 import yaml
 
 from raydist import registry
-from raydist.config import Config, job_defaults, load_config, reference_markdown
+from raydist.config import Config, job_defaults, load_config
+from raydist.typedconfig import reference_markdown
 from raydist.errors import ConfigError
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"

@@ -13,7 +13,7 @@ import signal
 from dataclasses import dataclass
 from typing import Any, ClassVar, Iterable, Literal
 
-from raydist.config import WorkerRange, _check, _run_name, _shared_path, _worker_count, merge, opt, validate
+from raydist.typedconfig import WorkerRange, check, merge, opt, run_name, shared_path, validate, worker_count
 
 WHAT = "launch settings (workers, max_restarts, ...)"
 
@@ -21,7 +21,7 @@ WHAT = "launch settings (workers, max_restarts, ...)"
 def _signal_name(value: str, key: str) -> str:
     name = value.upper()
     name = name if name.startswith("SIG") else f"SIG{name}"
-    _check(name in signal.Signals.__members__ and name not in ("SIGKILL", "SIGSTOP"), key,
+    check(name in signal.Signals.__members__ and name not in ("SIGKILL", "SIGSTOP"), key,
            f"must name a signal a script can handle, such as TERM, INT or USR1 (got {value!r})")
     return name
 
@@ -34,7 +34,7 @@ class LaunchConfig(WorkerRange):
 
     workers: int | str = opt(
         2, "processes running the script in all (WORLD_SIZE): N, or MIN-MAX for an elastic run that starts with "
-        "as many as fit and restarts with fewer when nodes are lost", parse=_worker_count, shown="N or MIN-MAX")
+        "as many as fit and restarts with fewer when nodes are lost", parse=worker_count, shown="N or MIN-MAX")
     procs_per_node: int = opt(
         0, "processes per node (LOCAL_WORLD_SIZE), each node's ranks on one node together; 0 = as Ray places "
         "them, spread over the nodes as far as they go", ge=0)
@@ -61,16 +61,16 @@ class LaunchConfig(WorkerRange):
         120.0, "how long placing the processes may take (at the start, and after a node was lost) before the run "
         "fails naming the dead nodes", gt=0)
     name: str = opt("", "run name: the run directory under storage_path and the dashboard's run; '' = "
-                        "launch-<script name>", parse=_run_name)
+                        "launch-<script name>", parse=run_name)
     storage_path: str = opt(
         "~/raydist_runs", "where the run directory goes (logs, stack dumps, summary.json); on the driver's node",
-        parse=_shared_path)
+        parse=shared_path)
     address: str = opt("", "Ray cluster to use: '' = RAY_ADDRESS if set (as under `ray job submit` and in SLURM "
                            "batch mode), else start a local Ray instance")
 
     def check(self, prefix: str) -> None:
         if self.procs_per_node:
-            _check(self.min_workers % self.procs_per_node == 0 and self.max_workers % self.procs_per_node == 0,
+            check(self.min_workers % self.procs_per_node == 0 and self.max_workers % self.procs_per_node == 0,
                    f"{prefix}procs_per_node", f"must divide workers={self.workers} (got {self.procs_per_node})")
 
     @property

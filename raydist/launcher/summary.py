@@ -10,29 +10,30 @@ from pathlib import Path
 from typing import Any, Literal
 
 from raydist.atomic import write_json_atomic
-from raydist.summary import SUMMARY_FILE, _f
+from raydist.summary import SUMMARY_FILE
+from raydist.summary_fields import described
 
 
 @dataclass
 class LaunchSummary:
     """One launched script's outcome."""
 
-    run_name: str = _f("the run's name (--name; default launch-<script>)")
-    run_dir: str = _f("<storage_path>/<name>: logs/, stacks/, this file")
-    ray: str = _f("'local' for the embedded instance, else the cluster address")
-    command: list[str] = _f("the command every rank ran", [])
-    workers: int = _f("ranks of the last start (WORLD_SIZE)", 0)
-    status: Literal["completed", "stopped", "failed"] = _f(
+    run_name: str = described("the run's name (--name; default launch-<script>)")
+    run_dir: str = described("<storage_path>/<name>: logs/, stacks/, this file")
+    ray: str = described("'local' for the embedded instance, else the cluster address")
+    command: list[str] = described("the command every rank ran", [])
+    workers: int = described("ranks of the last start (WORLD_SIZE)", 0)
+    status: Literal["completed", "stopped", "failed"] = described(
         "completed: every rank exited 0; stopped: a stop request (time limit, preemption, an interrupt) ended the "
         "ranks with stop_signal; failed: a rank failed after max_restarts, or exited 2", "failed")
-    exit_code: int = _f("raydist launch's exit status: 0, 1 (failed) or 2 (a rank exited 2)", 1)
-    reason: str = _f("the one line that says how the run ended", "")
-    restarts: int = _f("restarts of the whole group (TORCHELASTIC_RESTART_COUNT of the last start)", 0)
-    wall_s: float = _f("seconds from raydist launch's start to its end", 0.0)
-    ranks: list[dict[str, Any]] = _f("each rank of the last start: rank, node, iface (its node's GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME), pid, exit_code", [])
-    failures: list[str] = _f("each failure's line, in order (restarts and the final one)", [])
-    logs: str = _f("the directory of each rank's whole output, rank<N>.log", "")
-    startup_s: dict[str, float] | None = _f(
+    exit_code: int = described("raydist launch's exit status: 0, 1 (failed) or 2 (a rank exited 2)", 1)
+    reason: str = described("the one line that says how the run ended", "")
+    restarts: int = described("restarts of the whole group (TORCHELASTIC_RESTART_COUNT of the last start)", 0)
+    wall_s: float = described("seconds from raydist launch's start to its end", 0.0)
+    ranks: list[dict[str, Any]] = described("each rank of the last start: rank, node, iface (its node's GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME), pid, exit_code", [])
+    failures: list[str] = described("each failure's line, in order (restarts and the final one)", [])
+    logs: str = described("the directory of each rank's whole output, rank<N>.log", "")
+    startup_s: dict[str, float] | None = described(
         "seconds since raydist launch started: connected (to Ray), placed (every process reserved), started "
         "(every script started), first_output (a rank's first line), first_step (the first raydist.hook.report)", None)
 

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
-from raydist.config import _apply, _check, internal, merge, opt, validate
+from raydist.typedconfig import apply, check, internal, merge, opt, validate
 from raydist.errors import ConfigError
 from raydist.slurm.nodes import expand_hostlist
 
@@ -46,10 +46,10 @@ def _interfaces(data: Any, key: str) -> dict[str, str]:
     """{hostlist: interface} -> {node: interface}: one line of YAML names a whole rack."""
     if data is None:
         return {}
-    _check(isinstance(data, dict), key, f"must map node names to interface names (got {data!r})")
+    check(isinstance(data, dict), key, f"must map node names to interface names (got {data!r})")
     out: dict[str, str] = {}
     for nodes, iface in data.items():
-        _check(isinstance(iface, str) and bool(_IFNAME.match(iface)), f"{key}.{nodes}",
+        check(isinstance(iface, str) and bool(_IFNAME.match(iface)), f"{key}.{nodes}",
                f"{iface!r} is not an interface name")
         for node in expand_hostlist(str(nodes)):
             out[node] = iface
@@ -60,7 +60,7 @@ def _object_store(value: Any, key: str) -> int | None:
     if value is None:
         return None
     size = parse_size(value, key)
-    _check(size >= MIN_OBJECT_STORE, key, f"Ray needs at least 75MiB (got {size} bytes)")
+    check(size >= MIN_OBJECT_STORE, key, f"Ray needs at least 75MiB (got {size} bytes)")
     return size
 
 
@@ -74,12 +74,12 @@ def _dashboard_host(value: str, key: str) -> str:
 
 
 def _absolute(value: str, key: str) -> str:
-    _check(Path(value).is_absolute(), key, f"must be an absolute path (got {value!r})")
+    check(Path(value).is_absolute(), key, f"must be an absolute path (got {value!r})")
     return value
 
 
 def _not_empty(value: str, key: str) -> str:
-    _check(bool(value), key, "must not be empty")
+    check(bool(value), key, "must not be empty")
     return value
 
 
@@ -97,8 +97,8 @@ class Ports:
                           "ports, the rest Ray workers", ge=18)
 
     def check(self, prefix: str) -> None:
-        _check(self.base < self.end, prefix.rstrip("."), f"need base < end (got base={self.base}, end={self.end})")
-        _check(self.block <= self.end - self.base + 1, f"{prefix}block",
+        check(self.base < self.end, prefix.rstrip("."), f"need base < end (got base={self.base}, end={self.end})")
+        check(self.block <= self.end - self.base + 1, f"{prefix}block",
                f"must be at most the size of the range, end - base + 1 = {self.end - self.base + 1} (got {self.block})")
 
 
@@ -162,7 +162,7 @@ class ClusterConfig:
 def from_dict(data: dict[str, Any], source: str = "<dict>") -> ClusterConfig:
     """A cluster config from a parsed mapping, checked."""
     cfg = ClusterConfig(source=source)
-    _apply(cfg, data)
+    apply(cfg, data)
     return validate(cfg)
 
 

@@ -17,15 +17,18 @@ from typing import Any
 import yaml
 
 from raydist import registry
-from raydist.config import Config
+from raydist.config import COMMON_SECTIONS, Config, job_defaults
 from raydist.errors import RaydistError
 from raydist.atomic import write_json_atomic
 from raydist.summary import SUMMARY_FILE, JobSummary
+from raydist.typedconfig import apply, merge, validate
 
-REPO = Path(__file__).resolve().parents[1]
-# What every strategy shares; optim and schedule stay each job's own (its tuned defaults in raydist/configs/).
-SHARED_SECTIONS = ("model", "data", "train", "scaling", "checkpoint", "straggler", "faults", "local_sgd", "async_ps",
-                   "fsdp")
+REPO = Path(__file__).resolve().parents[2]
+# What every strategy's job takes from compare's config: the common sections but optim and schedule, which stay
+# each job's own (its tuned defaults: `StrategySpec.defaults_file`), and run (each job gets its own directory);
+# and every strategy's own section.
+SHARED_SECTIONS = (*(s for s in COMMON_SECTIONS if s not in ("optim", "schedule", "run")),
+                   *(spec.section for spec in registry.STRATEGIES.values() if spec.section))
 PROGRESS_MARK = "[raydist] "  # a job's progress lines, echoed as they come
 
 
@@ -50,11 +53,9 @@ def shared_config(cfg: Config) -> dict[str, Any]:
 def strategy_config(cfg: Config, strategy: str, runs_dir: Path) -> Config:
     """The config `run_strategy` gives `strategy`'s job: its own defaults, the shared sections, its run directory
     (so that its checks run here, before the first job starts)."""
-    from raydist.config import _apply, job_defaults, merge, validate
-
     own = merge(Config(), [p] if (p := job_defaults(strategy)) else [])
     shared = shared_config(cfg)
-    _apply(own, {**shared, "run": {**shared.get("run", {}), "storage_path": str(runs_dir), "name": strategy}})
+    apply(own, {**shared, "run": {**shared.get("run", {}), "storage_path": str(runs_dir), "name": strategy}})
     return validate(own)
 
 
