@@ -8,7 +8,7 @@ cluster/ray_up.slurm and submits every run with `ray job submit` from master-nod
 rate (every host's link shaped to it, both ways: a switch port of that speed):
 
 - fan-in: jobs/async.py, 4 workers (one per host), 1, 2 and 4 server shards spread over the hosts (the two hosts
-  without a worker first); global steps/s against the busiest link's bound (`raydist.costmodel.ps_link_bound`);
+  without a worker first); global steps/s against the busiest link's bound (`raydist.strategies.async_ps.cost.ps_link_bound`);
 - strategies: jobs/compare.py with sync DDP, local SGD, async PS and FSDP, with and without a 4x straggler: time to
   the target accuracy, final accuracy, steps/s;
 - size: sync and async on a model 4x larger, for the cost model's validation;
@@ -167,13 +167,14 @@ def spread(values: list[float], digits: int) -> str:
 def fanin_table(points: list[dict], hosts: int) -> str:
     """Measured async rate against the busiest link's bound at the raw link rate (raydist.costmodel)."""
     from raydist import costmodel as cm
+    from raydist.strategies.async_ps.cost import ps_link_bound
 
     rows = ["| link | shards | runs | measured steps/s | busiest link's bound | measured / bound | MB/s moved by the "
             "workers |", "|---|---|---|---|---|---|---|"]
     for runs in repeats(points, "fanin"):
         p = runs[0]
         s = cm.Setting("async", p["workers"], p["params"], p["link_mbit"], servers=p["servers"], nodes=hosts)
-        bound = cm.ps_link_bound(cm.Fit(1.0, {"async": 0.0}, p["params"]), s)
+        bound = ps_link_bound(cm.Fit(1.0, {"async": 0.0}, p["params"]), s)
         rates = [r["steps_per_s"] for r in runs]
         moved = [sum(r["bytes_per_worker"]) / r["train_time_s"] / 1e6 for r in runs]
         rows.append(f"| {p['link_mbit']:g} Mbit/s | {p['servers']} | {len(runs)} | {spread(rates, 1)} | {bound:.1f} | "
@@ -205,6 +206,7 @@ def plots(points: list[dict], hosts: int, directory: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     from raydist import costmodel as cm
+    from raydist.strategies.async_ps.cost import ps_link_bound
 
     directory.mkdir(parents=True, exist_ok=True)
     fan = [p for p in points if p["part"] == "fanin"]
@@ -214,7 +216,7 @@ def plots(points: list[dict], hosts: int, directory: Path) -> list[Path]:
         groups = sorted((g for g in repeats(points, "fanin") if g[0]["link_mbit"] == link),
                         key=lambda g: g[0]["servers"])
         shards = [str(g[0]["servers"]) for g in groups]
-        bounds = [cm.ps_link_bound(cm.Fit(1.0, {"async": 0.0}, g[0]["params"]), cm.Setting(
+        bounds = [ps_link_bound(cm.Fit(1.0, {"async": 0.0}, g[0]["params"]), cm.Setting(
             "async", g[0]["workers"], g[0]["params"], link, servers=g[0]["servers"], nodes=hosts)) for g in groups]
         rates = [[p["steps_per_s"] for p in g] for g in groups]
         mean = [sum(r) / len(r) for r in rates]

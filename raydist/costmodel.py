@@ -13,17 +13,22 @@ none to fit it on). docs/costmodel.md says what is fitted on which runs, and how
   can do (base, a cost per shard, their own pushes and fetches) and what the busiest link carries
   (`ps_link_bound`: the fan-in), at the efficiency Ray's object transfers get.
 
-Everything here is pure: measured points in, fitted parameters and predictions out (tests/test_costmodel.py).
+Each strategy's terms (its bytes, hops, base and what is fitted on which of its runs) are a `CostTerms` in its
+folder (raydist/strategies/<folder>/cost.py), named by its registry entry; this module holds what they share: the
+setting, the fit, the generic step time and the fitting and validation loop. Everything here is pure: measured
+points in, fitted parameters and predictions out (tests/test_costmodel.py).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-STRATEGIES = ("sync", "local_sgd", "async", "fsdp")
+from raydist import registry
+
 BYTES_PER_PARAM = 4  # fp32 gradients and parameters on the wire
 
 
@@ -91,127 +96,111 @@ def ring_allreduce_bytes(nbytes: float, n: int) -> float:
     return 2 * (n - 1) / n * nbytes if n > 1 else 0.0
 
 
-def ps_placement(s: "Setting") -> tuple[list[int], list[int]]:
-    """Node of each worker and of each shard: one worker per node on the first W of `nodes`, the shards placed as
-    raydist places them (raydist.strategies.async_ps.placement: nodes without workers first)."""
-    from raydist.strategies.async_ps.placement import shard_nodes
-
-    nodes = max(s.nodes, s.workers)
-    workers = list(range(s.workers))
-    shards = shard_nodes(s.servers, [str(i) for i in range(nodes)], [str(w) for w in workers])
-    return workers, [int(n) for n in shards]
+def rate_bytes_per_s(link_mbit: float, efficiency: float) -> float:
+    return link_mbit * 1e6 / 8 * efficiency
 
 
-def ps_link_loads(grad_bytes: float, workers: list[int], shards: list[int]) -> dict[int, tuple[float, float]]:
-    """Bytes into and out of each node's link per global step (one step of a worker picked uniformly: its push of
-    G/S to every shard, then its fetch of G/S from every shard; traffic between a node and itself stays local).
+class CostTerms:
+    """What the cost model asks a strategy; the defaults describe a synchronous step: base + the bytes it moves over
+    its worker's link / (efficiency x rate) + a latency per hop + its share of a checkpoint's extra cost."""
 
-    One shard on a node of its own, 4 workers: G in and G out per step, the fan-in. Two such nodes: G/2 each."""
-    loads: dict[int, list[float]] = {}
-    share = grad_bytes / len(shards)
-    for w in workers:
-        for node in shards:
-            if node == w:
-                continue
-            for src, dst in ((w, node), (node, w)):  # push, then fetch
-                loads.setdefault(src, [0.0, 0.0])[1] += share / len(workers)
-                loads.setdefault(dst, [0.0, 0.0])[0] += share / len(workers)
-    return {n: (i, o) for n, (i, o) in loads.items()}
+    efficiency_reference = False
+    """True for the one strategy whose runs at two link rates give the link efficiency the others use."""
+    fit_phase = 0
+    """0: its base is fitted on its own runs; 1: after every phase-0 strategy's (it builds on theirs)."""
+
+    def network_bytes(self, s: Setting) -> float:
+        """Bytes per step per worker on the worker's own link, each way."""
+        raise NotImplementedError
+
+    def hops(self, s: Setting) -> float:
+        """Message hops per step that each pay the latency."""
+        raise NotImplementedError
+
+    def base(self, fit: "Fit", s: Setting) -> float:
+        return fit.base_s[s.strategy] * s.params / fit.base_params
+
+    def checkpoint_s(self, fit: "Fit", s: Setting) -> float:
+        """Seconds one checkpoint costs beyond what the fitted base holds."""
+        return 0.0
+
+    def step_s(self, fit: "Fit", s: Setting) -> float:
+        """Seconds per step per worker: the time between one worker's steps."""
+        return (base_for(fit, s) + self.network_bytes(s) / rate_bytes_per_s(s.link_mbit, fit.efficiency)
+                + self.hops(s) * fit.latency_s + self.checkpoint_s(fit, s) / (s.checkpoint_every or 1))
+
+    def steps_per_s(self, fit: "Fit", s: Setting) -> float:
+        """Steps per second as its summaries count them (a synchronous step: all workers together)."""
+        return 1.0 / self.step_s(fit, s)
+
+    def samples_per_step(self, s: Setting, batch_size: int) -> int:
+        return batch_size * s.workers
+
+    def fitting_runs(self, runs: list[dict[str, Any]], low: float, top: float) -> list[dict[str, Any]]:
+        """Which of its measured runs (all of one model size) the fit reads: by default its first at the top rate."""
+        return [p for p in runs if p["link_mbit"] == top][:1]
+
+    def fit_into(self, result: "Fit", mine: list[dict[str, Any]], top: float) -> None:
+        """Fill in its base (and any parameter of its own) from its chosen runs, the network term taken out."""
+        for p in mine:
+            st = setting_of(p)
+            if p["link_mbit"] == top:
+                probe = Fit(result.efficiency, {st.strategy: 0.0}, st.params, result.latency_s)
+                result.base_s[st.strategy] = max(1 / p["steps_per_s"] - step_s(probe, st), 1e-6)
+
+    def label(self, p: dict[str, Any]) -> str:
+        """What a measured run's row adds to its name (its shards, its averaging)."""
+        return ""
+
+    def plan(self, fit: "Fit", s: Setting) -> tuple[Setting, dict[str, Any]]:
+        """The setting `raydist plan` predicts for (it may pick, say, a shard count) and what its row adds."""
+        return s, {}
 
 
-def ps_worker_remote_bytes(grad_bytes: float, worker: int, shards: list[int]) -> float:
-    """Bytes one worker's step sends and receives over its own link: pushes and fetches of the remote slices."""
-    return 2 * grad_bytes * sum(1 for n in shards if n != worker) / len(shards)
+@functools.cache
+def terms(strategy: str) -> CostTerms:
+    """The strategy's cost terms, from its registry entry."""
+    spec = registry.STRATEGIES.get(strategy)
+    if spec is None or not spec.cost:
+        raise ValueError(f"the cost model has no terms for {strategy!r}")
+    return spec.load("cost")()
+
+
+def modelled() -> list[str]:
+    return [spec.name for spec in registry.modelled()]
+
+
+def reference() -> str:
+    """The strategy whose runs give the link efficiency."""
+    return next(name for name in modelled() if terms(name).efficiency_reference)
 
 
 def network_bytes(s: Setting) -> float:
-    """Bytes per step per worker on the worker's own link, each way, for the collective strategies."""
-    g, n = s.grad_bytes, s.workers
-    if s.strategy == "sync":
-        return ring_allreduce_bytes(g, n)
-    if s.strategy == "local_sgd":
-        per_sync = (g if n > 1 else 0.0) if s.averaging == "ring" else ring_allreduce_bytes(g, n)
-        return per_sync / s.sync_every
-    if s.strategy == "fsdp":
-        gathers, scatter = (2 if s.reshard_after_forward else 1), (2 if s.backend == "gloo" else 1)
-        return (gathers + scatter) * (n - 1) / n * g if n > 1 else 0.0
-    raise ValueError(f"no collective byte count for {s.strategy}")
+    return terms(s.strategy).network_bytes(s)
 
 
 def hops(s: Setting) -> float:
-    """Message hops per step that each pay the latency: 2(n-1) per ring all-reduce."""
-    n = s.workers
-    if s.strategy == "sync":
-        return 2 * (n - 1)
-    if s.strategy == "local_sgd":
-        return (1 if s.averaging == "ring" else 2 * (n - 1)) / s.sync_every
-    if s.strategy == "fsdp":
-        return 3 * (n - 1)
-    return 2 * min(s.servers, n)  # async: a push to and a fetch from each shard
-
-
-def rate_bytes_per_s(link_mbit: float, efficiency: float) -> float:
-    return link_mbit * 1e6 / 8 * efficiency
+    return terms(s.strategy).hops(s)
 
 
 def base_for(fit: Fit, s: Setting) -> float:
     if s.strategy not in fit.base_s:
         raise KeyError(f"no fitted base time for {s.strategy}")
-    base = fit.base_s[s.strategy] * s.params / fit.base_params
-    return base + fit.per_shard_s * s.servers if s.strategy == "async" else base
+    return terms(s.strategy).base(fit, s)
 
 
 def step_s(fit: Fit, s: Setting) -> float:
     """Predicted seconds per step per worker: the time between one worker's steps."""
-    if s.strategy == "async":
-        return 1.0 / steps_per_s(fit, s) * s.workers
-    return (base_for(fit, s) + network_bytes(s) / rate_bytes_per_s(s.link_mbit, fit.efficiency)
-            + hops(s) * fit.latency_s + checkpoint_s(fit, s) / (s.checkpoint_every or 1))
-
-
-def checkpoint_s(fit: Fit, s: Setting) -> float:
-    """Seconds one checkpoint of local SGD costs (the others' are in their base)."""
-    if s.strategy != "local_sgd" or not s.checkpoint_every:
-        return 0.0
-    return fit.checkpoint_s * s.params / fit.base_params
+    return terms(s.strategy).step_s(fit, s)
 
 
 def steps_per_s(fit: Fit, s: Setting) -> float:
-    """Predicted steps per second as the summaries count them: synchronous steps for sync, local SGD and FSDP (all
-    workers together), every worker's steps added up for async."""
-    if s.strategy != "async":
-        return 1.0 / step_s(fit, s)
-    return min(ps_worker_bound(fit, s), ps_link_bound(fit, s))
-
-
-def ps_worker_bound(fit: Fit, s: Setting) -> float:
-    """async steps/s if no link were shared: each worker's base, then its push and fetch over its own link."""
-    rate = rate_bytes_per_s(s.link_mbit, fit.ps_efficiency or fit.efficiency)
-    workers, shards = ps_placement(s)
-    return sum(1 / (base_for(fit, s) + ps_worker_remote_bytes(s.grad_bytes, w, shards) / rate
-                    + hops(s) * fit.latency_s) for w in workers)
-
-
-def ps_link_bound(fit: Fit, s: Setting) -> float:
-    """async steps/s the busiest link allows (the fan-in)."""
-    workers, shards = ps_placement(s)
-    loads = ps_link_loads(s.grad_bytes, workers, shards)
-    busiest = max((max(io) for io in loads.values()), default=0.0)
-    return rate_bytes_per_s(s.link_mbit, fit.ps_efficiency or fit.efficiency) / busiest if busiest else math.inf
+    """Predicted steps per second as the summaries count them."""
+    return terms(s.strategy).steps_per_s(fit, s)
 
 
 def samples_per_s(fit: Fit, s: Setting, batch_size: int) -> float:
-    per_step = batch_size * (1 if s.strategy == "async" else s.workers)
-    return steps_per_s(fit, s) * per_step
-
-
-def shards_needed(fit: Fit, s: Setting) -> int:
-    """Fewest shards at which the links no longer bound the async rate (the workers do)."""
-    for shards in range(1, max(s.nodes, s.workers) + 1):
-        probe = replace(s, servers=shards)
-        if ps_link_bound(fit, probe) >= ps_worker_bound(fit, probe):
-            return shards
-    return max(s.nodes, s.workers)
+    return steps_per_s(fit, s) * terms(s.strategy).samples_per_step(s, batch_size)
 
 
 # ---- fitting and validation on measured points ----------------------------------------------------------------
@@ -240,100 +229,49 @@ def usable(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return merged
 
 
-def fit(points: list[dict[str, Any]], latency_s: float = 50e-6) -> Fit:
-    """Efficiency from sync DDP at the lowest and highest link rate (two equations: base + bytes / (eff x rate)),
-    then each strategy's base from its run at the highest rate, with the network term taken out (async: there the
-    links must not bound it, else its base cannot be seen). Reads only the runs `fitting_side` picks; the rest are
-    for `validate`."""
-    chosen = fitting_side(points)
-    sync = sorted((p for p in chosen if p["strategy"] == "sync"), key=lambda p: p["link_mbit"])
-    if len(sync) < 2 or sync[0]["link_mbit"] == sync[-1]["link_mbit"]:
-        raise ValueError("fitting needs sync runs at two link rates")
-    lo, hi = sync[0], sync[-1]
-    # t = base + V / (eff x rate) + hops x alpha at both rates: the difference gives eff.
+def link_efficiency(chosen: list[dict[str, Any]]) -> tuple[float, dict[str, Any]]:
+    """Efficiency from the reference strategy's runs at the lowest and highest link rate (two equations:
+    base + bytes / (eff x rate) + hops x alpha at both rates: the difference gives eff); and its top-rate run."""
+    runs = sorted((p for p in chosen if p["strategy"] == reference()), key=lambda p: p["link_mbit"])
+    if len(runs) < 2 or runs[0]["link_mbit"] == runs[-1]["link_mbit"]:
+        raise ValueError(f"fitting needs {reference()} runs at two link rates")
+    lo, hi = runs[0], runs[-1]
     v = network_bytes(setting_of(lo))
     delta = 1 / lo["steps_per_s"] - 1 / hi["steps_per_s"]
     denom = v / (lo["link_mbit"] * 1e6 / 8) - v / (hi["link_mbit"] * 1e6 / 8)
-    efficiency = min(1.0, denom / delta) if delta > 0 else 1.0
+    return (min(1.0, denom / delta) if delta > 0 else 1.0), hi
+
+
+def fit(points: list[dict[str, Any]], latency_s: float = 50e-6) -> Fit:
+    """The link efficiency (`link_efficiency`), then each strategy's base and own parameters from its runs
+    (`CostTerms.fit_into`, phase by phase). Reads only the runs `fitting_side` picks; the rest are for `validate`."""
+    chosen = fitting_side(points)
+    efficiency, hi = link_efficiency(chosen)
     result = Fit(efficiency, {}, hi["params"], latency_s, fitted_on=[label(p) for p in chosen])
-    top = hi["link_mbit"]
-    slow_ps = [p for p in chosen if p["strategy"] == "async" and p["link_mbit"] < top]
-    if slow_ps:  # bound by its busiest link: the measured rate over the raw link's bound is the efficiency
-        raw = Fit(1.0, {"async": 0.0}, slow_ps[0]["params"])
-        result.ps_efficiency = min(1.0, slow_ps[0]["steps_per_s"] / ps_link_bound(raw, setting_of(slow_ps[0])))
-    async_bases: dict[int, float] = {}
-    for p in chosen:
-        st = setting_of(p)
-        if p["link_mbit"] != top:
-            continue
-        if st.strategy == "async":
-            # The base at which the workers' bound gives the measured rate (at the fastest link the links should
-            # not bound it); the bound falls as the base grows: bisect.
-            lo_b, hi_b = 1e-7, 100.0
-            for _ in range(100):
-                mid = (lo_b + hi_b) / 2
-                trial = Fit(efficiency, {"async": mid}, st.params, latency_s, result.ps_efficiency)
-                lo_b, hi_b = (mid, hi_b) if ps_worker_bound(trial, st) > p["steps_per_s"] else (lo_b, mid)
-            async_bases[st.servers] = lo_b
-        elif st.strategy != "local_sgd":
-            probe = Fit(efficiency, {st.strategy: 0.0}, st.params, latency_s)
-            result.base_s[st.strategy] = max(1 / p["steps_per_s"] - step_s(probe, st), 1e-6)
-    local = [p for p in chosen if p["strategy"] == "local_sgd"]
-    if local and "sync" in result.base_s:
-        # Local SGD computes what sync computes: sync's base. What its checkpointed runs take beyond base and
-        # averaging is the replicas' checkpoints, which the links do not carry: the mean over its runs.
-        result.base_s["local_sgd"] = result.base_s["sync"]
-        probe = Fit(efficiency, dict(result.base_s), result.base_params, latency_s)
-        per_ckpt = [(1 / p["steps_per_s"] - step_s(probe, replace(setting_of(p), checkpoint_every=0)))
-                    * setting_of(p).checkpoint_every * result.base_params / p["params"] for p in local]
-        result.checkpoint_s = max(0.0, statistics.fmean(per_ckpt))
-    if async_bases:
-        # A line through the fewest and the most shards: base + per_shard x S.
-        few, most = min(async_bases), max(async_bases)
-        if most > few:
-            result.per_shard_s = max(0.0, (async_bases[most] - async_bases[few]) / (most - few))
-        result.base_s["async"] = max(async_bases[few] - result.per_shard_s * few, 1e-6)
+    for phase in (0, 1):
+        for name in modelled():
+            if terms(name).fit_phase == phase:
+                terms(name).fit_into(result, [p for p in chosen if p["strategy"] == name], hi["link_mbit"])
     return result
 
 
 def label(p: dict[str, Any]) -> str:
-    extra = f", {p['servers']} shard(s)" if p["strategy"] == "async" and p.get("servers") else ""
-    if p["strategy"] == "local_sgd":
-        extra = (", ring" if p.get("averaging") == "ring" else "") + (
-            ", a checkpoint every epoch" if p.get("checkpoint_every") else ", no checkpoint but the last")
-    return f"{p['strategy']}, {p['params'] / 1e6:.2g}M params @ {p['link_mbit']:g} Mbit/s{extra}"
+    return f"{p['strategy']}, {p['params'] / 1e6:.2g}M params @ {p['link_mbit']:g} Mbit/s{terms(p['strategy']).label(p)}"
 
 
 def fitting_side(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The runs the fit reads, all of the most common model size: sync at every rate, every other strategy at the
-    highest rate only (async: its runs with the fewest and the most shards there, and its one-shard run at the
-    lowest rate, for its transfer efficiency). The rest is for validation."""
-    runs = usable(points)
+    """The runs the fit reads, all of the most common model size: each strategy picks its own
+    (`CostTerms.fitting_runs`: the reference at every rate, the others at the highest rate mostly). The rest is
+    for validation."""
+    runs = [p for p in usable(points) if p["strategy"] in modelled()]
     if not runs:
         return []
     sizes = [p["params"] for p in runs]
     size = max(sorted(set(sizes)), key=sizes.count)  # the most common model size; the others are held out
     runs = [p for p in runs if p["params"] == size]
-    top = max(p["link_mbit"] for p in runs)
-    chosen = []
-    for link in sorted({p["link_mbit"] for p in runs}):
-        chosen += [p for p in runs if p["strategy"] == "sync" and p["link_mbit"] == link][:1]
-    low = min(p["link_mbit"] for p in runs)
-    chosen += [p for p in runs if p["strategy"] == "async" and p["link_mbit"] == low and (p.get("servers") or 1) == 1
-               and low < top][:1]
-    # Local SGD with checkpoints at the lowest and the highest rate: its checkpoints' cost (its base is sync's).
-    checkpointed = [p for p in runs if p["strategy"] == "local_sgd" and p.get("checkpoint_every")
-                    and p.get("averaging", "allreduce") == "allreduce"]
-    for link in sorted({low, top}):
-        chosen += [p for p in checkpointed if p["link_mbit"] == link][:1]
-    for strategy in ("async", "fsdp"):
-        at_top = [p for p in runs if p["strategy"] == strategy and p["link_mbit"] == top]
-        if strategy == "async" and at_top:
-            shards = [p.get("servers") or 1 for p in at_top]
-            chosen += [at_top[shards.index(min(shards))]]
-            at_top = [at_top[shards.index(max(shards))]] if max(shards) > min(shards) else []
-        chosen += at_top[:1]
-    return chosen
+    low, top = min(p["link_mbit"] for p in runs), max(p["link_mbit"] for p in runs)
+    return [p for name in modelled() for p in terms(name).fitting_runs([q for q in runs if q["strategy"] == name],
+                                                                        low, top)]
 
 
 def same_setting(p: dict[str, Any], q: dict[str, Any]) -> bool:

@@ -198,7 +198,8 @@ def check_checkpoint_kind(spec: registry.StrategySpec, run_dir: str) -> None:
             return  # another kind of job's checkpoint (the async PS): its own loader refuses it
         sharded = ".metadata" in names
         if sharded != spec.load("worker").sharded_state:
-            kind = "sharded (fsdp)" if sharded else "whole-model (sync, local_sgd)"
+            writers = [s.name for s in registry.STRATEGIES.values() if s.worker and s.load("worker").sharded_state == sharded]
+            kind = f"{'sharded' if sharded else 'whole-model'} ({', '.join(writers)})"
             raise UsageError(f"run.name={os.path.basename(run_dir)}: its checkpoints are {kind}, which {spec.name} "
                              f"cannot resume from: use a new run.name")
         return
@@ -217,8 +218,8 @@ def _splits(cfg: Config):
 
 
 def check_loop(cfg: Config, data=None) -> int:
-    """The loop strategies (sync, local SGD): the data and model fit in memory, and every worker's shard fills at
-    least one step. Returns the model's parameter count."""
+    """Every strategy's check unless it has its own: the data and model fit in memory, and every worker's shard
+    fills at least one step. Returns the model's parameter count."""
     data = data or _splits(cfg)
     from raydist.sharding import check_fits
 

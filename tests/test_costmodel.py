@@ -13,6 +13,7 @@ import pytest
 
 from raydist import costmodel as cm
 from raydist.commands import plan_cmd
+from raydist.strategies.async_ps import cost as ps_cost
 from raydist.strategies.async_ps.placement import shard_nodes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,9 +32,9 @@ def test_shards_go_to_nodes_without_workers_first_then_one_per_worker_node():
 
 
 def test_the_fan_in_one_shard_takes_every_push_through_one_link():
-    workers, shards = cm.ps_placement(cm.Setting("async", 4, 250_000, 100, servers=1, nodes=6))
+    workers, shards = ps_cost.ps_placement(cm.Setting("async", 4, 250_000, 100, servers=1, nodes=6))
     assert shards == [4]
-    loads = cm.ps_link_loads(G, workers, shards)
+    loads = ps_cost.ps_link_loads(G, workers, shards)
     assert loads[4] == pytest.approx((G, G))  # each step: G of pushes in, G of fetches out
     assert all(loads[w] == pytest.approx((G / 4, G / 4)) for w in workers)
 
@@ -41,8 +42,8 @@ def test_the_fan_in_one_shard_takes_every_push_through_one_link():
 def test_more_shards_divide_the_busiest_link():
     busiest = {}
     for servers in (1, 2, 4):
-        workers, shards = cm.ps_placement(cm.Setting("async", 4, 250_000, 100, servers=servers, nodes=6))
-        busiest[servers] = max(max(io) for io in cm.ps_link_loads(G, workers, shards).values())
+        workers, shards = ps_cost.ps_placement(cm.Setting("async", 4, 250_000, 100, servers=servers, nodes=6))
+        busiest[servers] = max(max(io) for io in ps_cost.ps_link_loads(G, workers, shards).values())
     # Two free nodes: G/2 each. Four shards, two on worker nodes: such a node takes 3 workers' pushes of G/4
     # (3/4 of the steps) and its own worker's fetches from 3 remote shards (1/4 of the steps): 3G/16 + 3G/16.
     assert busiest == pytest.approx({1: G, 2: G / 2, 4: 0.375 * G})
@@ -130,7 +131,7 @@ def test_raydist_plan_prints_a_table_and_json():
         pytest.skip("no measured runs shipped")
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)["plan"]
-    assert [r["nodes"] for r in rows] == [8, 512] and all(r["choose"] in cm.STRATEGIES for r in rows)
+    assert [r["nodes"] for r in rows] == [8, 512] and all(r["choose"] in cm.modelled() for r in rows)
 
 
 @pytest.mark.skipif(not plan_cmd.DEFAULT_MEASURED.is_file(), reason="no measured runs shipped")

@@ -64,7 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("config", help="show a job's resolved config or the config reference")
     csub = p.add_subparsers(dest="config_command", required=True)
     show = csub.add_parser("show", help="validate and print the config a job would run with")
-    show.add_argument("--job", default="sync", choices=registry.jobs(), help="whose defaults to start from")
+    show.add_argument("--job", default=registry.names()[0], choices=registry.jobs(),
+                      help="whose defaults to start from (default: %(default)s)")
     show.add_argument("--config", action="append", default=[], metavar="FILE")
     show.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     show.set_defaults(func=_show)

@@ -72,24 +72,19 @@ def samples_to_target(points: list[dict[str, Any]]) -> dict[str, float]:
 
 def plan(fit, params: int, links: list[float], nodes: list[int], batch_size: int,
          to_target: dict[str, float], backend: str = "nccl") -> list[dict[str, Any]]:
-    from raydist.costmodel import Setting, samples_per_s, shards_needed, step_s
+    from raydist.costmodel import Setting, samples_per_s, step_s, terms
 
     rows = []
     for link in links:
         for n in nodes:
             row: dict[str, Any] = {"link_mbit": link, "nodes": n, "strategies": {}}
             for strategy in fit.base_s:
-                shards = 1
-                if strategy == "async":
-                    shards = shards_needed(fit, Setting("async", n, params, link, servers=1))
-                s = Setting(strategy, n, params, link, servers=shards, backend=backend)
+                s, extra = terms(strategy).plan(fit, Setting(strategy, n, params, link, backend=backend))
                 rate = samples_per_s(fit, s, batch_size)
                 entry = {"step_ms": 1e3 * step_s(fit, s), "samples_per_s": rate}
                 if strategy in to_target:
                     entry["time_to_target_s"] = to_target[strategy] / rate
-                if strategy == "async":
-                    entry["shards"] = shards
-                row["strategies"][strategy] = entry
+                row["strategies"][strategy] = {**entry, **extra}
             key = "time_to_target_s" if all("time_to_target_s" in e for e in row["strategies"].values()) else None
             row["choose"] = (min(row["strategies"], key=lambda k: row["strategies"][k][key]) if key else
                              max(row["strategies"], key=lambda k: row["strategies"][k]["samples_per_s"]))
@@ -100,9 +95,10 @@ def plan(fit, params: int, links: list[float], nodes: list[int], batch_size: int
 def markdown(rows: list[dict[str, Any]]) -> str:
     strategies = list(rows[0]["strategies"]) if rows else []
     ttt = all("time_to_target_s" in e for r in rows for e in r["strategies"].values())
+    sharded = [s for s in strategies if "shards" in rows[0]["strategies"][s]] if rows else []
     head = "| link | nodes | " + " | ".join(f"{s} step ms / ksamples/s" + (" / time to target s" if ttt else "")
-                                           for s in strategies) + " | choose | async shards |"
-    out = [head, "|" + "---|" * (len(strategies) + 4)]
+                                           for s in strategies) + " | choose |" + "".join(f" {s} shards |" for s in sharded)
+    out = [head, "|" + "---|" * (len(strategies) + 3 + len(sharded))]
     for r in rows:
         cells = []
         for s in strategies:
@@ -112,8 +108,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                 cell += f" / {e['time_to_target_s']:.1f}"
             cells.append(cell)
         link = f"{r['link_mbit'] / 1e3:g} Gbit/s" if r["link_mbit"] >= 1000 else f"{r['link_mbit']:g} Mbit/s"
-        shards = r["strategies"].get("async", {}).get("shards", "-")
-        out.append(f"| {link} | {r['nodes']} | " + " | ".join(cells) + f" | {r['choose']} | {shards} |")
+        shards = "".join(f" {r['strategies'][s]['shards']} |" for s in sharded)
+        out.append(f"| {link} | {r['nodes']} | " + " | ".join(cells) + f" | {r['choose']} |{shards}")
     return "\n".join(out)
 
 
@@ -133,8 +129,8 @@ def _plan(args) -> int:
     if args.compute_ms is not None:
         if not math.isfinite(args.compute_ms) or args.compute_ms <= 0:
             raise UsageError(f"--compute-ms {args.compute_ms:g}: must be a finite number > 0")
-        # Your sync base instead of the scaled one; the other strategies keep their measured ratio to sync.
-        factor = args.compute_ms / 1e3 / (fit.base_s["sync"] * params / fit.base_params)
+        # Your base for the reference strategy instead of the scaled one; the others keep their measured ratio to it.
+        factor = args.compute_ms / 1e3 / (fit.base_s[costmodel.reference()] * params / fit.base_params)
         fit.base_s = {k: v * factor for k, v in fit.base_s.items()}
     links = _numbers(args.link_mbit, "--link-mbit")
     nodes = _numbers(args.nodes, "--nodes", int)

@@ -1,0 +1,124 @@
+"""The code's shape, as docs/layout.md describes it: a strategy lives in its folder and the registry, imports run
+one way, no module reaches into another's private names, no function grows past what one screen shows."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from raydist import registry
+
+PACKAGE = Path(__file__).resolve().parents[1] / "raydist"
+STRATEGY_HOME = (PACKAGE / "strategies", PACKAGE / "registry.py")
+LONGEST_FUNCTION = 80
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
+
+
+def strategy_words() -> set[str]:
+    """What names a strategy: its registry name, its config section, its folder."""
+    words = set(registry.names())
+    for spec in registry.STRATEGIES.values():
+        words.add(spec.section)
+        for part in (spec.worker, spec.driver, spec.config, spec.cost, spec.summary_fields):
+            module = part.partition(":")[0]
+            if module.startswith("raydist.strategies."):
+                words.add(module.split(".")[2])
+    return words - {""}
+
+
+def naming(node: ast.AST, words: set[str]) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.strip() in words:
+        return f"the string {node.value!r}"
+    if isinstance(node, ast.Attribute) and node.attr in words:
+        return f"the attribute .{node.attr}"
+    if isinstance(node, ast.Name) and node.id in words:
+        return f"the name {node.id}"
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        targets = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+        for target in targets:
+            if target.startswith("raydist.strategies."):
+                return f"an import of {target}"
+    return None
+
+
+def test_no_module_outside_the_strategies_and_the_registry_names_a_strategy():
+    words = strategy_words()
+    found = []
+    for name, path in modules().items():
+        if any(path == home or home in path.parents for home in STRATEGY_HOME):
+            continue
+        for node in ast.walk(tree(path)):
+            what = naming(node, words)
+            if what:
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {what}")
+    assert not found, "strategy names outside raydist/strategies/ and the registry:\n" + "\n".join(found)
+
+
+def test_no_function_is_longer_than_a_screen():
+    long = []
+    for path in modules().values():
+        for node in ast.walk(tree(path)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines >= LONGEST_FUNCTION:
+                    long.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}: {lines} lines")
+    assert not long, "\n".join(long)
+
+
+def test_no_module_imports_a_private_name_of_another():
+    private = []
+    for path in modules().values():
+        for node in ast.walk(tree(path)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("raydist"):
+                private += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {node.module}.{a.name}"
+                            for a in node.names if a.name.startswith("_")]
+    assert not private, "\n".join(private)
+
+
+def module_imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The raydist modules `name` imports when it is imported (top-level statements, not lazy imports inside
+    functions, which is how a module defers what it needs only at run time)."""
+    found = set()
+    for node in tree(path).body:
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("raydist"):
+            submodules = {f"{node.module}.{a.name}" for a in node.names} & set(known)
+            # `from package import module` needs the module; the package is already being imported.
+            found.update(submodules if len(submodules) == len(node.names) else {node.module, *submodules})
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("raydist"))
+    return {m for m in found if m in known and m != name}
+
+
+def test_imports_have_no_cycle():
+    known = modules()
+    graph = {name: module_imports(name, path, known) for name, path in known.items()}
+    # A module's package is imported first; a package that imports its own modules is no cycle.
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for name in sorted(graph):
+        if name not in state and (cycle := visit(name)):
+            raise AssertionError("import cycle: " + " -> ".join(cycle))
