@@ -57,3 +57,62 @@ def test_docs_summary_field_table_matches_the_dataclass():
 
     docs = (REPO / "docs" / "strategies.md").read_text()
     assert fields_markdown() in docs, "docs/strategies.md's summary table is stale: paste `python -m raydist.summary`"
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_every_part_a_registry_entry_names_is_where_it_says(name):
+    import dataclasses
+
+    from raydist.costmodel import CostTerms
+
+    spec = registry.get(name)
+    if spec.config:
+        assert dataclasses.is_dataclass(spec.load("config")) and spec.section in Config().to_dict()
+    if spec.summary_fields:
+        assert dataclasses.is_dataclass(spec.load("summary_fields"))
+    if spec.cost:
+        assert issubclass(spec.load("cost"), CostTerms)
+    parts = [spec.worker, spec.config, spec.cost, spec.summary_fields]
+    assert all(p.startswith("raydist.strategies.") for p in parts if p), "a strategy's parts live in its folder"
+
+
+NEW_STRATEGY = '''
+import dataclasses, sys, types
+from raydist import registry
+from raydist.typedconfig import opt
+
+toy = types.ModuleType("toy_strategy")
+@dataclasses.dataclass
+class ToyConfig:
+    rounds: int = opt(3, "rounds per step", ge=1)
+@dataclasses.dataclass
+class ToyBooks:
+    toy_rounds_done: int | None = dataclasses.field(default=None, metadata={"help": "toy: rounds done"})
+toy.ToyConfig, toy.ToyBooks = ToyConfig, ToyBooks
+sys.modules["toy_strategy"] = toy
+registry.STRATEGIES["toy"] = registry.StrategySpec(
+    "toy", "toy", "a strategy added by one registry entry", worker="raydist.strategies.sync.worker:SyncDDP",
+    section="toy", config="toy_strategy:ToyConfig", summary_fields="toy_strategy:ToyBooks")
+
+from raydist.compare.runner import SHARED_SECTIONS
+from raydist.config import load_config
+from raydist.summary import JobSummary, fields_markdown
+from raydist.typedconfig import reference_markdown
+
+cfg = load_config(None, [], ["toy.rounds=5", "compare.strategies=sync,toy"], job="toy")
+assert cfg.toy.rounds == 5 and cfg.run.name == "toy-digits" and cfg.compare.strategy_list == ["sync", "toy"]
+assert "toy" in SHARED_SECTIONS
+assert "`toy.rounds`" in reference_markdown(type(cfg))
+assert "`toy_rounds_done`" in fields_markdown() and JobSummary.__dataclass_fields__["toy_rounds_done"]
+print("ok")
+'''
+
+
+def test_a_new_strategy_needs_only_its_folder_and_one_registry_entry():
+    """Config (its section, --set, the reference), compare (the sections its jobs share, compare.strategies) and
+    the summary (its fields) all follow one added entry; nothing else is edited."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", NEW_STRATEGY], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
