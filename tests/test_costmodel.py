@@ -106,7 +106,7 @@ def test_the_fit_refuses_points_it_cannot_fit():
 
 def test_plan_on_a_slow_link_prefers_less_communication_and_shards_the_ps():
     fit = cm.Fit(0.9, {"sync": 0.02, "local_sgd": 0.02, "async": 0.02, "fsdp": 0.03}, 1_000_000)
-    rows = plan_cmd.plan(fit, 25_000_000, [1000], [8, 64], 32, {})
+    rows = plan_cmd.plan(fit, plan_cmd.Question(25_000_000, [1000], [8, 64], 32))
     assert all(r["choose"] == "local_sgd" for r in rows)  # 100 MB of gradients over 1 Gbit/s
     shards = [r["strategies"]["async"]["shards"] for r in rows]
     assert shards[0] > 1 and shards[1] > shards[0]  # the more workers, the more shards the fan-in needs

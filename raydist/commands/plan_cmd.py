@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -70,13 +70,28 @@ def samples_to_target(points: list[dict[str, Any]]) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in got.items()}
 
 
-def plan(fit, params: int, links: list[float], nodes: list[int], batch_size: int,
-         to_target: dict[str, float], backend: str = "nccl") -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Question:
+    """What `raydist plan` is asked: a model on clusters of these sizes and links."""
+
+    params: int
+    links: list[float]
+    """Each node's link, Mbit/s."""
+    nodes: list[int]
+    batch_size: int
+    """Samples per worker per step."""
+    to_target: dict[str, float] = field(default_factory=dict)
+    """Per strategy, samples trained until the target accuracy (measured); {} = rank by samples/s."""
+    backend: str = "nccl"
+
+
+def plan(fit, q: Question) -> list[dict[str, Any]]:
     from raydist.costmodel import Setting, samples_per_s, step_s, terms
 
+    params, batch_size, to_target, backend = q.params, q.batch_size, q.to_target, q.backend
     rows = []
-    for link in links:
-        for n in nodes:
+    for link in q.links:
+        for n in q.nodes:
             row: dict[str, Any] = {"link_mbit": link, "nodes": n, "strategies": {}}
             for strategy in fit.base_s:
                 s, extra = terms(strategy).plan(fit, Setting(strategy, n, params, link, backend=backend))
@@ -134,7 +149,7 @@ def _plan(args) -> int:
         fit.base_s = {k: v * factor for k, v in fit.base_s.items()}
     links = _numbers(args.link_mbit, "--link-mbit")
     nodes = _numbers(args.nodes, "--nodes", int)
-    rows = plan(fit, params, links, nodes, args.batch_size, samples_to_target(points), args.backend)
+    rows = plan(fit, Question(params, links, nodes, args.batch_size, samples_to_target(points), args.backend))
     if args.json:
         print(json.dumps({"fit": fit.to_dict(), "validation": [{**asdict(c), "error": c.error} for c in checks],
                           "plan": rows}, indent=1))
