@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from raydist.metrics import startup_records  # noqa: E402
+from raydist.observability.metrics import startup_records  # noqa: E402
 PORT = 19556  # below the cluster config's port range: Ray's blocks never take it
 JOB = ["--set", "scaling.num_workers=2", "--set", "train.epochs=1", "--set", "run.tensorboard=false"]
 

@@ -18,7 +18,7 @@ import ray
 @ray.remote
 class Bench:
     def run(self, steps: int, exports: int) -> tuple[float, float]:
-        from raydist.ray_metrics import Exporter
+        from raydist.observability.ray_metrics import Exporter
 
         e = Exporter("bench", "sync", "worker", 0)
         t = time.perf_counter()

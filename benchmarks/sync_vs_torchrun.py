@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from raydist.metrics import startup_records  # noqa: E402
+from raydist.observability.metrics import startup_records  # noqa: E402
 
 
 def run(cmd: list[str], run_dir: Path) -> dict:

@@ -14,7 +14,7 @@ from pathlib import Path
 from raydist import registry
 from raydist.config import Config
 from raydist.errors import RaydistError, last_error_line
-from raydist.metrics import METRICS_FILE
+from raydist.observability.metrics import METRICS_FILE
 from raydist.session import Session, connect, process_start_time
 from raydist.summary import JobSummary
 from raydist.train.entry import FAILURE_FILE, train_worker
@@ -58,7 +58,7 @@ def failure_line(error: BaseException, cfg: Config, dead: list[str]) -> str:
 def build_trainer(cfg: Config, spec: registry.StrategySpec):
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
-    from raydist.console import ray_train_log_level
+    from raydist.observability.console import ray_train_log_level
     from ray.train.torch import TorchConfig, TorchTrainer
 
     s = cfg.scaling
@@ -104,8 +104,8 @@ def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session)
     """Run a loop strategy on Ray Train; its summary comes from the final checkpoint's report."""
     from raydist.checkpoint import set_aside_broken_snapshot
     from raydist.cluster_watch import NodeWatcher, dead_nodes
-    from raydist.console import MetricsTail, ProgressBar, start_line
-    from raydist.ray_metrics import Exporter
+    from raydist.observability.console import MetricsTail, ProgressBar, start_line
+    from raydist.observability.ray_metrics import Exporter
 
     # run_job checked the config (check_before_ray); connect checks what a named cluster can hold.
     session.ray = connect(cfg)
@@ -157,7 +157,7 @@ def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session)
 def startup_seconds(metrics_file: str, connected: float) -> dict[str, float] | None:
     """This session's start-up, from rank 0's first `startup` record written after `connected` (a restart writes
     another), in seconds since this process started."""
-    from raydist.metrics import startup_records
+    from raydist.observability.metrics import startup_records
 
     began = process_start_time()
     try:

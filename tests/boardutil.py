@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from raydist.tensorboard_log import CONFIG_TAG, tensorboard_dir
+from raydist.observability.tensorboard_log import CONFIG_TAG, tensorboard_dir
 
 
 def read_board(run_dir: str | Path) -> Any:

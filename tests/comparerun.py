@@ -40,8 +40,8 @@ class Compared(tuple):
 def compared(tmp_path_factory):
     from promserver import prometheus
     from rayhead import ray_head
-    from raydist import top
-    from raydist.prometheus import scrape_config
+    from raydist.observability import top
+    from raydist.observability.prometheus import scrape_config
 
     storage = tmp_path_factory.mktemp("compare")
     logs = tmp_path_factory.mktemp("compare-logs")
@@ -77,7 +77,7 @@ def compared(tmp_path_factory):
         time.sleep(2)  # one more scrape of the last exports
         answers = {name: prom.query(q) for name, q in prometheus_queries(source.session_name()).items()}
         # Every panel of the shipped Grafana dashboard is a query this Prometheus accepts (query() asserts it).
-        from raydist.grafana import dashboard
+        from raydist.observability.grafana import dashboard
 
         for panel in dashboard()["panels"]:
             prom.query(panel["targets"][0]["expr"].replace("$run", ".*").replace("$strategy", ".*"))

@@ -8,7 +8,7 @@ import torch
 from boardutil import config_texts, read_board, scalar_steps
 from jobutil import refusal
 from raydist.config import job_defaults, load_config
-from raydist.metrics import read_steps
+from raydist.observability.metrics import read_steps
 
 
 @pytest.fixture(scope="module")

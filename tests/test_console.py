@@ -1,4 +1,4 @@
-"""The console's progress bar and Ray Train's quieted lines, without Ray: raydist/console.py."""
+"""The console's progress bar and Ray Train's quieted lines, without Ray: raydist/observability/console.py."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import logging
 import re
 import sys
 
-from raydist import console
-from raydist.console import MetricsTail, ProgressBar
+from raydist.observability import console
+from raydist.observability.console import MetricsTail, ProgressBar
 
 
 class Clock:

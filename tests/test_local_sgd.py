@@ -85,7 +85,7 @@ def test_stopped_local_sgd_run_resumes_with_identical_losses(tmp_path):
     an uninterrupted run loss for loss; ring averaging makes every sync point exchange, dropout draws randoms.
     Resumed again with fewer workers, it goes on from rank 0's replica."""
     from jobutil import run_job, summary
-    from raydist.metrics import read_steps
+    from raydist.observability.metrics import read_steps
 
     common = [f"run.storage_path={tmp_path}", "train.epochs=2", "checkpoint.every_steps=10", "model.dropout=0.2",
               "local_sgd.sync_every=4", "local_sgd.averaging=ring"]

@@ -12,7 +12,7 @@ import pytest
 
 from comparerun import STRATEGIES
 from jobutil import REPO
-from raydist import ray_metrics, top
+from raydist.observability import ray_metrics, top
 
 HOST = socket.gethostname()
 
@@ -127,11 +127,11 @@ def _closed_port() -> int:
 
 
 def test_every_exported_metric_is_in_the_table_and_the_docs():
-    from raydist.grafana import dashboard
+    from raydist.observability.grafana import dashboard
 
     assert ray_metrics.markdown_table() in (REPO / "docs" / "observability.md").read_text()
     shipped = json.loads((REPO / "cluster" / "grafana-raydist.json").read_text())
-    assert shipped == dashboard(), "regenerate: python -m raydist.grafana > cluster/grafana-raydist.json"
+    assert shipped == dashboard(), "regenerate: python -m raydist.observability.grafana > cluster/grafana-raydist.json"
     assert len(shipped["panels"]) == len(ray_metrics.METRICS) - 1  # all but the timestamp
 
 
@@ -170,7 +170,7 @@ def test_the_exporter_sends_rates_and_wait_shares_at_most_once_a_second(monkeypa
 
 
 def test_prometheus_config_discovers_a_clusters_nodes_through_its_dashboard_with_the_token():
-    from raydist.prometheus import scrape_config
+    from raydist.observability.prometheus import scrape_config
 
     cfg = json.loads(scrape_config(dashboard_url="http://10.0.0.1:8265/", token_file="/tok", interval_s=2).split("\n", 1)[1])
     sd = cfg["scrape_configs"][0]["http_sd_configs"][0]

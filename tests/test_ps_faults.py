@@ -13,7 +13,7 @@ import signal
 import pytest
 
 from jobutil import load_benchmark
-from raydist.metrics import read_steps
+from raydist.observability.metrics import read_steps
 
 pytestmark = pytest.mark.slow
 

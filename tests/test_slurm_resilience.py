@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import rayup
-from raydist.metrics import read_steps
+from raydist.observability.metrics import read_steps
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 

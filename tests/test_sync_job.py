@@ -6,7 +6,7 @@ import pytest
 
 from boardutil import config_texts, read_board, scalar_steps
 from jobutil import run_job, summary
-from raydist.metrics import read_steps
+from raydist.observability.metrics import read_steps
 
 pytestmark = pytest.mark.slow
 

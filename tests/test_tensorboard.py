@@ -1,4 +1,4 @@
-"""TensorBoard event files (raydist.tensorboard_log), read back with TensorBoard's own reader; no Ray here. The runs
+"""TensorBoard event files (raydist.observability.tensorboard_log), read back with TensorBoard's own reader; no Ray here. The runs
 of tests/test_sync_job.py, test_async_ps.py and test_compare.py check the files real jobs write."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from boardutil import config_texts, read_board, scalar_steps
 from raydist.config import Config, load_config
-from raydist.tensorboard_log import RunLog, tensorboard_dir
+from raydist.observability.tensorboard_log import RunLog, tensorboard_dir
 
 
 def _config(tmp_path: Path, *overrides: str) -> Config:

@@ -1,4 +1,4 @@
-"""`raydist top`: a live view of the training processes of a running cluster (raydist/top.py)."""
+"""`raydist top`: a live view of the training processes of a running cluster (raydist/observability/top.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from raydist.errors import RaydistError, UsageError
 
 
 def cluster_source(args):
-    from raydist import top
+    from raydist.observability import top
 
     if args.address or args.job is not None or args.connection:
         if args.address:
@@ -42,7 +42,7 @@ def cluster_source(args):
 
 
 def _top(args) -> int:
-    from raydist import top
+    from raydist.observability import top
 
     if args.interval <= 0:
         raise UsageError(f"--interval {args.interval:g}: must be > 0")
@@ -98,7 +98,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _prometheus_config(args) -> int:
-    from raydist.prometheus import scrape_config
+    from raydist.observability.prometheus import scrape_config
 
     if args.interval <= 0:
         raise UsageError(f"--interval {args.interval:g}: must be > 0")

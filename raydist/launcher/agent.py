@@ -140,7 +140,7 @@ class RankAgent:
         self.ended = time.monotonic()  # which rank failed first, when several have: the others followed it
 
     def _exporter(self) -> None:
-        from raydist.ray_metrics import Exporter
+        from raydist.observability.ray_metrics import Exporter
 
         self.exporter = Exporter(self.run, "launch", "worker", self.rank)
         self._cpu_mark: tuple[float, float] | None = None

@@ -188,7 +188,7 @@ def _status(args) -> int:
     for row in table:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
     if ranks:
-        from raydist import top
+        from raydist.observability import top
 
         print(f"\nscripts run by raydist launch: {len(ranks)} rank(s)")
         print(top.launched_table(ranks))
@@ -198,7 +198,7 @@ def _status(args) -> int:
 def _launched_ranks(conn, token: str) -> list[dict]:
     """Every rank of a `raydist launch` running on the cluster, from the metrics its agent exports; [] when the
     metrics cannot be read (the node table is what `status` must show)."""
-    from raydist import top
+    from raydist.observability import top
 
     source = top.Source(describe=f"SLURM job {conn.job_id}", dashboard_url=conn.dashboard_url, token=token)
     try:

@@ -19,7 +19,7 @@ def train_worker(config: dict[str, Any]) -> None:
     entered = time.time()
     cfg = Config.from_dict(config["config"])
     if not cfg.run.verbose:  # Ray Train's "Reporting training result ..." (its log level does not reach that one)
-        from raydist.console import quiet_ray_train_logs
+        from raydist.observability.console import quiet_ray_train_logs
 
         quiet_ray_train_logs()
     strategy = registry.get(config["strategy"]).load("worker")

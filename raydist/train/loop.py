@@ -27,14 +27,14 @@ from raydist.errors import RaydistError
 from raydist.context import WorkerContext, new_checkpoint_dir
 from raydist.data import load_splits
 from raydist.evaluation import evaluate
-from raydist.metrics import Throughput, progress_line
+from raydist.observability.metrics import Throughput, progress_line
 from raydist.models import build_model
-from raydist.ray_metrics import Exporter, peak_memory_bytes
+from raydist.observability.ray_metrics import Exporter, peak_memory_bytes
 from raydist.optim import build_optimizer, build_scheduler
 from raydist.seeding import reseed
 from raydist.sharding import total_steps as run_length, worker_shard
 from raydist.straggler import Straggler
-from raydist.tensorboard_log import RunLog
+from raydist.observability.tensorboard_log import RunLog
 from raydist.train import desync
 from raydist.train.step import compute_gradients
 from raydist.train.strategy import Strategy, local_tensor

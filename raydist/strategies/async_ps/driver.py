@@ -18,19 +18,19 @@ from raydist import registry, sharding
 from raydist.checkpoint import checkpoint_dirs, newest_valid, publish_dir, skipped_line, verify, write_atomic, write_manifest
 from raydist.commstats import per_worker_summary
 from raydist.config import Config
-from raydist.console import ProgressBar, start_line
+from raydist.observability.console import ProgressBar, start_line
 from raydist.data import load_splits
 from raydist.errors import RaydistError, UsageError
 from raydist.evaluation import evaluate
 from raydist.flat import as_tensor, flatten_, slice_bounds
 from raydist.models import build_model
-from raydist.ray_metrics import Exporter
+from raydist.observability.ray_metrics import Exporter
 from raydist.strategies.async_ps.crew import Crew, Death, Hung, Watchdog
 from raydist.train_view import RunDescription, TrainView, actor_name
 from raydist.strategies.async_ps.checks import check_async
 from raydist.strategies.async_ps.messages import Drained, PullReply, WorkerReport
 from raydist.summary import JobSummary
-from raydist.tensorboard_log import RunLog
+from raydist.observability.tensorboard_log import RunLog
 
 STRATEGY = "async"
 STATE_FILE = "ps_state.pt"
@@ -435,7 +435,7 @@ class AsyncPSRun:
         return _save(self.cfg.run.run_dir, self.last_checkpoint_at, state, self.cfg.checkpoint.keep)
 
     def _show_progress(self) -> None:
-        """The shared progress bar (raydist.console): step of the budget, loss and staleness over the current
+        """The shared progress bar (raydist.observability.console): step of the budget, loss and staleness over the current
         window, the latest test accuracy, samples/s, ETA."""
         applied = [r["staleness"] for r in self.window if "step" in r]
         loss = sum(r["loss"] for r in self.window) / len(self.window) if self.window else None

@@ -17,7 +17,7 @@ from raydist.config import Config
 from raydist.flat import as_tensor
 from raydist.optim import build_optimizer, lr_factor
 from raydist.strategies.async_ps.messages import Drained, PullReply
-from raydist.ray_metrics import Exporter
+from raydist.observability.ray_metrics import Exporter
 
 
 class ParameterShard:

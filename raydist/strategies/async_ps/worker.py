@@ -16,7 +16,7 @@ from raydist.data import load_splits
 from raydist.flat import as_tensor, flatten_
 from raydist.models import build_model
 from raydist.strategies.async_ps.messages import PullReply, WorkerReport
-from raydist.ray_metrics import Exporter
+from raydist.observability.ray_metrics import Exporter
 from raydist.seeding import reseed
 from raydist.sharding import worker_shard
 from raydist.straggler import Straggler

@@ -1,11 +1,11 @@
 """The Grafana dashboard for raydist's metrics (cluster/grafana-raydist.json), generated from ray_metrics.METRICS so
-the two never drift apart: `python -m raydist.grafana > cluster/grafana-raydist.json`."""
+the two never drift apart: `python -m raydist.observability.grafana > cluster/grafana-raydist.json`."""
 
 from __future__ import annotations
 
 import json
 
-from raydist.ray_metrics import EXPORTED_PREFIX, METRICS, Metric
+from raydist.observability.ray_metrics import EXPORTED_PREFIX, METRICS, Metric
 
 UID = "raydist-training"
 _SELECT = 'run=~"$run", strategy=~"$strategy"'

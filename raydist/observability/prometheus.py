@@ -13,10 +13,6 @@ import json
 SCRAPE_INTERVAL_S = 5
 
 
-def _indent(text: str, n: int) -> str:
-    return "\n".join((" " * n + line) if line else line for line in text.splitlines())
-
-
 def scrape_config(*, dashboard_url: str | None = None, token_file: str | None = None, sd_file: str | None = None,
                   job: str = "raydist", interval_s: float = SCRAPE_INTERVAL_S, refresh_s: float = 30) -> str:
     """prometheus.yml text (JSON is YAML: every value quoted safely). Exactly one of dashboard_url / sd_file;

@@ -1,6 +1,6 @@
 """`raydist top`: what every training process of a running cluster is doing, read from Ray's metrics endpoints.
 
-Every node's Ray agent serves the metrics raydist's processes export (raydist/ray_metrics.py); the head's dashboard
+Every node's Ray agent serves the metrics raydist's processes export (raydist/observability/ray_metrics.py); the head's dashboard
 lists those endpoints (/api/prometheus/sd, the list Prometheus scrapes), or, for a Ray instance on this machine,
 its session writes the same list to a file. A process's series exist only while it is alive, so a row is a live
 process; its age (seconds since it last exported) tells a stalled one.
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from raydist.errors import RaydistError
-from raydist.ray_metrics import EXPORTED_PREFIX
+from raydist.observability.ray_metrics import EXPORTED_PREFIX
 
 SD_FILE = "prom_metrics_service_discovery.json"
 STALLED_AFTER_S = 15.0

@@ -70,7 +70,7 @@ class ProgressBar:
     def __init__(self, label: str, total: int | None = None, *, samples_per_step: int | None = None,
                  stream: TextIO | None = None, tty: bool | None = None, clock: Callable[[], float] = time.monotonic,
                  export: Any = None):
-        """export: a raydist.ray_metrics.Exporter that the driver's view of the run also goes to."""
+        """export: a raydist.observability.ray_metrics.Exporter that the driver's view of the run also goes to."""
         self.label = label
         self.export = export
         self.total = total

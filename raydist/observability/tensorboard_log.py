@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from raydist.errors import RaydistError
-from raydist.metrics import MetricsLog
+from raydist.observability.metrics import MetricsLog
 
 if TYPE_CHECKING:
     from raydist.config import Config
