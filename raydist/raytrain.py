@@ -131,12 +131,17 @@ def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session)
         bar.close(completed=completed and not failure.exists())
     if failure.exists():
         raise RaydistError(f"training failed: {json.loads(failure.read_text())['reason']}")
+    return summary_of(result, cfg, session, connected)
+
+
+def summary_of(result, cfg: Config, session: Session, connected: float) -> JobSummary:
+    """The job's summary from Ray Train's result: rank 0's final report (`raydist.train.loop`'s metrics)."""
     m = result.metrics or {}
     comm = m.get("comm") or {}
     memory = m.get("memory") or {}
     total = m.get("total_steps")
     return JobSummary(
-        strategy=spec.name, run_name=cfg.run.name, run_dir=cfg.run.run_dir, ray=session.ray,
+        strategy=session.job, run_name=cfg.run.name, run_dir=cfg.run.run_dir, ray=session.ray,
         workers=m.get("world_size", cfg.scaling.max_workers),
         status="completed" if total is not None and m.get("step") == total else "stopped",
         steps=m.get("step", 0), total_steps=total if total is not None else 0,
@@ -154,18 +159,3 @@ def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session)
     )
 
 
-def startup_seconds(metrics_file: str, connected: float) -> dict[str, float] | None:
-    """This session's start-up, from rank 0's first `startup` record written after `connected` (a restart writes
-    another), in seconds since this process started."""
-    from raydist.observability.metrics import startup_records
-
-    began = process_start_time()
-    try:
-        ours = [s for s in startup_records(metrics_file) if s["worker_entered"] >= connected]
-    except (OSError, ValueError, KeyError):
-        return None
-    if not ours:
-        return None
-    s = ours[0]
-    return {"connect": round(connected - began, 3), "workers": round(s["worker_entered"] - began, 3),
-            "ready": round(s["ready"] - began, 3), "first_step": round(s["first_step"] - began, 3)}

@@ -122,3 +122,15 @@ def test_imports_have_no_cycle():
     for name in sorted(graph):
         if name not in state and (cycle := visit(name)):
             raise AssertionError("import cycle: " + " -> ".join(cycle))
+
+
+def test_no_function_takes_seven_positional_parameters():
+    """Seven or more go in a small typed argument object: call sites then name what they pass."""
+    many = []
+    for path in modules().values():
+        for node in ast.walk(tree(path)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                positional = [a.arg for a in node.args.posonlyargs + node.args.args if a.arg not in ("self", "cls")]
+                if len(positional) >= 7:
+                    many.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}: {len(positional)}")
+    assert not many, "\n".join(many)
