@@ -22,9 +22,8 @@ points in, fitted parameters and predictions out (tests/test_costmodel.py).
 from __future__ import annotations
 
 import functools
-import math
 import statistics
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from raydist import registry

@@ -159,3 +159,18 @@ def summary_of(result, cfg: Config, session: Session, connected: float) -> JobSu
     )
 
 
+def startup_seconds(metrics_file: str, connected: float) -> dict[str, float] | None:
+    """This session's start-up, from rank 0's first `startup` record written after `connected` (a restart writes
+    another), in seconds since this process started."""
+    from raydist.observability.metrics import startup_records
+
+    began = process_start_time()
+    try:
+        ours = [s for s in startup_records(metrics_file) if s["worker_entered"] >= connected]
+    except (OSError, ValueError, KeyError):
+        return None
+    if not ours:
+        return None
+    s = ours[0]
+    return {"connect": round(connected - began, 3), "workers": round(s["worker_entered"] - began, 3),
+            "ready": round(s["ready"] - began, 3), "first_step": round(s["first_step"] - began, 3)}
