@@ -13,14 +13,21 @@ from pathlib import Path
 from typing import Any, Iterable, Literal
 
 from raydist import registry
-from raydist.typedconfig import WorkerRange, apply, check, merge, opt, run_name, shared_path, validate, worker_count
+from raydist.typedconfig import (WorkerRange, apply, check, free, import_path, merge, opt, run_name, shared_path,
+                                 validate, worker_count)
 
 # ---- the run config ------------------------------------------------------------------------------------
 
 
 @dataclass
 class ModelConfig:
-    """Which network to train; input and output sizes come from the data set."""
+    """Which network to train: yours (`factory`), or a built-in one whose input and output sizes come from the data."""
+
+    factory: str = opt(
+        "", "your model: 'package.module:function' returning a torch.nn.Module, called with model.args as keyword "
+        "arguments (and `data=`, the loaded data set, if it takes a `data` parameter); '' = the built-in model.name "
+        "(docs/your-code.md)", parse=import_path)
+    args: dict[str, Any] = free("model.factory's keyword arguments, your own keys (e.g. {layers: 4, width: 256})")
 
     name: Literal["simple", "mlp", "cnn", "transformer"] = opt(
         "mlp", "simple: the seeds' SimpleModel (in -> 50 -> out); mlp: `depth` hidden layers; cnn: small CNN (image "
@@ -38,7 +45,13 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    """The data set: real offline digits, or synthetic samples for throughput work."""
+    """The data set: yours (`factory`), real offline digits, or synthetic samples for throughput work."""
+
+    factory: str = opt(
+        "", "your data: 'package.module:function' returning (train, test), two torch Datasets of (input tensor, "
+        "target) pairs, called with data.args as keyword arguments; '' = the built-in data.name (docs/your-code.md)",
+        parse=import_path)
+    args: dict[str, Any] = free("data.factory's keyword arguments, your own keys (e.g. {samples: 4096})")
 
     name: Literal["digits", "synthetic"] = opt(
         "digits", "digits: scikit-learn's 8x8 handwritten digits (1797 images, 10 classes, ships in the wheel); synthetic: random features labelled by a fixed random teacher"
@@ -83,6 +96,9 @@ class TrainConfig:
     mixed_precision: Literal["auto", "bf16", "off"] = opt(
         "auto", "auto: bf16 autocast on GPU, fp32 on CPU; bf16: autocast always; off: fp32"
     )
+    loss: str = opt(
+        "", "'package.module:function' (output, target) -> the batch's mean loss, a scalar tensor; '' = cross-entropy "
+        "of the output's last dimension (class scores) against integer targets", parse=import_path)
     seed: int = opt(0, "seed of model init, data order and dropout")
     report_every_s: float = opt(
         1.0, "report step metrics to Ray Train (and, with run.verbose, print them on rank 0) about this often, in seconds; every step goes to metrics.jsonl", ge=0
@@ -215,6 +231,16 @@ class RunSchema:
     """What `Config` adds to its sections: the checks across them, and (de)serialising a whole run."""
 
     def check(self, prefix: str) -> None:
+        check(not self.model.args or self.model.factory, "model.args", "are model.factory's arguments: set model.factory")
+        check(not self.data.args or self.data.factory, "data.args", "are data.factory's arguments: set data.factory")
+        if not (self.model.factory or self.data.factory):  # yours are checked by calling them (raydist.factories)
+            self._check_builtins()
+        check(self.straggler.worker < self.scaling.max_workers, "straggler.worker",
+              f"must be below scaling.num_workers={self.scaling.max_workers} (got {self.straggler.worker})")
+        check(self.faults.inject_desync_rank < self.scaling.max_workers, "faults.inject_desync_rank",
+              f"must be below scaling.num_workers={self.scaling.max_workers} (got {self.faults.inject_desync_rank})")
+
+    def _check_builtins(self) -> None:
         check(not (self.model.name == "cnn" and self.data.name != "digits"), "model.name",
               "cnn needs image data: set data.name=digits")
         check(not (self.model.params and self.model.name not in ("mlp", "transformer")), "model.params",
@@ -222,13 +248,9 @@ class RunSchema:
         if self.model.name == "transformer":
             features = 64 if self.data.name == "digits" else self.data.synthetic_features
             check(features % self.model.tokens == 0, "model.tokens",
-                   f"must divide the {features} input features into equal tokens (got {self.model.tokens})")
+                  f"must divide the {features} input features into equal tokens (got {self.model.tokens})")
             check(self.model.params or self.model.hidden % self.model.heads == 0, "model.hidden",
-                   f"must be a multiple of model.heads={self.model.heads} (got {self.model.hidden})")
-        check(self.straggler.worker < self.scaling.max_workers, "straggler.worker",
-              f"must be below scaling.num_workers={self.scaling.max_workers} (got {self.straggler.worker})")
-        check(self.faults.inject_desync_rank < self.scaling.max_workers, "faults.inject_desync_rank",
-              f"must be below scaling.num_workers={self.scaling.max_workers} (got {self.faults.inject_desync_rank})")
+                  f"must be a multiple of model.heads={self.model.heads} (got {self.model.hidden})")
 
     def validate(self) -> "Config":
         return validate(self)

@@ -1,4 +1,5 @@
-"""Data sets that need no download (scikit-learn's digits, synthetic), split once into train and test tensors."""
+"""The data: yours (`data.factory`), or built-in sets that need no download (scikit-learn's digits, synthetic),
+split once into train and test tensors."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset, TensorDataset
 
 from raydist.config import DataConfig
 from raydist.errors import RaydistError
@@ -15,11 +16,27 @@ from raydist.errors import RaydistError
 
 @dataclass
 class Splits:
-    train: TensorDataset
-    test: TensorDataset
-    num_features: int
-    num_classes: int
+    """The train and test sets, and what a built-in model needs to know of them (a model factory gets this too)."""
+
+    train: Dataset
+    test: Dataset
     image_shape: tuple[int, int, int] | None  # (C, H, W) for image data
+    known_features: int | None = None
+    known_classes: int | None = None
+
+    @property
+    def num_features(self) -> int:
+        """Input features of one sample (its input tensor's element count)."""
+        if self.known_features is None:
+            self.known_features = self.train[0][0].numel()
+        return self.known_features
+
+    @property
+    def num_classes(self) -> int:
+        """1 + the largest integer target of the train set (a scan of your data set, done only when asked)."""
+        if self.known_classes is None:
+            self.known_classes = 1 + max(int(torch.as_tensor(self.train[i][1]).max()) for i in range(len(self.train)))
+        return self.known_classes
 
 
 def _digits(cfg: DataConfig) -> tuple[np.ndarray, np.ndarray, tuple[int, int, int]]:
@@ -84,14 +101,20 @@ def _synthetic(cfg: DataConfig) -> tuple[np.ndarray, np.ndarray, None]:
 
 
 def load_splits(cfg: DataConfig) -> Splits:
-    """The whole data set in memory, split by a stratified shuffle that depends only on cfg.split_seed."""
+    """Your data.factory's train and test sets; or a built-in set, all in memory, split by a stratified shuffle that
+    depends only on cfg.split_seed."""
+    if cfg.factory:
+        from raydist.factories import user_datasets
+
+        train, test = user_datasets(cfg.factory, cfg.args)
+        return Splits(train=train, test=test, image_shape=None)
     x, y, image_shape = _digits(cfg) if cfg.name == "digits" else _synthetic(cfg)
     train, test = stratified_split(y, cfg.test_fraction, cfg.split_seed)
     x_tr, x_te, y_tr, y_te = x[train], x[test], y[train], y[test]
     return Splits(
         train=TensorDataset(torch.from_numpy(x_tr), torch.from_numpy(y_tr)),
         test=TensorDataset(torch.from_numpy(x_te), torch.from_numpy(y_te)),
-        num_features=x.shape[1],
-        num_classes=int(y.max()) + 1,
         image_shape=image_shape,
+        known_features=x.shape[1],
+        known_classes=int(y.max()) + 1,
     )

@@ -4,8 +4,9 @@ Every settings class raydist has (the run config `raydist.config.Config`, `raydi
 SLURM side's `ClusterConfig`, each strategy's section) is declared with `opt(...)`, read by `apply`/`merge`,
 checked by `validate` and documented by `reference_markdown`: a bound or a help text is written once, and the
 loader, the error messages and docs/configuration.md all follow it. The public API: `opt`, `internal`, `check`,
-`apply`, `merge`, `validate`, `read_yaml`, `parse_override`, `reference_markdown`, the shared field parsers
-(`run_name`, `shared_path`, `worker_count`) and `WorkerRange`.
+`apply`, `merge`, `validate`, `read_yaml`, `parse_override`, `reference_markdown`, `free` (a mapping of the
+user's own keys), the shared field parsers (`run_name`, `shared_path`, `worker_count`, `import_path`, `mapping`)
+and `WorkerRange`.
 """
 
 from __future__ import annotations
@@ -52,6 +53,13 @@ def opt(
     return field(default=default, metadata=metadata)
 
 
+def free(help: str) -> Any:
+    """A mapping of the user's own keys, passed through unchecked to what reads them (a factory's arguments). A file
+    or `--set section.args.KEY=VALUE` adds or replaces keys; the keys already there stay."""
+    metadata = {"help": help, "bounds": {}, "special": {}, "parse": mapping, "shown": "mapping", "merge": True}
+    return field(default_factory=dict, metadata=metadata)
+
+
 def internal(default: Any) -> Any:
     """A field the program sets, not the user: refused as a key, left out of the reference."""
     return field(default=default, metadata={"internal": True})
@@ -83,6 +91,25 @@ def shared_path(value: str, key: str) -> str:
     no_control_characters(value, key)
     # Workers on other nodes open it as a path; a URL would need a filesystem layer raydist does not set up.
     check("://" not in value, key, f"must be a local or shared filesystem path (got {value!r})")
+    return value
+
+
+def mapping(value: Any, key: str) -> dict[str, Any]:
+    check(isinstance(value, dict), key, f"must be a mapping of names to values (got {value!r})")
+    for name in value:
+        check(isinstance(name, str) and name.isidentifier(), key,
+              f"keys must be Python identifiers, passed as keyword arguments (got {name!r})")
+    return value
+
+
+def import_path(value: str, key: str) -> str:
+    """'' or 'package.module:attribute' (checked for form here; whether it imports is checked before Ray starts)."""
+    if not value:
+        return value
+    module, sep, attribute = value.partition(":")
+    parts = module.split(".") + attribute.split(".")
+    check(bool(sep) and all(p.isidentifier() for p in parts), key,
+          f"must be an import path 'package.module:function' (got {value!r})")
     return value
 
 
@@ -233,7 +260,8 @@ def apply(obj: Any, data: dict[str, Any], prefix: str = "") -> None:
         typ, parse = hints[name], fields[name].metadata.get("parse")
         if _plain(typ) or not parse:  # a parser of a plain-typed field gets the typed value
             value = _coerce(value, typ, key)
-        setattr(obj, name, parse(value, key) if parse else value)
+        value = parse(value, key) if parse else value
+        setattr(obj, name, {**current, **value} if fields[name].metadata.get("merge") else value)
 
 
 def read_yaml(path: Path, what: str = "sections (model, data, ...)", kind: str = "config") -> dict[str, Any]:

@@ -6,10 +6,10 @@ import contextlib
 from typing import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from raydist.config import Config
 from raydist.evaluation import autocast
+from raydist.factories import loss_function
 
 
 def compute_gradients(
@@ -24,12 +24,13 @@ def compute_gradients(
     Each micro-batch's loss is divided by their number, so the accumulated gradient is the step's mean.
     """
     accum = len(micro_batches)
+    loss_fn = loss_function(cfg.train.loss)
     loss_sum = torch.zeros((), device=device)
     for i, (x, y) in enumerate(micro_batches):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with micro_step(i == accum - 1):
             with autocast(cfg, device):
-                loss = F.cross_entropy(model(x).float(), y) / accum
+                loss = loss_fn(model(x).float(), y) / accum
             loss.backward()
         loss_sum += loss.detach()
     return loss_sum
