@@ -111,6 +111,11 @@ def mlp_width(params: int, in_features: int, out_features: int, depth: int) -> i
 
 
 def build_model(cfg: ModelConfig, data: Splits) -> nn.Module:
+    """Your model.factory's module, or the built-in model.name sized for `data`."""
+    if cfg.factory:
+        from raydist.factories import user_model
+
+        return user_model(cfg.factory, cfg.args, data)
     if cfg.name == "simple":
         return SimpleModel(data.num_features, data.num_classes)
     if cfg.name == "mlp":
