@@ -156,7 +156,7 @@ class RunConfig:
     """Where a run lives: its name, its storage, the Ray cluster it uses."""
 
     name: str = opt(
-        "", "run name; '' = <job>-<data.name>, e.g. sync-digits; re-running with the same name and storage_path resumes from its latest checkpoint",
+        "", "run name; '' = <job>-<data.name>, e.g. sync-digits (with data.factory: <job>-<its top package>); re-running with the same name and storage_path resumes from its latest checkpoint",
         parse=run_name,
     )
     storage_path: str = opt(
@@ -303,10 +303,16 @@ def load_config(
     """Build a run config: dataclass defaults, then the job's default YAML, each --config file, each --set; validate.
 
     An empty run.name becomes '<job>-<data.name>' when `job` is given, after every override, so that
-    `--set data.name=synthetic` names the run sync-synthetic."""
+    `--set data.name=synthetic` names the run sync-synthetic (with data.factory: '<job>-<its top package>')."""
     cfg = merge(Config(), ([defaults] if defaults else []) + list(files), overrides)
+    return named(cfg, job)
+
+
+def named(cfg: Config, job: str | None) -> Config:
+    """`cfg` validated, its empty run.name made '<job>-<the data's name>'."""
     if job and not cfg.run.name:
-        cfg.run.name = f"{job}-{cfg.data.name}"
+        data = cfg.data.factory.partition(":")[0].partition(".")[0] if cfg.data.factory else cfg.data.name
+        cfg.run.name = f"{job}-{data}"
     return validate(cfg)
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import os
+import sys
 from typing import Any, Callable
 
 from raydist.errors import ConfigError
@@ -15,6 +17,9 @@ from raydist.errors import ConfigError
 def resolve(path: str, key: str) -> Callable:
     """The callable at 'package.module:attribute'; every way that fails is one ConfigError naming `key`."""
     module_name, _, attribute = path.partition(":")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        # Your package where you run the job, as `python -m` would find it (Ray gives the workers this directory).
+        sys.path.append(os.getcwd())
     try:
         target: Any = importlib.import_module(module_name)
     except Exception as e:  # the user's module may raise anything while it imports

@@ -224,6 +224,8 @@ def check_loop(cfg: Config, data=None) -> int:
     from raydist.sharding import check_fits
 
     check_fits(cfg, len(data.train))  # a bad batch size is exit 2 here, not a failed worker later
+    if cfg.model.factory or cfg.data.factory or cfg.train.loss:
+        return check_user_code(cfg, data)
     num_params = count_parameters(cfg, data)
     check_model_memory(cfg, num_params)
     return num_params
@@ -237,6 +239,35 @@ def count_parameters(cfg: Config, data) -> int:
 
     with torch.device("meta"):
         return sum(p.numel() for p in build_model(cfg.model, data).parameters())
+
+
+def check_user_code(cfg: Config, data) -> int:
+    """Your factories and loss, called once here on CPU as the workers will call them: the model is built (for real:
+    your code may not run on torch's meta device) and two training samples go through it and the loss, which must
+    give a scalar. Returns the model's parameter count."""
+    import torch
+    from torch.utils.data import default_collate
+
+    from raydist.factories import loss_function
+    from raydist.models import build_model
+
+    model = build_model(cfg.model, data)
+    num_params = sum(p.numel() for p in model.parameters())
+    check_model_memory(cfg, num_params)
+    x, y = default_collate([data.train[i] for i in range(min(2, len(data.train)))])
+    what = f"train.loss={cfg.train.loss}" if cfg.train.loss else "the default loss (cross-entropy over the last dimension)"
+    try:
+        with torch.no_grad():
+            output = model(x)
+            loss = loss_function(cfg.train.loss)(output.float(), y)
+    except Exception as e:  # the user's forward or loss: whatever it raises, it cannot train
+        first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        raise ConfigError(f"the model's output on two training samples does not fit {what}: {type(e).__name__}: "
+                          f"{first.strip()}") from None
+    if not (isinstance(loss, torch.Tensor) and loss.dim() == 0):
+        raise ConfigError(f"{what} must return the batch's mean loss as a scalar tensor; got "
+                          f"{tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__}")
+    return num_params
 
 
 def _memory() -> int:

@@ -51,6 +51,8 @@ def connect(cfg: Config) -> str:
     """Join the named cluster (run.address or RAY_ADDRESS), else start a local Ray instance sized for the job."""
     import ray
 
+    if ray.is_initialized():  # raydist.fit from a program that has joined a cluster (or started Ray) itself
+        return ray.get_runtime_context().gcs_address
     address = ray_address(cfg)
     if address:
         check_reachable(address)  # again: run_job's checks may have taken a while

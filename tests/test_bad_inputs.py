@@ -57,6 +57,14 @@ FILES = {
     "wrong-token": "0123456789abcdef\n",
     "ports.yaml": "ports:\n  base: 50000\n  end: 40000\n",
     "iface.yaml": "interfaces:\n  node01: eth0/1\n",
+    "mycode.py": "import torch\n"
+                 "NOT_CALLABLE = 3\n"
+                 "def raises(): raise ValueError('no data here')\n"
+                 "def one_set(): return torch.utils.data.TensorDataset(torch.zeros(4, 2), torch.zeros(4))\n"
+                 "def not_a_module(): return {'weights': 1}\n"
+                 "def wrong_input(): return torch.nn.Linear(5, 10)\n"
+                 "def per_sample(output, target): return torch.nn.functional.cross_entropy(output, target, "
+                 "reduction='none')\n",
     "one-rate.json": '{"points": [{"strategy": "sync", "workers": 4, "params": 1000, "link_mbit": 100, '
                      '"steps_per_s": 5.0}]}',
 }
@@ -64,6 +72,7 @@ FILES = {
 ADDRESS = "Ray address must be host:port or ray://host:port"
 NEEDS = "the async job needs {} CPUs (scaling.num_workers x scaling.cpus_per_worker + async_ps.num_servers x async_ps.cpus_per_server) but"
 SHARD = "train.batch_size=1000 x train.grad_accum=1 exceeds the 718 training samples each of 2 workers gets"
+YOURS = "PYTHONPATH={F} PYTHONDONTWRITEBYTECODE=1"  # mycode.py importable, and no __pycache__ left in {F}
 SLURM_ENV = "(for a raydist SLURM cluster: eval \"$(raydist env)\")"
 
 CASES = [
@@ -130,6 +139,30 @@ CASES = [
          "train.grad_accum: the async PS pushes every batch's gradient as it comes; set it to 1"),
     Case("async: server CPUs this machine lacks", "python jobs/async.py --set async_ps.cpus_per_server=64", 2,
          NEEDS.format(66) + " the local Ray instance has {CPUS}"),
+    # -- your code by import path (docs/your-code.md): imported and called once before Ray starts
+    Case("factory: not an import path", "python jobs/sync.py --set model.factory=mycode.make_model", 2,
+         "model.factory: must be an import path 'package.module:function' (got 'mycode.make_model')"),
+    Case("factory: module does not import", "python jobs/sync.py --set model.factory=nosuchpkg.nets:make", 2,
+         "model.factory=nosuchpkg.nets:make: cannot import nosuchpkg.nets: ModuleNotFoundError: No module named "
+         "'nosuchpkg'"),
+    Case("factory: no such function", "python jobs/sync.py --set model.factory=mycode:make_model", 2,
+         "model.factory=mycode:make_model: mycode has no attribute 'make_model'", env=YOURS),
+    Case("factory: not callable", "python jobs/sync.py --set data.factory=mycode:NOT_CALLABLE", 2,
+         "data.factory=mycode:NOT_CALLABLE: is a int, not a function or class to call", env=YOURS),
+    Case("factory: raises", "python jobs/sync.py --set data.factory=mycode:raises", 2,
+         "data.factory=mycode:raises: calling it failed: ValueError: no data here", env=YOURS),
+    Case("factory: not a (train, test) pair", "python jobs/sync.py --set data.factory=mycode:one_set", 2,
+         "data.factory=mycode:one_set: must return (train, test), two Datasets; got a "
+         "torch.utils.data.dataset.TensorDataset", env=YOURS),
+    Case("factory: not a torch.nn.Module", "python jobs/sync.py --set model.factory=mycode:not_a_module", 2,
+         "model.factory=mycode:not_a_module: must return a torch.nn.Module; got a dict", env=YOURS),
+    Case("factory: output does not fit the loss", "python jobs/sync.py --set model.factory=mycode:wrong_input", 2,
+         "the model's output on two training samples does not fit the default loss (cross-entropy over the last "
+         "dimension): RuntimeError: mat1 and mat2 shapes cannot be multiplied (2x64 and 5x10)", env=YOURS),
+    Case("factory: loss not a scalar", "python jobs/sync.py --set train.loss=mycode:per_sample", 2,
+         "train.loss=mycode:per_sample must return the batch's mean loss as a scalar tensor; got (2,)", env=YOURS),
+    Case("factory: arguments without a factory", "python jobs/sync.py --set model.args.width=3", 2,
+         "model.args: are model.factory's arguments: set model.factory"),
     # -- compare: each strategy's checks, before the first one runs
     Case("compare: unknown strategy", "python jobs/compare.py --set compare.strategies=sync,bogus", 2,
          "compare.strategies: unknown strategy 'bogus' (choose from sync, local_sgd, async, fsdp)"),

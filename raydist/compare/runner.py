@@ -67,8 +67,11 @@ def run_strategy(strategy: str, shared_yaml: Path, runs_dir: Path, index: str) -
            "--set", f"run.storage_path={runs_dir}", "--set", f"run.name={strategy}"]
     print(f"[compare] {index} {label(strategy)}: starting", flush=True)
     tail: deque[str] = deque(maxlen=40)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    with subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    # In this directory, as a user's job: the user's own package (model.factory, data.factory) imports from it.
+    here = os.getcwd()
+    path = [here, str(REPO), os.environ.get("PYTHONPATH")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, path))}
+    with subprocess.Popen(cmd, cwd=here, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           bufsize=1) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
