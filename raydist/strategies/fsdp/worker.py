@@ -28,6 +28,19 @@ MODEL_KEY, OPTIM_KEY = "model", "optimizer"
 """The two entries of the DCP state dict; the loop's `train_state.pt` beside it holds everything else."""
 
 
+def outer_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules below the root that hold parameters of their own, outermost first, each with everything inside
+    it: a layer whose forward reads its children's weights directly (nn.MultiheadAttention reads its out_proj's)
+    must gather them with its own, so a child of such a layer is never a unit of its own."""
+    found = []
+    for child in model.children():
+        if next(child.parameters(recurse=False), None) is not None:
+            found.append(child)
+        else:
+            found += outer_layers(child)
+    return found
+
+
 class FSDP(Strategy):
     name = "fsdp"
     sharded_state = True
@@ -42,8 +55,7 @@ class FSDP(Strategy):
         self.skeleton = copy.deepcopy(model).to("meta")
         reshard = self.cfg.fsdp.reshard_after_forward
         # Every layer with parameters of its own is a unit (or the units the model names), then the root.
-        units = getattr(model, "fsdp_units", None) or [
-            m for m in model.modules() if m is not model and next(m.parameters(recurse=False), None) is not None]
+        units = getattr(model, "fsdp_units", None) or outer_layers(model)
         for module in units:
             fully_shard(module, reshard_after_forward=reshard)
         fully_shard(model, reshard_after_forward=reshard)
