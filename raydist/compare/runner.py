@@ -86,7 +86,7 @@ def run_strategy(strategy: str, shared_yaml: Path, runs_dir: Path, index: str) -
         why = errors[-1] if errors else next((ln for ln in reversed(tail) if ln.strip()), "no output")
         raise RaydistError(f"{strategy} run failed (exit {proc.returncode}): {why}")
     summary = JobSummary.read(run_dir)
-    print(f"[compare] {index} {label(strategy)}: done, test_accuracy {summary.test_accuracy:.4f}, "
+    print(f"[compare] {index} {label(strategy)}: done, test_accuracy {_accuracy(summary.test_accuracy)}, "
           f"{summary.wall_s:.1f} s", flush=True)
     return summary
 
@@ -114,7 +114,12 @@ def read_curves(metrics_file: str) -> dict[str, list]:
 
 
 def time_to_target(evals: list[list[float]], target: float) -> float | None:
-    return next((t for t, acc, _ in evals if acc >= target), None)
+    return next((t for t, acc, _ in evals if acc is not None and acc >= target), None)
+
+
+def _accuracy(value: float | None) -> str:
+    """A test accuracy for the table; '-' where targets are not classes (a regression's own loss)."""
+    return "-" if value is None else f"{value:.4f}"
 
 
 def _mean(values: list[float]) -> float:
@@ -165,7 +170,7 @@ def markdown_table(results: dict[str, StrategyResult], target: float) -> str:
         # Staleness is a parameter-server notion: sync and local SGD apply gradients to the weights they came from.
         stale = ("-", "-") if s.staleness_max is None else (f"{s.staleness_mean:.2f}", str(s.staleness_max))
         rows.append(
-            f"| {label(name)} | {s.test_accuracy:.4f} | {reached} | {s.samples_per_s:.0f} "
+            f"| {label(name)} | {_accuracy(s.test_accuracy)} | {reached} | {s.samples_per_s:.0f} "
             f"| {_mean(s.bytes_per_worker) / 1e6:.1f} | {waits} | {stale[0]} | {stale[1]} | {s.wall_s:.1f} |"
         )
     return "\n".join(rows) + "\n"
@@ -184,6 +189,7 @@ def plot(results: dict[str, StrategyResult], target: float, path: Path, width: i
         line = None
         if curves["eval"]:
             t, acc, test_loss = zip(*curves["eval"])
+            acc = [float("nan") if a is None else a for a in acc]  # no accuracy where targets are not classes
             (line,) = acc_ax.plot(t, acc, marker=".", label=name_)
             loss_ax.plot(t, test_loss, linestyle="--", color=line.get_color(), label=f"{name_} (test)")
         if curves["train_loss"]:
