@@ -96,3 +96,33 @@ def test_functions_become_import_paths_the_workers_can_import():
     assert import_path_of("pkg.mod:fn", "model") == "pkg.mod:fn"
     with pytest.raises(UsageError, match="cannot be imported back"):
         import_path_of(lambda: None, "model")
+
+
+REGRESSION = """
+import torch
+
+def make_datasets(samples=512):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(samples, 4, generator=g)
+    y = x @ torch.tensor([1.0, -2.0, 0.5, 3.0])
+    data = torch.utils.data.TensorDataset(x[:, :], y)
+    return torch.utils.data.Subset(data, range(0, samples - 128)), torch.utils.data.Subset(data, range(samples - 128, samples))
+
+def make_model():
+    return torch.nn.Linear(4, 1)
+
+def mse(output, target):
+    return torch.nn.functional.mse_loss(output.squeeze(-1), target)
+"""
+
+
+@pytest.mark.slow
+def test_a_regression_with_its_own_loss_trains_and_reports_no_accuracy(tmp_path):
+    (tmp_path / "regress.py").write_text(REGRESSION)
+    args = [sys.executable, "-m", "raydist.job", "sync", "--set", "model.factory=regress:make_model",
+            "--set", "data.factory=regress:make_datasets", "--set", "train.loss=regress:mse",
+            "--set", "train.max_steps=100", "--set", "optim.lr=0.1", "--set", "schedule.name=constant",
+            "--set", "schedule.warmup_steps=0", "--set", f"run.storage_path={tmp_path / 'runs'}"]
+    s = summary(subprocess.run(args, cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=400))
+    assert s["status"] == "completed" and s["test_accuracy"] is None and s["run_name"] == "sync-regress"
+    assert s["test_loss"] < 1.0, s["test_loss"]  # the variance of y is 14.25: it learned the linear map
