@@ -53,3 +53,16 @@ def test_dashboard_api_needs_the_token(head):
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(f"{head.dashboard_url}/api/jobs/", timeout=10)
     assert err.value.code in (401, 403)
+
+
+def test_the_python_api_under_ray_job_submit_trains_your_package_on_the_cluster(head, tmp_path):
+    """examples/tinygpt uploaded as the working dir: the driver and every worker import the user's package there."""
+    proc = subprocess.run(
+        [str(VENV_BIN / "ray"), "job", "submit", f"--address={head.dashboard_url}", f"--working-dir={REPO / 'examples'}",
+         "--", "python", "-m", "tinygpt.fit_api", "--steps", "16", "--storage", str(tmp_path)],
+        cwd=REPO, env=head.client_env(), capture_output=True, text=True, timeout=400)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    done = [ln for ln in proc.stdout.splitlines() if ln.startswith("completed: 16 steps on ")]
+    assert done and " on local," not in done[0], out[-4000:]
+    assert (tmp_path / "local_sgd-tinygpt" / "summary.json").is_file()
