@@ -1,8 +1,9 @@
 """The one worker-side training loop: every Ray Train strategy (sync DDP, local SGD, ...) runs this `Trainer`.
 
-The loop owns the run's shape: data shard, progress and resume, the report / evaluation / checkpoint schedule,
-metrics, the straggler hook, and the step boundary at which a run stops. A `Strategy` supplies only how the
-model is wrapped and what it exchanges, and when (its sync points).
+The loop owns the run's shape: data shard, progress and resume, metrics, the straggler hook, and the step boundary
+at which a run stops. `raydist.schedule` says when a report, an evaluation, a checkpoint, a desync check or a stop
+poll is due; the loop acts on it where it can. A `Strategy` supplies only how the model is wrapped and what it
+exchanges, and when (its sync points).
 
 Everything collective happens at sync points, where every rank is at the same step: one small all-reduce
 carries the loss, rank 0's "time to report" vote and every rank's stop vote, so all ranks take the same
@@ -15,6 +16,7 @@ import math
 import os
 import shutil
 import time
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
@@ -31,6 +33,7 @@ from raydist.observability.metrics import Throughput, progress_line
 from raydist.models import build_model
 from raydist.observability.ray_metrics import Exporter, peak_memory_bytes
 from raydist.optim import build_optimizer, build_scheduler
+from raydist.schedule import Cadence, Due, Every, Schedule
 from raydist.seeding import reseed
 from raydist.sharding import total_steps as run_length, worker_shard
 from raydist.straggler import Straggler
@@ -42,8 +45,20 @@ from raydist.train.strategy import Strategy, local_tensor
 # Slots of the all-reduce every sync point runs.
 _LOSS_SUM, _LOSS_STEPS, _STEP_LOSS, _REPORT_VOTE, _POLL_VOTE, _STOP_VOTE = range(6)
 _FINGERPRINTS = 6  # then desync.SLOTS per rank, filled at a desync check
-STOP_POLL_S = 1.0
-"""How often rank 0 asks whether the run must stop (a GCS read; Ray's preemption check is a barrier)."""
+
+
+@dataclass
+class _Step:
+    """One optimizer step as the loop saw it on this rank."""
+
+    record: dict[str, Any]
+    """Its metrics.jsonl record."""
+    loss_sum: torch.Tensor
+    grad_norm: torch.Tensor
+    at_end: bool
+    """The run's last step."""
+    stop_at: bool
+    """train.stop_at_step is reached."""
 
 
 class Trainer:
@@ -65,15 +80,19 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, self.total_steps, cfg.schedule)
         self.progress = Progress()
         self.resumed_from = self._restore()
-        self.last_checkpoint_step = self.progress.step
+        self.micro_per_epoch = self.shard.steps_per_epoch * cfg.train.grad_accum
+        cadence = Cadence(report_every_s=cfg.train.report_every_s, checkpoint=Every(cfg.checkpoint.every_steps),
+                          desync=Every(cfg.faults.desync_every_steps))
+        self.schedule = Schedule.starting(cadence, self.progress.step, time.perf_counter(), self._epochs_done())
+        """When to report, evaluate, checkpoint, check for desync and poll for a stop; rank 0's clock decides the
+        timed ones for every rank (through the sync point's all-reduce)."""
         self.stop_requests: list[Callable[[], str | None]] = [ctx.stop_request]
-        """Polled on rank 0 about every STOP_POLL_S, at a sync point; the first reason any returns makes every
-        rank checkpoint there and stop (the preemption and desync checks hook in here)."""
+        """Polled on rank 0 about every raydist.schedule.STOP_POLL_S, at a sync point; the first reason any returns
+        makes every rank checkpoint there and stop (the preemption and desync checks hook in here)."""
         self.stop_reason: str | None = None
         self._stopped = False
         self.aborted: str | None = None
         """Why the run must end as failed with no checkpoint after the last good one (a desync, on_desync=stop)."""
-        self.last_desync_check = self.progress.step
         self.log = RunLog(cfg, enabled=ctx.rank == 0, start_step=self.progress.step)  # metrics.jsonl and TensorBoard
         self.speed = Throughput()
         self.straggler = Straggler(cfg.straggler, ctx.rank)
@@ -144,7 +163,7 @@ class Trainer:
                        scheduler=self.scheduler, progress=self.progress, rng_per_rank=rngs, extra=extra)
         self.ctx.report(metrics, directory if self.ctx.rank == 0 else None, self.progress.step,
                         on_storage=sharded or per_rank)
-        self.last_checkpoint_step = self.progress.step
+        self.schedule.checkpointed(self.progress.step)
         self.export.observe(checkpoint_s=time.perf_counter() - began, last_checkpoint_step=self.progress.step)
 
     def _shared_staging_dir(self) -> str:
@@ -182,17 +201,12 @@ class Trainer:
         p, W = self.progress, self.ctx.world_size
         where = f"resuming at step {p.step}" if self.resumed_from is not None else "starting"
         backend = dist.get_backend() if dist.is_initialized() else "none"
-        global_batch = self.cfg.train.batch_size * self.cfg.train.grad_accum * W
+        global_batch = self._global_batch()
         extra = self.strategy.describe()
         print(f"[raydist] {self.strategy.name}: {where}; {self.total_steps} steps, {self.shard.steps_per_epoch}/epoch, "
               f"{W} workers, global batch {global_batch}, backend {backend}{'; ' + extra if extra else ''}", flush=True)
 
     # ---- faults ------------------------------------------------------------------------------------------
-
-    def _desync_due(self, step: int) -> bool:
-        """A desync check at the first sync point at or after each multiple of faults.desync_every_steps."""
-        every = self.cfg.faults.desync_every_steps
-        return bool(every) and step // every > self.last_desync_check // every
 
     def _maybe_inject(self, step: int) -> None:
         """faults.inject_desync_*: one rank nudges one parameter, once per run (not again after a restart)."""
@@ -217,144 +231,171 @@ class Trainer:
         why = f"desync at step {step}: {acted[0].what}"
         if f.on_desync == "restart":
             raise desync.DesyncError(f"{why} (faults.on_desync=restart: restarting from the last checkpoint)")
-        self.aborted = f"{why} (faults.on_desync=stop: no checkpoint written after step {self.last_checkpoint_step})"
+        last = self.schedule.last_checkpoint
+        self.aborted = f"{why} (faults.on_desync=stop: no checkpoint written after step {last})"
 
     def fit(self) -> dict[str, Any]:
         """Train to the end (or a stop); returns the last metrics reported."""
-        cfg, ctx, p, strategy = self.cfg, self.ctx, self.progress, self.strategy
+        ctx, W = self.ctx, self.ctx.world_size
         self._announce()
-        accum, W = cfg.train.grad_accum, ctx.world_size
-        micro_per_epoch = self.shard.steps_per_epoch * accum
-        global_batch = cfg.train.batch_size * accum * W
-        clip = cfg.train.grad_clip if cfg.train.grad_clip > 0 else math.inf
-        every = cfg.checkpoint.every_steps
-        window = torch.zeros(2, device=ctx.device)  # loss sum and steps since the last report
-        eval_due = False
-        last_report = last_poll = time.perf_counter()
-        last: dict[str, Any] = {}
-
-        n_votes = _FINGERPRINTS + desync.SLOTS * W
         # Where this session starts and what a step is worth: the driver's progress bar follows this file.
-        self.log.write({"session_at_step": p.step, "total_steps": self.total_steps, "world_size": W,
-                        "samples_per_step": global_batch, "strategy": strategy.name})
+        self.log.write({"session_at_step": self.progress.step, "total_steps": self.total_steps, "world_size": W,
+                        "samples_per_step": self._global_batch(), "strategy": self.strategy.name})
+        window = torch.zeros(2, device=ctx.device)  # loss sum and steps since the last report
         ready, first_step = time.time(), True
-        for micro_batches in self.shard.steps(p, accum, self._finished):
-            t0 = time.perf_counter()
-            strategy.measure_local_grad_norm(self._desync_due(p.step + 1))
-            loss_sum = compute_gradients(self.forward_model, micro_batches, cfg, ctx.device, strategy.micro_step)
-            strategy.after_backward(p.step)
-            grad_norm = strategy.clip_grad_norm(clip)
-            lr = self.scheduler.get_last_lr()[0]
-            self.optimizer.step()
-            self._maybe_inject(p.step + 1)
-            self.scheduler.step()
-            strategy.zero_grad(self.optimizer)
-            self.straggler.after_step(p.step + 1, time.perf_counter() - t0)
-            p.step += 1
-            p.micro_in_epoch += accum
-            self.speed.add(global_batch)
-            strategy.after_step(p.step)
-            window += torch.stack([loss_sum.float(), torch.ones((), device=ctx.device)])
-            eval_due |= p.micro_in_epoch >= micro_per_epoch
-            at_end = p.step >= self.total_steps
-            stop_at = bool(cfg.train.stop_at_step and p.step >= cfg.train.stop_at_step)
-            record = {
-                "step": p.step,
-                "epoch": p.epoch,
-                "loss": loss_sum.item(),  # this rank's; replaced by the global loss where there is one
-                "grad_norm": grad_norm.item(),
-                "lr": lr,
-                "step_time_s": time.perf_counter() - t0,
-                "time_s": time.perf_counter() - self.speed.session_start,
-            }
+        last: dict[str, Any] = {}
+        for micro_batches in self.shard.steps(self.progress, self.cfg.train.grad_accum, self._finished):
+            step = self._train_step(micro_batches)
+            window += torch.stack([step.loss_sum.float(), torch.ones((), device=ctx.device)])
             if first_step:  # where a session's start-up went (wall clock: the driver subtracts its own start)
                 self.log.write({"startup": {"worker_entered": self.entered, "ready": ready, "first_step": time.time()}})
                 first_step = False
-            self.export.count("samples_per_s", global_batch / W)
+            self.export.count("samples_per_s", self._global_batch() / W)
             self.export.communication(self.comm.bytes, self.comm.wait_s)
-            if not strategy.is_sync_point(p.step, final=at_end or stop_at):
-                self.log.write(record)
-                self._export(record)
+            if not self.strategy.is_sync_point(self.progress.step, final=step.at_end or step.stop_at):
+                self.log.write(step.record)
+                self._export(step.record)
                 continue
-
-            # A sync point: every rank is here, at this step.
-            votes = torch.zeros(n_votes, device=ctx.device, dtype=torch.float64)
-            votes[_LOSS_SUM], votes[_LOSS_STEPS] = window[0], window[1]
-            votes[_STEP_LOSS] = loss_sum.float()
-            now = time.perf_counter()
-            votes[_REPORT_VOTE] = float(ctx.rank == 0 and now - last_report >= cfg.train.report_every_s)
-            if ctx.rank == 0 and now - last_poll >= STOP_POLL_S and not at_end:
-                votes[_POLL_VOTE] = 1.0
-                self.stop_reason = next(filter(None, (request() for request in self.stop_requests)), None)
-                votes[_STOP_VOTE] = float(self.stop_reason is not None)
-            with self.comm.waiting():  # where the others wait for a straggler
-                strategy.synchronize(final=at_end)
-            check_due = self._desync_due(p.step)
-            if check_due:  # this rank's fingerprint rides on the same all-reduce
-                local = strategy.local_grad_norm()
-                row = _FINGERPRINTS + desync.SLOTS * ctx.rank
-                votes[row] = (local if local is not None else grad_norm).double()
-                votes[row + 1] = desync.param_checksum(self.model)
-            with self.comm.waiting():
-                if dist.is_initialized() and W > 1:
-                    dist.all_reduce(votes)
-            if strategy.global_step_loss():
-                record["loss"] = votes[_STEP_LOSS].item() / W
-            self.log.write(record)
-            self._export(record)
-            if check_due:
-                self.last_desync_check = p.step
-                self._check_desync(votes[_FINGERPRINTS:].view(W, desync.SLOTS).tolist(), strategy.replicas_agree(at_end))
-                if self.aborted:
-                    break
-            if votes[_POLL_VOTE].item() > 0:
-                last_poll = time.perf_counter()
-            if votes[_POLL_VOTE].item() > 0 and votes[_STOP_VOTE].item() == 0:
-                self.stop_reason = ctx.preemption()  # Ray's own path; every rank asks at the same sync point
-            elif votes[_STOP_VOTE].item() > 0:
-                self.stop_reason = self.stop_reason or "stop requested"  # rank 0 knows why
-            if stop_at and not self.stop_reason:
-                self.stop_reason = f"train.stop_at_step={cfg.train.stop_at_step}"
-            stopping = not at_end and self.stop_reason is not None
-            self._stopped = stopping
-            checkpoint_due = p.step // every > self.last_checkpoint_step // every if every else eval_due
-            if not (votes[_REPORT_VOTE].item() > 0 or eval_due or checkpoint_due or at_end or stopping):
-                continue
-
-            last_report = time.perf_counter()
-            metrics = {**record, "loss": (votes[_LOSS_SUM] / votes[_LOSS_STEPS]).item(),
-                       "samples_per_s": self.speed.window_rate(), "strategy": strategy.name}
-            window.zero_()
-            if eval_due or at_end or stopping:
-                scores = evaluate(strategy.eval_model(final=at_end), self.data, cfg, ctx)
-                metrics.update(scores)
-                self.log.write({"eval_at_step": p.step, "time_s": record["time_s"], **scores})
-                self.export.observe(test_accuracy=scores.get("test_accuracy"))
-                eval_due = False
-            if at_end or stopping:
-                metrics["comm"] = self.comm.gather(W)
-                metrics["memory"] = self._memory(W)
-                metrics["total_steps"] = self.total_steps
-                metrics["world_size"] = W
-                if stopping:
-                    metrics["stop_reason"] = self.stop_reason
-                    if ctx.rank == 0:
-                        print(f"[raydist] {strategy.name}: stopping at step {p.step}: {self.stop_reason}", flush=True)
-            if self.resumed_from is not None:
-                metrics["resumed_from_step"] = self.resumed_from
-            metrics.update(self.speed.session())
-            if ctx.rank == 0 and cfg.run.verbose:  # else the driver's progress bar shows them
-                print(progress_line(metrics), flush=True)
-            if checkpoint_due or at_end or stopping:
-                self._checkpoint(metrics)
-            else:
-                ctx.report(metrics, None, p.step)
-            last = metrics
+            metrics = self._sync_point(step, window)
+            if self.aborted:
+                break
+            last = metrics or last
         # A run resumed at its very end takes no step and reports nothing: its last checkpoint already holds the
         # final metrics, which Ray Train returns as the result.
         self.log.close()
         self.export.maybe_export(force=True)
         return last
+
+    def _global_batch(self) -> int:
+        return self.cfg.train.batch_size * self.cfg.train.grad_accum * self.ctx.world_size
+
+    def _epochs_done(self) -> int:
+        """Epochs of this rank's data completed: the last step of an epoch counts it before the data rolls over."""
+        p = self.progress
+        return p.epoch + int(p.micro_in_epoch >= self.micro_per_epoch)
+
+    def _train_step(self, micro_batches: list) -> _Step:
+        """Forward, backward, the strategy's hooks and the optimizer: one step on this rank."""
+        cfg, p, strategy = self.cfg, self.progress, self.strategy
+        t0 = time.perf_counter()
+        strategy.measure_local_grad_norm(self.schedule.desync_due(p.step + 1))
+        loss_sum = compute_gradients(self.forward_model, micro_batches, cfg, self.ctx.device, strategy.micro_step)
+        strategy.after_backward(p.step)
+        grad_norm = strategy.clip_grad_norm(cfg.train.grad_clip if cfg.train.grad_clip > 0 else math.inf)
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self._maybe_inject(p.step + 1)
+        self.scheduler.step()
+        strategy.zero_grad(self.optimizer)
+        self.straggler.after_step(p.step + 1, time.perf_counter() - t0)
+        p.step += 1
+        p.micro_in_epoch += cfg.train.grad_accum
+        self.speed.add(self._global_batch())
+        strategy.after_step(p.step)
+        record = {
+            "step": p.step,
+            "epoch": p.epoch,
+            "loss": loss_sum.item(),  # this rank's; replaced by the global loss where there is one
+            "grad_norm": grad_norm.item(),
+            "lr": lr,
+            "step_time_s": time.perf_counter() - t0,
+            "time_s": time.perf_counter() - self.speed.session_start,
+        }
+        stop_at = bool(cfg.train.stop_at_step and p.step >= cfg.train.stop_at_step)
+        return _Step(record, loss_sum, grad_norm, at_end=p.step >= self.total_steps, stop_at=stop_at)
+
+    def _sync_point(self, step: _Step, window: torch.Tensor) -> dict[str, Any] | None:
+        """Every rank is here, at this step: agree on what is due (one all-reduce), check for desync, decide on a
+        stop, then report (evaluate, checkpoint) if due. Returns the metrics reported, None if nothing was."""
+        p, W = self.progress, self.ctx.world_size
+        due = self.schedule.due(p.step, time.perf_counter(), epochs=self._epochs_done(), final=step.at_end)
+        votes = self._vote(step, window, due)
+        if self.strategy.global_step_loss():
+            step.record["loss"] = votes[_STEP_LOSS].item() / W
+        self.log.write(step.record)
+        self._export(step.record)
+        if due.desync_check:
+            self.schedule.checked_desync(p.step)
+            self._check_desync(votes[_FINGERPRINTS:].view(W, desync.SLOTS).tolist(),
+                               self.strategy.replicas_agree(step.at_end))
+            if self.aborted:
+                return None
+        stopping = self._agree_on_stop(votes, step)
+        due = replace(due, report=votes[_REPORT_VOTE].item() > 0)  # rank 0's clock decides for every rank
+        if stopping:
+            due = due.ending()
+        if not due.reports:
+            return None
+        return self._report(step, window, votes, due)
+
+    def _vote(self, step: _Step, window: torch.Tensor, due: Due) -> torch.Tensor:
+        """The strategy's exchange, then the sync point's one all-reduce: the loss window, rank 0's report and stop
+        votes and, when a desync check is due, every rank's fingerprint."""
+        ctx, W = self.ctx, self.ctx.world_size
+        votes = torch.zeros(_FINGERPRINTS + desync.SLOTS * W, device=ctx.device, dtype=torch.float64)
+        votes[_LOSS_SUM], votes[_LOSS_STEPS] = window[0], window[1]
+        votes[_STEP_LOSS] = step.loss_sum.float()
+        votes[_REPORT_VOTE] = float(ctx.rank == 0 and due.report)
+        if ctx.rank == 0 and due.stop_poll:
+            votes[_POLL_VOTE] = 1.0
+            self.stop_reason = next(filter(None, (request() for request in self.stop_requests)), None)
+            votes[_STOP_VOTE] = float(self.stop_reason is not None)
+        with self.comm.waiting():  # where the others wait for a straggler
+            self.strategy.synchronize(final=step.at_end)
+        if due.desync_check:  # this rank's fingerprint rides on the same all-reduce
+            local = self.strategy.local_grad_norm()
+            row = _FINGERPRINTS + desync.SLOTS * ctx.rank
+            votes[row] = (local if local is not None else step.grad_norm).double()
+            votes[row + 1] = desync.param_checksum(self.model)
+        with self.comm.waiting():
+            if dist.is_initialized() and W > 1:
+                dist.all_reduce(votes)
+        return votes
+
+    def _agree_on_stop(self, votes: torch.Tensor, step: _Step) -> bool:
+        """Whether the run stops at this step (not its last), alike on every rank; sets stop_reason."""
+        polled, stop = votes[_POLL_VOTE].item() > 0, votes[_STOP_VOTE].item() > 0
+        if polled:
+            self.schedule.polled(time.perf_counter())
+        if polled and not stop:
+            self.stop_reason = self.ctx.preemption()  # Ray's own path; every rank asks at the same sync point
+        elif stop:
+            self.stop_reason = self.stop_reason or "stop requested"  # rank 0 knows why
+        if step.stop_at and not self.stop_reason:
+            self.stop_reason = f"train.stop_at_step={self.cfg.train.stop_at_step}"
+        self._stopped = not step.at_end and self.stop_reason is not None
+        return self._stopped
+
+    def _report(self, step: _Step, window: torch.Tensor, votes: torch.Tensor, due: Due) -> dict[str, Any]:
+        """Report this step's metrics to Ray Train (with a checkpoint when one is due), evaluating first if due."""
+        ctx, p, W = self.ctx, self.progress, self.ctx.world_size
+        self.schedule.reported(time.perf_counter())
+        metrics = {**step.record, "loss": (votes[_LOSS_SUM] / votes[_LOSS_STEPS]).item(),
+                   "samples_per_s": self.speed.window_rate(), "strategy": self.strategy.name}
+        window.zero_()
+        if due.evaluate:
+            scores = evaluate(self.strategy.eval_model(final=step.at_end), self.data, self.cfg, ctx)
+            metrics.update(scores)
+            self.log.write({"eval_at_step": p.step, "time_s": step.record["time_s"], **scores})
+            self.export.observe(test_accuracy=scores.get("test_accuracy"))
+            self.schedule.evaluated(self._epochs_done())
+        if due.final:
+            metrics.update(comm=self.comm.gather(W), memory=self._memory(W), total_steps=self.total_steps,
+                           world_size=W)
+            if not step.at_end:  # a stop
+                metrics["stop_reason"] = self.stop_reason
+                if ctx.rank == 0:
+                    print(f"[raydist] {self.strategy.name}: stopping at step {p.step}: {self.stop_reason}", flush=True)
+        if self.resumed_from is not None:
+            metrics["resumed_from_step"] = self.resumed_from
+        metrics.update(self.speed.session())
+        if ctx.rank == 0 and self.cfg.run.verbose:  # else the driver's progress bar shows them
+            print(progress_line(metrics), flush=True)
+        if due.checkpoint:
+            self._checkpoint(metrics)
+        else:
+            ctx.report(metrics, None, p.step)
+        return metrics
 
     def _export(self, record: dict[str, Any]) -> None:
         self.export.observe(step=record["step"], total_steps=self.total_steps, loss=record["loss"],
