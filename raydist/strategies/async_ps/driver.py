@@ -25,7 +25,9 @@ from raydist.evaluation import evaluate
 from raydist.flat import as_tensor, flatten_, slice_bounds
 from raydist.models import build_model
 from raydist.observability.ray_metrics import Exporter
-from raydist.strategies.async_ps.crew import Crew, Death, Hung, Watchdog
+from raydist.schedule import Cadence, Due, Every, Schedule
+from raydist.strategies.async_ps import policy
+from raydist.strategies.async_ps.crew import Crew, Hung, Watchdog
 from raydist.train_view import RunDescription, TrainView, actor_name
 from raydist.strategies.async_ps.checks import check_async
 from raydist.strategies.async_ps.messages import Drained, PullReply, WorkerReport
@@ -35,8 +37,7 @@ from raydist.observability.tensorboard_log import RunLog
 STRATEGY = "async"
 STATE_FILE = "ps_state.pt"
 PLACEMENT_TIMEOUT_S = 120
-POLL_S = 0.1  # how often the driver collects update records and looks for a due evaluation or checkpoint
-STOP_POLL_S = 1.0  # how often it asks whether the cluster wants its runs to stop (a GCS read)
+POLL_S = 0.1  # how often the driver collects update records and asks its schedule what is due
 
 
 def latest_checkpoint(run_dir: str) -> str | None:
@@ -140,6 +141,9 @@ class AsyncPSRun:
         self.init, _ = flatten_(build_model(cfg.model, self.data))
         self.bounds = slice_bounds(self.init.numel(), K)
         self.budget = Budget.of(cfg, len(self.data.train))
+        # Checkpoints count from the last one: the steps done jump by what the workers did between two polls.
+        self.cadence = Cadence(report_every_s=cfg.train.report_every_s,
+                               checkpoint=Every(self.budget.checkpoint_every, since_last=True))
         self.grant_limit = self.budget.session  # what shard 0 may grant; a stop request lowers it
         self.watchdog: Watchdog | None = None  # per start of the actors (`_watch`)
         self._restore(latest_checkpoint(cfg.run.run_dir))
@@ -165,7 +169,7 @@ class AsyncPSRun:
             self.done = {int(k): v for k, v in self.restore["shards"][0]["done"].items()}
             if self.restore["workers"] != W:  # other shards of the data now: each worker starts at the average position
                 self.done = {k: sum(self.done.values()) // W for k in range(W)}
-        self.steps = self.last_checkpoint_at = self.restore["steps"] if self.restore else 0
+        self.steps = self.restore["steps"] if self.restore else 0
 
     # ---- placing the actors ------------------------------------------------------------------------
 
@@ -250,53 +254,26 @@ class AsyncPSRun:
             raise RaydistError(f"could not place {W} workers within {PLACEMENT_TIMEOUT_S} s (free CPUs/GPUs?)") from None
 
     def run(self) -> JobSummary:
-        """Train to the session's budget. When an actor dies, every actor is replaced and the run goes on from the
-        latest checkpoint, up to scaling.max_failures times (see `_recover` for why all of them)."""
-        import ray
-        from ray.util.placement_group import placement_group, remove_placement_group
-
-        from raydist.errors import last_error_line
+        """Train to the session's budget. When an attempt ends, `policy.decide` says what follows: the summary, a
+        restart of every actor from the latest checkpoint (see `_recover` for why all of them), or the failure."""
+        from ray.util.placement_group import remove_placement_group
 
         self._check_resources()
-        W = self.cfg.scaling.max_workers
-        # One bundle per worker, spread over the nodes as far as the cluster allows. It outlives restarts: Ray
-        # re-places the bundles of a dead node by itself.
-        bundle = {"CPU": self.cfg.scaling.cpus_per_worker, **({"GPU": 1} if self.cfg.scaling.use_gpu else {})}
-        pg = placement_group([bundle] * W, strategy="SPREAD")
-        self.log = RunLog(self.cfg, enabled=True, start_step=self.steps, samples_per_step=self.cfg.train.batch_size)
-        self.evaluator = _Evaluator(self.cfg, self.data)
-        print(start_line(STRATEGY, self.cfg.run.run_dir), file=sys.stderr, flush=True)
-        # One async step is one worker's gradient on train.batch_size samples.
-        self.bar = ProgressBar(STRATEGY, self.budget.total, samples_per_step=self.cfg.train.batch_size,
-                               export=Exporter(self.cfg.run.name, STRATEGY, "driver", 0))
+        pg = self._placement_group()
+        self._open()
         completed = False
-        s = self.cfg.scaling
-        self.view = TrainView(RunDescription(
-            name=self.cfg.run.name, strategy=STRATEGY, num_workers=s.max_workers, cpus_per_worker=s.cpus_per_worker,
-            use_gpu=s.use_gpu, max_failures=s.max_failures, storage_dir=self.cfg.run.storage_dir,
-            config=self.cfg.to_dict(), backend={"num_servers": self.cfg.async_ps.num_servers},
-            keep=self.cfg.checkpoint.keep))
         try:
             while True:
-                self._wait_placed(pg)
-                self.crew = Crew()
-                try:
-                    summary = self._attempt(pg)
+                event, summary = self._attempt(pg)
+                decision = policy.decide(event, self.restarts, self.cfg.scaling.max_failures)
+                if decision.kind is policy.Kind.RAISE:
+                    raise RaydistError(decision.reason)
+                if decision.kind is policy.Kind.CONTINUE:
                     completed = True
                     self.view.end(stop_reason=summary.stop_reason)
                     return summary
-                except ray.exceptions.RayActorError as e:
-                    if e.actor_init_failed:  # a constructor raised: starting it again would fail the same way
-                        raise RaydistError(f"training failed: {last_error_line(e)}") from None
-                    death = self.crew.death(e)
-                except Hung as e:  # a stopped or frozen actor: replaced like a dead one
-                    death = e.death
-                except ray.exceptions.RayError as e:
-                    raise RaydistError(f"training failed: {last_error_line(e)}") from None
-                finally:
-                    self.crew.kill()
-                self.view.restarting(str(death))
-                self._recover(death)
+                self.view.restarting(event.detail)
+                self._recover(event, decision)
         except BaseException as e:
             self.view.end(error=e)
             raise
@@ -305,48 +282,83 @@ class AsyncPSRun:
             self.log.close()
             remove_placement_group(pg)
 
-    def _attempt(self, pg) -> JobSummary:
-        """One start of every actor, trained to the end of the session's budget."""
-        self._start_actors(pg)
-        return self._finish(self._watch())
+    def _placement_group(self):
+        """One bundle per worker, spread over the nodes as far as the cluster allows. It outlives restarts: Ray
+        re-places the bundles of a dead node by itself."""
+        from ray.util.placement_group import placement_group
 
-    def _recover(self, death: Death) -> None:
-        """Count the failure and go back to the latest checkpoint, or fail when scaling.max_failures is spent.
+        s = self.cfg.scaling
+        bundle = {"CPU": s.cpus_per_worker, **({"GPU": 1} if s.use_gpu else {})}
+        return placement_group([bundle] * s.max_workers, strategy="SPREAD")
+
+    def _open(self) -> None:
+        """What the session shows and writes: metrics.jsonl, the console's progress bar, the dashboard's run."""
+        cfg, s = self.cfg, self.cfg.scaling
+        self.log = RunLog(cfg, enabled=True, start_step=self.steps, samples_per_step=cfg.train.batch_size)
+        self.evaluator = _Evaluator(cfg, self.data)
+        print(start_line(STRATEGY, cfg.run.run_dir), file=sys.stderr, flush=True)
+        # One async step is one worker's gradient on train.batch_size samples.
+        self.bar = ProgressBar(STRATEGY, self.budget.total, samples_per_step=cfg.train.batch_size,
+                               export=Exporter(cfg.run.name, STRATEGY, "driver", 0))
+        self.view = TrainView(RunDescription(
+            name=cfg.run.name, strategy=STRATEGY, num_workers=s.max_workers, cpus_per_worker=s.cpus_per_worker,
+            use_gpu=s.use_gpu, max_failures=s.max_failures, storage_dir=cfg.run.storage_dir,
+            config=cfg.to_dict(), backend={"num_servers": cfg.async_ps.num_servers}, keep=cfg.checkpoint.keep))
+
+    def _attempt(self, pg) -> tuple[policy.Event, JobSummary | None]:
+        """One start of every actor, trained to the end of the session's budget; how it ended, and the summary
+        when it did not fail."""
+        import ray
+
+        from raydist.errors import last_error_line
+
+        self._wait_placed(pg)
+        self.crew = Crew()
+        try:
+            self._start_actors(pg)
+            summary = self._finish(self._watch())
+            return policy.Event(policy.Outcome.FINISHED, self.steps), summary
+        except ray.exceptions.RayActorError as e:
+            if e.actor_init_failed:
+                return policy.Event(policy.Outcome.INIT_FAILED, self.steps, last_error_line(e)), None
+            return policy.Event(policy.Outcome.DIED, self.steps, str(self.crew.death(e))), None
+        except Hung as e:
+            return policy.Event(policy.Outcome.HUNG, self.steps, str(e.death)), None
+        except ray.exceptions.RayError as e:
+            return policy.Event(policy.Outcome.ERROR, self.steps, last_error_line(e)), None
+        finally:
+            self.crew.kill()
+
+    def _recover(self, event: policy.Event, decision: policy.Decision) -> None:
+        """Count the failure and go back to the latest checkpoint.
 
         Every shard rolls back, not only a dead one: a worker's last gradient may have reached some shards and not
         others, and only one checkpoint in which all shards agree on each worker's steps (`_checkpoint`) makes sure
         that no gradient is applied twice or on some shards only. The workers restart at the data positions that
         checkpoint records and shard 0 grants the budget from there, so the run still takes exactly its budget;
         the steps since that checkpoint are computed again."""
-        limit, at = self.cfg.scaling.max_failures, self.steps
-        failure = self.restarts + 1
-        if 0 <= limit < failure:
-            raise RaydistError(f"training failed: {death} at step {at}: failure {failure}, more than "
-                               f"scaling.max_failures={limit} allows")
-        self.restarts = failure
-        self.bar.export.observe(restarts=failure)
+        self.restarts = decision.restarts
+        self.bar.export.observe(restarts=decision.restarts)
         self._restore(latest_checkpoint(self.cfg.run.run_dir))
         self.log.restart(self.steps)  # TensorBoard hides the failed attempt's points after that checkpoint
         origin = f"checkpoint step {self.steps}" if self.restore else "the initial parameters"
-        print(f"[raydist] async: {death} at step {at}; restarting servers and workers from {origin} "
-              f"(failure {failure} of {limit if limit >= 0 else 'unlimited'})", flush=True)
+        print(f"[raydist] async: {event.describe()}; restarting servers and workers from {origin} ({decision.reason})",
+              flush=True)
 
     # ---- watching the run --------------------------------------------------------------------------
 
     def _watch(self) -> list[WorkerReport]:
-        """Start the workers, then until they finish: log their steps, evaluate every epoch's worth of steps (as
-        sync does at its epoch ends), print progress about every train.report_every_s, checkpoint every interval."""
+        """Start the workers, then until they finish: log their steps and act on what the schedule says is due
+        (`_act`); a worker that fails, dies or hangs ends the attempt here."""
         import ray
 
-        cfg = self.cfg
         if self.t0 is None:
             self.t0 = time.time()
         runs = self.crew.runs = [w.run.remote(self.done.get(k, 0), self.t0) for k, w in enumerate(self.crew.workers)]
         self.bar.new_session(self.steps)
-        evaluated_at, reported = self.steps, time.perf_counter()
-        stop_checked = time.perf_counter()
+        self.schedule = Schedule.starting(self.cadence, self.steps, time.perf_counter(), self._epochs())
         pending = list(runs)
-        self.watchdog = Watchdog(self.crew, cfg.faults.hang_timeout_s, time.monotonic())
+        self.watchdog = Watchdog(self.crew, self.cfg.faults.hang_timeout_s, time.monotonic())
         while pending:
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
             ray.get(ready)  # a failed worker fails the run now, not when the others are done
@@ -356,22 +368,31 @@ class AsyncPSRun:
             if not pending:
                 break
             self.watchdog.check(time.monotonic())
-            if self.steps // self.budget.per_epoch > evaluated_at // self.budget.per_epoch:
-                self._evaluate()
-                evaluated_at = self.steps
-            self._show_progress()
-            if time.perf_counter() - reported >= cfg.train.report_every_s:
-                if cfg.run.verbose:
-                    print(self.bar.plain_line(), flush=True)
-                self.window.clear()
-                reported = time.perf_counter()
-            if self.steps - self.last_checkpoint_at >= self.budget.checkpoint_every:
-                self._checkpoint()
-            if self.stop_reason is None and time.perf_counter() - stop_checked >= STOP_POLL_S:
-                stop_checked = time.perf_counter()
-                self._check_stop()
+            self._act(self.schedule.due(self.steps, time.perf_counter(), epochs=self._epochs()))
         self.train_time_s = time.time() - self.t0
         return ray.get(runs)
+
+    def _epochs(self) -> int:
+        """Epochs' worth of steps done: evaluations follow them, as sync's follow its epoch ends."""
+        return self.steps // self.budget.per_epoch
+
+    def _act(self, due: Due) -> None:
+        """At one poll: evaluate, show progress (a plain line about every train.report_every_s with run.verbose),
+        checkpoint and ask whether to stop, as due."""
+        if due.evaluate:
+            self._evaluate()
+            self.schedule.evaluated(self._epochs())
+        self._show_progress()
+        if due.report:
+            if self.cfg.run.verbose:
+                print(self.bar.plain_line(), flush=True)
+            self.window.clear()
+            self.schedule.reported(time.perf_counter())
+        if due.checkpoint:
+            self._checkpoint()
+        if due.stop_poll and self.stop_reason is None:
+            self.schedule.polled(time.perf_counter())
+            self._check_stop()
 
     def _check_stop(self) -> None:
         """On a stop request or a draining node: grant no more steps; the workers end after the steps they hold,
@@ -428,11 +449,12 @@ class AsyncPSRun:
         # The records of steps in this state that are still in shard 0's buffer (it runs this drain after
         # state_dict) go into metrics.jsonl before the checkpoint exists: a restart from it never recomputes them.
         self._collect()
-        self.last_checkpoint_at = sum(states[0]["done"].values())  # shard 0's count of each worker's steps: where data resumes
-        state = {"shards": states, "workers": self.cfg.scaling.max_workers, "steps": self.last_checkpoint_at,
-                 "config": self.cfg.to_dict()}
+        at = sum(states[0]["done"].values())  # shard 0's count of each worker's steps: where data resumes
+        state = {"shards": states, "workers": self.cfg.scaling.max_workers, "steps": at, "config": self.cfg.to_dict()}
         self.log.flush()  # TensorBoard's points up to here, on disk before a checkpoint a restart starts after
-        return _save(self.cfg.run.run_dir, self.last_checkpoint_at, state, self.cfg.checkpoint.keep)
+        path = _save(self.cfg.run.run_dir, at, state, self.cfg.checkpoint.keep)
+        self.schedule.checkpointed(at)
+        return path
 
     def _show_progress(self) -> None:
         """The shared progress bar (raydist.observability.console): step of the budget, loss and staleness over the current
@@ -444,6 +466,7 @@ class AsyncPSRun:
                         extra={"staleness": f"{sum(applied) / len(applied):.3g}"} if applied else None)
 
     def _finish(self, reports: list[WorkerReport]) -> JobSummary:
+        """The session's last step: its records, a final evaluation and checkpoint, then the summary."""
         import ray
 
         self._collect()
@@ -451,36 +474,37 @@ class AsyncPSRun:
         self._show_progress()
         # Every worker ended with a fetch, which came after its pushes to each shard: the shards agree.
         checkpoint = self._checkpoint()
+        return self._summary(reports, ray.get([s.stats.remote() for s in self.crew.shards]), checkpoint)
+
+    def _summary(self, reports: list[WorkerReport], stats: list[dict[str, Any]], checkpoint: str | None) -> JobSummary:
+        """The session's JobSummary, from the run's state and the server shards' books (`stats`)."""
+        cfg, train_s = self.cfg, self.train_time_s
         staleness: Counter = Counter()
-        dropped = 0
-        stats = ray.get([s.stats.remote() for s in self.crew.shards])
         for st in stats:
             staleness.update({int(k): v for k, v in st["staleness"].items()})
-            dropped += st["dropped"]
         updates = sum(staleness.values())
-        cfg = self.cfg
         # Steps that count, from shard 0's books: a restart's recomputed steps are not counted twice, and the
         # workers that died cannot report theirs.
         steps_per_worker = [stats[0]["done"].get(k, 0) - self.start_done.get(k, 0) for k in range(len(reports))]
+        finished = self.steps >= self.budget.total
         return JobSummary(
             strategy=STRATEGY, run_name=cfg.run.name, run_dir=cfg.run.run_dir, ray=self.ray_address,
-            workers=len(reports), status="completed" if self.steps >= self.budget.total else "stopped",
+            workers=len(reports), status="completed" if finished else "stopped",
             steps=self.steps, total_steps=self.budget.total,
             resumed_from_step=self.resumed_from,
-            wall_s=round(time.perf_counter() - self.started, 3), train_time_s=self.train_time_s,
+            wall_s=round(time.perf_counter() - self.started, 3), train_time_s=train_s,
             test_accuracy=self.scores["test_accuracy"], test_loss=self.scores["test_loss"],
             final_loss=sum(self.last_losses) / len(self.last_losses) if self.last_losses else None,
-            samples_per_s=sum(steps_per_worker) * cfg.train.batch_size / self.train_time_s,
-            steps_per_s=sum(steps_per_worker) / self.train_time_s,
+            samples_per_s=sum(steps_per_worker) * cfg.train.batch_size / train_s,
+            steps_per_s=sum(steps_per_worker) / train_s,
             checkpoint=checkpoint, metrics_file=self.log.path,
             **per_worker_summary([{"bytes": r.bytes, "wait_s": r.wait_s} for r in reports]),
             servers=len(self.crew.shards),
             server_hosts=[self.crew.hosts.get(s._actor_id.hex(), "?") for s in self.crew.shards],
             staleness_mean=sum(k * v for k, v in staleness.items()) / updates if updates else 0.0,
-            staleness_max=max(staleness, default=0), dropped=dropped,
+            staleness_max=max(staleness, default=0), dropped=sum(st["dropped"] for st in stats),
             steps_per_worker=steps_per_worker, restarts=self.restarts,
-            stop_reason=(self.stop_reason or f"train.stop_at_step={cfg.train.stop_at_step}")
-            if self.steps < self.budget.total else None,
+            stop_reason=None if finished else self.stop_reason or f"train.stop_at_step={cfg.train.stop_at_step}",
         )
 
 
