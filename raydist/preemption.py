@@ -74,10 +74,3 @@ def draining_nodes() -> dict[str, int]:
     import ray
 
     return ray._private.state.state.get_draining_nodes()
-
-
-def clear_stop() -> None:
-    """Withdraw the stop request (a cluster that lives on after a stop, e.g. in tests)."""
-    from ray.experimental import internal_kv
-
-    internal_kv._internal_kv_del(STOP_KEY, namespace=NAMESPACE)

@@ -97,14 +97,6 @@ class NodeDoctor:
     def allreduce(self, nbytes: int, iters: int) -> dict:
         return bandwidth.time_allreduce(nbytes, iters, self._device).as_dict()
 
-    def has_gpu(self) -> bool:
-        try:
-            import torch
-
-            return torch.cuda.is_available()
-        except ImportError:
-            return False
-
     def close(self) -> None:
         if self._listener is not None:
             self._listener.close()

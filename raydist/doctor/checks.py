@@ -246,13 +246,6 @@ def unreachable_from(matrix: Mapping[str, Mapping[str, Probe]]) -> dict[str, lis
     return out
 
 
-def check_answer(node: str, error: str | None) -> Row | None:
-    """A node Ray lists whose doctor agent did not start or answer: the node is named, whatever the reason."""
-    if error is None:
-        return None
-    return Row(node, "agent", FAIL, "-", error)
-
-
 # ---- bandwidth ------------------------------------------------------------------------------------------
 
 

@@ -11,7 +11,7 @@ import socket
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping
 
 from raydist.doctor.checks import NodeFacts, Space
 from raydist.errors import RaydistError
@@ -120,7 +120,3 @@ def hostname(labels: Mapping[str, str], fallback: str | None = None) -> str:
     from raydist.slurm.api import HOST_LABEL
 
     return labels.get(HOST_LABEL) or fallback or socket.gethostname()
-
-
-def peers_of(node: str, nodes: Sequence[str]) -> tuple[str, ...]:
-    return tuple(n for n in nodes if n != node)
