@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -54,13 +55,34 @@ class SmallCNN(nn.Module):
         return self.head(self.features(x.view(-1, *self.image_shape)))
 
 
+@dataclasses.dataclass(frozen=True)
+class TransformerShape:
+    """The sizes of a TinyTransformer."""
+
+    in_features: int
+    """Input features, cut into `tokens` equal pieces (a remainder is not used)."""
+    out_features: int
+    """Outputs of the head: the classes."""
+    tokens: int
+    """Tokens the input is cut into (digits: their 8 rows)."""
+    width: int
+    """The model width: each token's embedding; a multiple of `heads`."""
+    heads: int
+    """Attention heads of each encoder layer."""
+    depth: int
+    """Encoder layers."""
+    dropout: float = 0.0
+    """Dropout probability inside each encoder layer."""
+
+
 class TinyTransformer(nn.Module):
     """A pre-norm transformer encoder over the input cut into `tokens` equal pieces (digits: its 8 rows of 8
     pixels, as a ViT cuts patches), each embedded linearly with a learned position; mean-pooled into a linear head."""
 
-    def __init__(self, in_features: int, out_features: int, tokens: int, width: int, heads: int, depth: int,
-                 dropout: float):
+    def __init__(self, shape: TransformerShape):
         super().__init__()
+        in_features, out_features, tokens, width = shape.in_features, shape.out_features, shape.tokens, shape.width
+        heads, depth, dropout = shape.heads, shape.depth, shape.dropout
         self.tokens, self.piece = tokens, in_features // tokens
         self.embed = nn.Linear(self.piece, width)
         self.position = nn.Parameter(torch.zeros(tokens, width))
@@ -124,7 +146,7 @@ def build_model(cfg: ModelConfig, data: Splits) -> nn.Module:
     if cfg.name == "transformer":
         width = (transformer_width(cfg.params, data.num_features, data.num_classes, cfg.tokens, cfg.heads, cfg.depth)
                  if cfg.params else cfg.hidden)
-        return TinyTransformer(data.num_features, data.num_classes, cfg.tokens, width, cfg.heads, cfg.depth,
-                               cfg.dropout)
+        return TinyTransformer(TransformerShape(data.num_features, data.num_classes, cfg.tokens, width, cfg.heads,
+                                                cfg.depth, cfg.dropout))
     assert data.image_shape is not None, "Config.validate rejects cnn without image data"
     return SmallCNN(data.image_shape, data.num_classes, cfg.dropout)

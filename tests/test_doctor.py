@@ -134,13 +134,16 @@ def test_bound_comes_from_the_flag_else_the_slowest_known_link_else_none():
 
 
 def test_bandwidth_rows_never_fail_for_lack_of_a_bound():
-    assert checks.check_bandwidth("all", "all-reduce", 0.001, None, "unknown").status == OK
-    assert checks.check_bandwidth("all", "all-reduce", 9.0, 10.0, "link speed").status == OK
-    assert checks.check_bandwidth("all", "all-reduce", 3.0, 10.0, "link speed").status == WARN
-    low = checks.check_bandwidth("all", "all-reduce", 0.5, 10.0, "link speed")
+    def row(*figure, min_ratio=checks.MIN_RATIO_DEFAULT, **named):
+        return checks.check_bandwidth(checks.BandwidthFigure(*figure, **named), min_ratio)
+
+    assert row("all", "all-reduce", 0.001, None, "unknown").status == OK
+    assert row("all", "all-reduce", 9.0, 10.0, "link speed").status == OK
+    assert row("all", "all-reduce", 3.0, 10.0, "link speed").status == WARN
+    low = row("all", "all-reduce", 0.5, 10.0, "link speed")
     assert low.status == FAIL and "0.05 of 10 Gb/s (link speed)" in low.detail
-    assert checks.check_bandwidth("all", "all-reduce", 0.5, 10.0, "x", min_ratio=0).status == WARN
-    assert checks.check_bandwidth("n", "p2p -> m", None, None, "", error="timed out").status == FAIL
+    assert row("all", "all-reduce", 0.5, 10.0, "x", min_ratio=0).status == WARN
+    assert row("n", "p2p -> m", None, None, "", error="timed out").status == FAIL
 
 
 def test_timed_loops_on_a_one_rank_gloo_group(tmp_path):

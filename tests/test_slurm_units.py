@@ -305,7 +305,7 @@ def test_a_failed_node_ends_the_wait_at_once(tmp_path):
     jd = _job_dir(tmp_path)
     jd.write_record("node01", state="failed", error="node01: interface ens9 from the cluster config does not exist")
     with pytest.raises(readiness.BringupFailed, match="node01: interface ens9"):
-        readiness.wait_ready(jd, timeout=60, log=lambda m: None)
+        readiness.wait_ready(jd, readiness.Wait(timeout=60, log=lambda m: None))
 
 
 def test_the_wait_times_out_naming_the_missing_nodes(tmp_path):
@@ -313,7 +313,7 @@ def test_the_wait_times_out_naming_the_missing_nodes(tmp_path):
     jd.write_record("master-node", state="started", pid=1)
     shown = []
     with pytest.raises(readiness.BringupFailed) as e:
-        readiness.wait_ready(jd, timeout=0.3, poll=0.05, log=shown.append)
+        readiness.wait_ready(jd, readiness.Wait(timeout=0.3, poll=0.05, log=shown.append))
     assert "within 0s" in str(e.value) and "node01: not started" in str(e.value)
     assert shown and "[--------------------] 0/2 nodes joined; waiting for master-node, node01" in shown[0]
     assert readiness.joined_bar(2, 3, width=6) == "[####--]" and readiness.joined_bar(3, 3, width=6) == "[######]"
@@ -324,7 +324,7 @@ def test_the_wait_stops_when_the_node_step_ends(tmp_path):
     dead = subprocess.Popen(["true"])
     dead.wait()
     with pytest.raises(readiness.BringupFailed, match="node step ended"):
-        readiness.wait_ready(jd, timeout=30, step_pid=dead.pid, log=lambda m: None)
+        readiness.wait_ready(jd, readiness.Wait(timeout=30, step_pid=dead.pid, log=lambda m: None))
 
 
 # ---- teardown ---------------------------------------------------------------------------------------------

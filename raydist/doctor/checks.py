@@ -260,18 +260,39 @@ def link_bound(speeds_mbps: Iterable[int | None], override_gbps: float | None) -
     return min(known) / 1000, "link speed"
 
 
-def check_bandwidth(node: str, check: str, measured_gbps: float | None, bound_gbps: float | None, bound_source: str,
-                    min_ratio: float = MIN_RATIO_DEFAULT, detail: str = "", error: str | None = None) -> Row:
+@dataclasses.dataclass(frozen=True)
+class BandwidthFigure:
+    """One bandwidth measurement (or why there is none) and the bound it is judged against."""
+
+    node: str
+    """The row's node: the sender of a point-to-point figure, ALL for the all-reduce."""
+    check: str
+    """The row's check, e.g. "p2p -> n2" or "all-reduce"."""
+    measured_gbps: float | None
+    """The measured figure in Gbit/s; None when it was not measured (the row is skipped, or fails on `error`)."""
+    bound_gbps: float | None
+    """The link's bound in Gbit/s (link_bound); None or 0 when unknown: the figure is then only reported."""
+    bound_source: str
+    """Where the bound comes from ("--link-gbps", "link speed"), shown next to the ratio."""
+    detail: str = ""
+    """How it was measured (backend, pattern, sizes), first in the row's detail."""
+    error: str | None = None
+    """Why the measurement failed: the row fails with it."""
+
+
+def check_bandwidth(figure: BandwidthFigure, min_ratio: float = MIN_RATIO_DEFAULT) -> Row:
     """A figure against its bound. Never a failure for lack of a bound: then it is only reported."""
-    if error:
-        return Row(node, check, FAIL, "-", error)
+    node, check, measured_gbps, bound_gbps = figure.node, figure.check, figure.measured_gbps, figure.bound_gbps
+    detail = figure.detail
+    if figure.error:
+        return Row(node, check, FAIL, "-", figure.error)
     if measured_gbps is None:
         return Row(node, check, SKIP, "-", detail)
     value = gbps(measured_gbps)
     if not bound_gbps:
         return Row(node, check, OK, value, "; ".join(x for x in (detail, "no bound known (--link-gbps)") if x))
     ratio = measured_gbps / bound_gbps
-    text = "; ".join(x for x in (detail, f"{ratio:.2f} of {gbps(bound_gbps)} ({bound_source})") if x)
+    text = "; ".join(x for x in (detail, f"{ratio:.2f} of {gbps(bound_gbps)} ({figure.bound_source})") if x)
     if ratio < min_ratio:
         return Row(node, check, FAIL, value, f"{text}; below {min_ratio:g}")
     if ratio < max(WARN_RATIO, min_ratio):

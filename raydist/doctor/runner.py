@@ -43,6 +43,31 @@ class RayNode:
     gpus: float
 
 
+@dataclasses.dataclass(frozen=True)
+class _Cluster:
+    """What every phase after the agents' start works on."""
+
+    alive: tuple[RayNode, ...]
+    """The alive nodes in rank order: head first, then the job's node order (_order)."""
+    agents: Mapping[str, Any]
+    """hostname -> that node's NodeDoctor actor."""
+    head_name: str
+    """The head's hostname (--head, else Ray's head node)."""
+    head_ip: str
+    """The head's address (--head-ip, else Ray's head node's)."""
+    backend: str
+    """The torch.distributed backend of the bandwidth phase: "nccl" or "gloo"."""
+    opts: Options
+    """The command's options."""
+    log: Callable[[str], None]
+    """Where progress lines go."""
+
+    @property
+    def names(self) -> list[str]:
+        """The alive nodes' hostnames, in rank order."""
+        return [n.hostname for n in self.alive]
+
+
 @dataclasses.dataclass
 class Report:
     rows: list[Row] = dataclasses.field(default_factory=list)
@@ -157,11 +182,10 @@ def run(opts: Options, log: Callable[[str], None] = lambda _: None) -> Report:
     head = next((n for n in alive if n.is_head), alive[0])
     head_name = opts.head or head.hostname
     head_ip = opts.head_ip or head.ip
-    names = [n.hostname for n in alive]
     backend = _backend(opts.backend, alive)
     agents = _start_agents(alive, backend)
     try:
-        _diagnose(report, alive, agents, names, head_name, head_ip, backend, opts, log)
+        _diagnose(report, _Cluster(tuple(alive), agents, head_name, head_ip, backend, opts, log))
     finally:
         for a in agents.values():
             try:
@@ -171,8 +195,9 @@ def run(opts: Options, log: Callable[[str], None] = lambda _: None) -> Report:
     return report
 
 
-def _diagnose(report: Report, alive: list[RayNode], agents: dict[str, Any], names: list[str], head_name: str,
-              head_ip: str, backend: str, opts: Options, log: Callable[[str], None]) -> None:
+def _diagnose(report: Report, cluster: _Cluster) -> None:
+    alive, agents, names, opts, log = cluster.alive, cluster.agents, cluster.names, cluster.opts, cluster.log
+    head_name, head_ip = cluster.head_name, cluster.head_ip
     t = opts.timeout_s
     log(f"doctor: {len(alive)} node(s); gathering facts")
     refs = {}
@@ -227,12 +252,13 @@ def _diagnose(report: Report, alive: list[RayNode], agents: dict[str, Any], name
 
     cut_off = {h for h, row in matrix.items() if any(not p.ok for p in row.values())}
     bad = sorted(set(errors) | (set(names) - set(targets)) | cut_off)
-    _bandwidth(report, alive, agents, facts, targets, bad, backend, opts, log)
+    _bandwidth(report, cluster, facts, targets, bad)
 
 
-def _bandwidth(report: Report, alive: list[RayNode], agents: dict[str, Any], facts: dict[str, checks.NodeFacts],
-               targets: dict[str, Any], bad: list[str], backend: str, opts: Options,
-               log: Callable[[str], None]) -> None:
+def _bandwidth(report: Report, cluster: _Cluster, facts: dict[str, checks.NodeFacts], targets: dict[str, Any],
+               bad: list[str]) -> None:
+    alive, agents, backend, opts, log = cluster.alive, cluster.agents, cluster.backend, cluster.opts, cluster.log
+
     def skip(why: str) -> None:
         report.rows.append(Row(ALL, "bandwidth", checks.SKIP, "-", why))
 
@@ -264,10 +290,10 @@ def _bandwidth(report: Report, alive: list[RayNode], agents: dict[str, Any], fac
         nxt = ranked[(r + 1) % world]
         bound, source = checks.link_bound([speeds[h], speeds[nxt]], opts.link_gbps)
         got = p2p.get(h)
-        report.rows.append(checks.check_bandwidth(
+        report.rows.append(checks.check_bandwidth(checks.BandwidthFigure(
             h, f"p2p -> {nxt}", algo_bandwidth_gbps(got["nbytes"], got["seconds"]) if got else None, bound,
-            source, opts.min_ratio, detail=f"{backend}, ring, each node sending and receiving at once",
-            error=errors.get(h)))
+            source, detail=f"{backend}, ring, each node sending and receiving at once", error=errors.get(h)),
+            opts.min_ratio))
     if errors:
         return
     done, errors = _collect({h: agents[h].allreduce.remote(opts.nbytes, opts.iters) for h in ranked}, t,
@@ -281,7 +307,8 @@ def _bandwidth(report: Report, alive: list[RayNode], agents: dict[str, Any], fac
     detail = (f"bus bandwidth, {backend}, {world} ranks, {first['nbytes'] / MiB:.3g} MiB x {first['iters']}, "
               f"{first['seconds'] * 1000:.2f} ms each" if first else "")
     error = "; ".join(f"{h}: {e}" for h, e in errors.items()) or None
-    report.rows.append(checks.check_bandwidth(ALL, "all-reduce", bus, bound, source, opts.min_ratio, detail, error))
+    figure = checks.BandwidthFigure(ALL, "all-reduce", bus, bound, source, detail, error)
+    report.rows.append(checks.check_bandwidth(figure, opts.min_ratio))
 
 
 class _PhaseError(Exception):

@@ -45,12 +45,12 @@ def _node(args) -> int:
 
 def _wait(args) -> int:
     from raydist.slurm.jobdir import JobDir
-    from raydist.slurm.readiness import wait_ready
+    from raydist.slurm.readiness import Wait, wait_ready
 
     cfg, alloc = _load(args), _alloc()
     jd = JobDir(cfg.job_path(alloc.job_id))
     timeout = args.timeout if args.timeout is not None else cfg.timeouts.ready
-    conn = wait_ready(jd, timeout, step_pid=args.step_pid, user=os.environ.get("USER", alloc.user), log=_say)
+    conn = wait_ready(jd, Wait(timeout, step_pid=args.step_pid, user=os.environ.get("USER", alloc.user), log=_say))
     _say(f"Ray cluster ready; connection file {jd.connection}:")
     print(jd.connection.read_text(), end="", flush=True)
     _say(f"from the login node: eval \"$(raydist env --job {conn.job_id})\" && "

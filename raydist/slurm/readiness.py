@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Callable
@@ -60,11 +61,29 @@ def joined_bar(joined: int, total: int, width: int = 20) -> str:
     return "[" + "#" * filled + "-" * (width - filled) + "]"
 
 
-def wait_ready(jd: JobDir, timeout: float, step_pid: int | None = None, user: str = "", log=print,
-               poll: float = 0.5, clock: Callable[[], float] = time.monotonic) -> Connection:
+@dataclasses.dataclass(frozen=True)
+class Wait:
+    """How wait_ready waits."""
+
+    timeout: float
+    """Seconds after which the nodes that have not joined are named in BringupFailed."""
+    step_pid: int | None = None
+    """The srun step running the Ray nodes: the wait fails as soon as it ends. None: not watched."""
+    user: str = ""
+    """The user the connection file names, for the ssh tunnel to the login host."""
+    log: Callable[[str], None] = print
+    """Where the progress lines go (one per change)."""
+    poll: float = 0.5
+    """Seconds between two looks at the records and the dashboard."""
+    clock: Callable[[], float] = time.monotonic
+    """Seconds, for the elapsed time and the timeout."""
+
+
+def wait_ready(jd: JobDir, wait: Wait) -> Connection:
     """Poll node records (shared job dir) and the dashboard until all nodes are alive; fail fast on a failed node."""
+    timeout, step_pid, log, clock = wait.timeout, wait.step_pid, wait.log, wait.clock
     plan = jd.read_plan()
-    conn = connection_for(plan, user)
+    conn = connection_for(plan, wait.user)
     token = jd.read_token()
     start = clock()
     last = ""
@@ -99,4 +118,4 @@ def wait_ready(jd: JobDir, timeout: float, step_pid: int | None = None, user: st
         if elapsed >= timeout:
             raise BringupFailed(f"not every node joined within {timeout:.0f}s: "
                                 f"{describe_missing(missing, records, plan.head, dashboard_up)}")
-        time.sleep(poll)
+        time.sleep(wait.poll)
