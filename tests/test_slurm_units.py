@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import signal
 import socket
 import stat
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -589,3 +591,85 @@ def test_squeue_time_left(text, seconds):
     from raydist.slurm.batch import parse_time_left
 
     assert parse_time_left(text) == seconds
+
+
+# ---- a node's `ray start`, supervised -------------------------------------------------------------------
+
+# run_node in a process of its own (it installs SIGTERM/SIGINT/SIGHUP handlers), on the head of a one-node job
+# whose `ray start` is a stand-in script: what it does when Ray exits by itself, and when SLURM stops the step.
+_NODE_DRIVER = textwrap.dedent("""
+    import sys
+    from raydist.slurm import bringup, settings
+    from raydist.slurm.jobdir import JobDir
+    from raydist.slurm.nodes import Allocation
+
+    root, job, fake_ray = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    bringup.ray_start_command = lambda *a: [sys.executable, "-c", fake_ray]
+    cfg = settings.from_dict({"job_dir": f"{root}/jobs", "temp_dir": f"{root}/tmp", "timeouts": {"teardown": 1}})
+    alloc = Allocation(job_id=job, nodes=("node-a",), this_node="node-a", cpus=1, gpus=0, submit_host="login1",
+                       user="ana")
+    sys.exit(bringup.run_node(cfg, alloc, log=lambda m: print(m, flush=True)))
+""")
+
+
+def _node_job(tmp_path: Path) -> tuple[JobDir, int]:
+    job = 700000 + os.getpid() % 100000  # the job tag of the processes cleanup_node stops: this test's own
+    jd = JobDir(tmp_path / "jobs" / str(job))
+    jd.create()
+    jd.write_token()
+    jd.write_plan(_plan(tmp_path, job_id=job, nodes=("node-a",), head="node-a",
+                        temp_dir=str(tmp_path / "tmp" / f"raydist-{job}"), token_path=str(jd.token)))
+    return jd, job
+
+
+def _start_node(tmp_path: Path, job: int, fake_ray: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", _NODE_DRIVER, str(tmp_path), str(job), fake_ray],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_started(jd: JobDir, node: subprocess.Popen, timeout: float = 30) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and node.poll() is None:
+        record = jd.records().get("node-a")
+        if record and record.get("state") == "started":
+            return record
+        time.sleep(0.05)
+    raise AssertionError(f"the node never reported started: {node.communicate(timeout=10)}")
+
+
+def test_a_ray_start_that_exits_by_itself_fails_the_node_with_its_log_tail(tmp_path):
+    jd, job = _node_job(tmp_path)
+    node = _start_node(tmp_path, job, "import sys; print('first line'); print('gcs died', flush=True); sys.exit(3)")
+    out, err = node.communicate(timeout=60)
+    assert node.returncode == 1, (out, err)
+    record = jd.records()["node-a"]
+    assert record["state"] == "failed" and record["error"] == "node-a: ray start exited with status 3: gcs died"
+    log_path = tmp_path / "tmp" / f"raydist-{job}" / "ray-start.log"
+    assert f"raydist: error: node-a: ray start exited with status 3; last lines of {log_path}:\n" \
+           "first line\ngcs died" in err
+    assert "node-a: head on lo 127.0.0.1 (test), 1 CPU, 0 GPU, ports 20000-" in out
+    assert f"removed {log_path.parent}" in out and not log_path.parent.exists()
+
+
+@pytest.mark.parametrize("fake_ray, sigkilled", [
+    ("import time; time.sleep(60)", False),  # ends on the SIGTERM run_node passes on
+    ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)",
+     True),  # ignores it: killed after half the teardown budget
+])
+def test_a_stopped_step_stops_ray_cleans_up_and_exits_0(tmp_path, fake_ray, sigkilled):
+    jd, job = _node_job(tmp_path)
+    node = _start_node(tmp_path, job, fake_ray)
+    record = _wait_started(jd, node)
+    assert record["head"] is True and record["iface"] == "lo" and record["cpus"] == 1
+    if sigkilled:  # its SIGTERM handler must be in place before the signal comes
+        log_path = tmp_path / "tmp" / f"raydist-{job}" / "ray-start.log"
+        while "up" not in log_path.read_text():
+            time.sleep(0.05)
+    started = time.monotonic()
+    node.send_signal(signal.SIGTERM)
+    out, err = node.communicate(timeout=60)
+    assert node.returncode == 0, (out, err)
+    assert jd.records()["node-a"]["state"] == "stopped" and not err
+    if sigkilled:
+        assert time.monotonic() - started >= 0.5  # half of timeouts.teardown
+    assert not (tmp_path / "tmp" / f"raydist-{job}").exists()

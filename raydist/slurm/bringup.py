@@ -150,18 +150,52 @@ def run_node(cfg: ClusterConfig, alloc: Allocation, log=print) -> int:
     plan = jd.read_plan(wait=30)
     node = alloc.this_node
     is_head = node == plan.head
+    choice, block = _interface_and_ports(cfg, jd, plan, node)
+    temp = _job_temp_dir(jd, plan, node, log)
+    log_path = temp / "ray-start.log"
+    cmd = ray_start_command(plan, node, choice, block, alloc)
+    log(f"{node}: {'head' if is_head else 'worker'} on {choice.iface} {choice.ip} ({choice.why}), "
+        f"{alloc.cpus} CPU, {alloc.gpus} GPU, ports {block.start}-{block.max_worker}")
+    stop = _StopRequest()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, stop.on_signal)
+    with open(log_path, "ab") as out:
+        proc = stop.proc = subprocess.Popen(cmd, env=ray_environment(plan, node, choice.iface), stdout=out,
+                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    jd.write_record(node, state="started", pid=proc.pid, ip=choice.ip, iface=choice.iface, cpus=alloc.cpus,
+                    gpus=alloc.gpus, ports=[block.start, block.max_worker], head=is_head)
+    # Both halves of the teardown budget must fit in SLURM's KillWait, after which everything gets SIGKILL.
+    half = cfg.timeouts.teardown / 2
+    rc = _supervise(proc, stop, half)
+    if not stop.requested:
+        _report_exit(jd, node, rc, log_path)
+    summary = teardown.cleanup_node(plan.job_id, node, temp, half)
+    log(summary)
+    if stop.requested:
+        jd.write_record(node, state="stopped")
+        return 0
+    return 1
+
+
+def _interface_and_ports(cfg: ClusterConfig, jd: JobDir, plan: Plan, node: str
+                         ) -> tuple[netif.Choice, ports.PortBlock]:
+    """This node's interface and port block; a failure is recorded first, so that the wait names this node."""
     try:
-        if is_head:
-            choice = netif.Choice(plan.head_iface, plan.head_ip, plan.head_why)
-            block = ports.PortBlock(plan.block_start, plan.block_size)
-        else:
-            choice = netif.choose_here(node, configured=cfg.interface_for(node), head_ip=plan.head_ip)
-            jd.write_record(node, state="waiting", ip=choice.ip, iface=choice.iface)
-            wait_for_head(node, choice, plan, cfg.timeouts.head_reachable)
-            block = ports.pick_block(plan.job_id, cfg.ports.base, cfg.ports.end, cfg.ports.block, head=False)
+        if node == plan.head:
+            # The plan already chose the head's interface and block: the batch step checked them.
+            return (netif.Choice(plan.head_iface, plan.head_ip, plan.head_why),
+                    ports.PortBlock(plan.block_start, plan.block_size))
+        choice = netif.choose_here(node, configured=cfg.interface_for(node), head_ip=plan.head_ip)
+        jd.write_record(node, state="waiting", ip=choice.ip, iface=choice.iface)
+        wait_for_head(node, choice, plan, cfg.timeouts.head_reachable)
+        return choice, ports.pick_block(plan.job_id, cfg.ports.base, cfg.ports.end, cfg.ports.block, head=False)
     except RaydistError as e:
         jd.write_record(node, state="failed", error=str(e))
         raise
+
+
+def _job_temp_dir(jd: JobDir, plan: Plan, node: str, log) -> Path:
+    """The job's private temp dir on this node, made after sweeping what ended jobs left next to it."""
     temp = Path(plan.temp_dir)
     # Temp dirs of this user's jobs that SLURM no longer runs (their clean-up was killed); never a live job's.
     swept = sweep.sweep([(temp.parent, sweep.TEMP)], plan.job_id, node)
@@ -172,48 +206,46 @@ def run_node(cfg: ClusterConfig, alloc: Allocation, log=print) -> int:
     except RaydistError as e:
         jd.write_record(node, state="failed", error=f"{node}: {e}")
         raise RaydistError(f"{node}: {e}") from None
-    log_path = temp / "ray-start.log"
-    cmd = ray_start_command(plan, node, choice, block, alloc)
-    log(f"{node}: {'head' if is_head else 'worker'} on {choice.iface} {choice.ip} ({choice.why}), "
-        f"{alloc.cpus} CPU, {alloc.gpus} GPU, ports {block.start}-{block.max_worker}")
-    stop: dict = {"requested": False, "proc": None}
+    return temp
 
-    def on_signal(signum, _frame):
+
+class _StopRequest:
+    """SLURM's stop signal, as run_node's supervising loop sees it."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.since: float | None = None  # when the loop first saw the request: the grace period starts there
+        self.proc: subprocess.Popen | None = None
+
+    def on_signal(self, signum, _frame) -> None:
         # SLURM signals every process of the step at once; Ray's own handlers stop its daemons, this one waits
         # for that and then cleans up what is left.
-        stop["requested"] = True
-        if stop["proc"] is not None and stop["proc"].poll() is None:
-            stop["proc"].send_signal(signal.SIGTERM)
+        self.requested = True
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, on_signal)
-    with open(log_path, "ab") as out:
-        proc = stop["proc"] = subprocess.Popen(cmd, env=ray_environment(plan, node, choice.iface), stdout=out,
-                                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    jd.write_record(node, state="started", pid=proc.pid, ip=choice.ip, iface=choice.iface, cpus=alloc.cpus,
-                    gpus=alloc.gpus, ports=[block.start, block.max_worker], head=is_head)
-    # Both halves of the teardown budget must fit in SLURM's KillWait, after which everything gets SIGKILL.
-    half = cfg.timeouts.teardown / 2
+
+def _supervise(proc: subprocess.Popen, stop: _StopRequest, grace: float) -> int:
+    """`ray start`'s exit status. Once a stop is requested it gets `grace` seconds before SIGKILL: the rest of the
+    teardown budget is the clean-up's."""
     while True:
         try:
-            rc = proc.wait(timeout=0.5)
-            break
+            return proc.wait(timeout=0.5)
         except subprocess.TimeoutExpired:
-            if stop["requested"]:
-                stop.setdefault("since", time.monotonic())
-                if time.monotonic() - stop["since"] > half:
+            if stop.requested:
+                if stop.since is None:
+                    stop.since = time.monotonic()
+                if time.monotonic() - stop.since > grace:
                     proc.kill()
-    if not stop["requested"]:
-        tail = _tail(log_path)
-        jd.write_record(node, state="failed", error=f"{node}: ray start exited with status {rc}: {tail}")
-        print(f"raydist: error: {node}: ray start exited with status {rc}; last lines of {log_path}:\n"
-              + "\n".join(_tail(log_path, 15, joined=False)), file=sys.stderr, flush=True)
-    summary = teardown.cleanup_node(plan.job_id, node, temp, half)
-    log(summary)
-    if stop["requested"]:
-        jd.write_record(node, state="stopped")
-        return 0
-    return 1
+
+
+def _report_exit(jd: JobDir, node: str, rc: int, log_path: Path) -> None:
+    """`ray start` ended with nobody asking: the record carries one line for the wait's error, stderr the log's
+    tail for the job's output file."""
+    tail = _tail(log_path)
+    jd.write_record(node, state="failed", error=f"{node}: ray start exited with status {rc}: {tail}")
+    print(f"raydist: error: {node}: ray start exited with status {rc}; last lines of {log_path}:\n"
+          + "\n".join(_tail(log_path, 15, joined=False)), file=sys.stderr, flush=True)
 
 
 def _tail(path: Path, n: int = 1, joined: bool = True):
