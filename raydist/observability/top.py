@@ -218,11 +218,12 @@ class Source:
 
     def session_name(self) -> str | None:
         if self.session is None and self.dashboard_url is not None:
-            from raydist.slurm import api
+            from raydist.slurm import dashboard_client
 
             try:
-                self.session = api.get_json(f"{self.dashboard_url}/api/version", self.token).get("session_name")
-            except api.DashboardUnavailable as e:
+                version = dashboard_client.get_json(f"{self.dashboard_url}/api/version", self.token)
+                self.session = version.get("session_name")
+            except dashboard_client.DashboardUnavailable as e:
                 raise RaydistError(f"{self.describe}: {e} (has the cluster ended?)") from None
         return self.session
 
@@ -233,21 +234,22 @@ class Source:
             except (OSError, ValueError) as e:
                 raise RaydistError(f"cannot read {self.sd_file}: {getattr(e, 'strerror', None) or e} "
                                    f"(is a Ray instance running on this machine?)") from None
-        from raydist.slurm import api
+        from raydist.slurm import dashboard_client
 
         try:
-            return targets_from_sd(api.get_json(f"{self.dashboard_url}/api/prometheus/sd", self.token))
-        except api.DashboardUnavailable as e:
+            return targets_from_sd(dashboard_client.get_json(f"{self.dashboard_url}/api/prometheus/sd", self.token))
+        except dashboard_client.DashboardUnavailable as e:
             raise RaydistError(f"{self.describe}: {e} (has the cluster ended?)") from None
 
     def dead_nodes(self) -> list[str]:
         if self.dashboard_url is None:
             return []
-        from raydist.slurm import api
+        from raydist.slurm import dashboard_client
 
         try:
-            return sorted(f"{n.hostname} ({n.ip})" for n in api.list_nodes(self.dashboard_url, self.token) if not n.alive)
-        except api.DashboardUnavailable:
+            nodes = dashboard_client.list_nodes(self.dashboard_url, self.token)
+            return sorted(f"{n.hostname} ({n.ip})" for n in nodes if not n.alive)
+        except dashboard_client.DashboardUnavailable:
             return []
 
 

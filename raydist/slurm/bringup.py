@@ -15,7 +15,7 @@ from pathlib import Path
 
 from raydist.errors import RaydistError
 from raydist.slurm import netif, ports, sweep, teardown
-from raydist.slurm.api import HOST_LABEL, IFACE_LABEL
+from raydist.slurm.dashboard_client import HOST_LABEL, IFACE_LABEL
 from raydist.slurm.jobdir import JobDir, Plan
 from raydist.slurm.nodes import Allocation
 from raydist.slurm.settings import ClusterConfig

@@ -155,7 +155,7 @@ def _env(args) -> int:
 
 
 def _status(args) -> int:
-    from raydist.slurm import api
+    from raydist.slurm import dashboard_client
 
     path, conn = _connection(args)
     try:
@@ -163,8 +163,8 @@ def _status(args) -> int:
     except OSError as e:
         raise RaydistError(f"cannot read the token {conn.token_path}: {e.strerror}") from None
     try:
-        nodes = api.list_nodes(conn.dashboard_url, token)
-    except api.DashboardUnavailable as e:
+        nodes = dashboard_client.list_nodes(conn.dashboard_url, token)
+    except dashboard_client.DashboardUnavailable as e:
         raise RaydistError(f"job {conn.job_id}: {e} (has the job ended?)") from None
     by_host = {n.hostname: n for n in nodes}
     rows = []

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from raydist.errors import RaydistError
-from raydist.slurm import api, ports
+from raydist.slurm import dashboard_client, ports
 from raydist.slurm.connection import Connection
 from raydist.slurm.jobdir import JobDir, Plan
 
@@ -94,9 +94,10 @@ def wait_ready(jd: JobDir, wait: Wait) -> Connection:
             raise BringupFailed("; ".join(r.get("error", f"{r['node']}: failed") for r in failed))
         dashboard_up = True
         try:
-            nodes = api.list_nodes(conn.dashboard_url, token)
-            api.get_json(f"{conn.dashboard_url}/api/jobs/", token)  # `ray job submit` goes through this module
-        except api.DashboardUnavailable:
+            nodes = dashboard_client.list_nodes(conn.dashboard_url, token)
+            # The jobs API must answer too: `ray job submit` goes through it.
+            dashboard_client.get_json(f"{conn.dashboard_url}/api/jobs/", token)
+        except dashboard_client.DashboardUnavailable:
             nodes, dashboard_up = [], False
         alive = {n.hostname for n in nodes if n.alive}
         missing = [n for n in plan.nodes if n not in alive]
