@@ -23,9 +23,9 @@ def cluster_source(args):
             token_path = args.token_file or os.environ.get("RAY_AUTH_TOKEN_PATH")
             describe = f"cluster {url}"
         else:
-            from raydist.slurm.commands import _connection
+            from raydist.slurm.commands import find_connection
 
-            _, conn = _connection(args)
+            _, conn = find_connection(args)
             url, token_path, describe = conn.dashboard_url, conn.token_path, f"SLURM job {conn.job_id} ({conn.dashboard_url})"
         token = None
         if token_path:

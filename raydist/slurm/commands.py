@@ -140,7 +140,9 @@ def _iface(args) -> int:
     return 0
 
 
-def _connection(args):
+def find_connection(args):
+    """(path, Connection) of the connection file the command's arguments name (connection.find: --connection,
+    $RAYDIST_CONNECTION, --job, else the newest job under the cluster config's job_dir); `raydist top` reads it too."""
     from raydist.slurm import connection
 
     cfg = _load(args)
@@ -149,7 +151,7 @@ def _connection(args):
 
 
 def _env(args) -> int:
-    path, conn = _connection(args)
+    path, conn = find_connection(args)
     print(conn.export_lines(path), end="")
     return 0
 
@@ -157,7 +159,7 @@ def _env(args) -> int:
 def _status(args) -> int:
     from raydist.slurm import dashboard_client
 
-    path, conn = _connection(args)
+    path, conn = find_connection(args)
     try:
         token = Path(conn.token_path).read_text().strip()
     except OSError as e:
