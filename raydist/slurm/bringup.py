@@ -134,7 +134,7 @@ def ray_environment(plan: Plan, node: str, iface: str, base: dict[str, str] | No
         "TMPDIR": plan.temp_dir,
         "RAY_USAGE_STATS_ENABLED": "0",
     })
-    # raydist's training metrics (raydist/ray_metrics.py) are watched live (`raydist top`, Prometheus): every 2 s
+    # raydist's training metrics (raydist/observability/ray_metrics.py) are watched live (`raydist top`, Prometheus): every 2 s
     # to the node's agent instead of Ray's 10 s; a user's own setting wins.
     env.setdefault("RAY_metrics_report_interval_ms", "2000")
     # Ray's own actors (Ray Train's state actor, its placement-group cleaner) look the state API up here; without
