@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import signal
+import sys
 import time
 
 import torch
@@ -155,10 +156,14 @@ def main():
             with open(args.out, "w") as f:
                 json.dump({"checksum": checksum, "steps": step, "resumed_from": resumed, "world_size": world}, f)
     dist.barrier()  # no rank tears its connections down while a peer still uses them
-    # DDP's reducer keeps gloo work objects that hold tensors; freed at interpreter exit they can abort the process
-    # ("terminate called without an active exception"), so free them while Python is still fully alive.
-    del model, opt
     dist.destroy_process_group()
+    # torch 2.13: DDP keeps the process group, and gloo's worker threads with it, alive past destroy_process_group
+    # (pytorch#107298). A worker that frees its last work while Python finalizes aborts the process ("terminate
+    # called without an active exception"; a few runs in a hundred on a loaded machine), so leave without
+    # finalizing: every file this script wrote is closed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ It prints the test set's next-token accuracy at the end (chance: 1/64).
 
 import argparse
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -70,7 +71,12 @@ def main() -> None:
     if rank == 0:
         print(f"done: {step} steps, test next-token accuracy {accuracy(model, test):.3f}", flush=True)
     if world > 1:
+        dist.barrier()
         dist.destroy_process_group()
+        # gloo's worker threads outlive destroy_process_group under DDP (pytorch#107298) and can abort a finalizing
+        # interpreter (see examples/ddp_train.py): leave without finalizing.
+        sys.stdout.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":
