@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from stored import stamp  # noqa: E402
 BIN = Path(sys.executable).parent
 SCRIPT_ARGS = ["--epochs", "1"]
 PORT = 19557  # the srun side's MASTER_PORT: below the cluster config's port range
@@ -156,22 +157,6 @@ def ratios(rows: list[dict], base: str) -> dict:
     return out
 
 
-def machine() -> dict:
-    import ray
-    import torch
-
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {"cpus": os.cpu_count(), "memory_gib": round(mem, 1), "python": platform.python_version(),
-            "torch": torch.__version__, "ray": ray.__version__, "platform": platform.platform()}
-
-
-def commit() -> str:
-    r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
-                           text=True).stdout.strip()
-    return r.stdout.strip() + ("-dirty" if dirty else "")
-
-
 ROWS = (("local", "raydist_launch", "torchrun", "this machine, 2 ranks", "`raydist launch` (embedded Ray)"),
         ("cluster", "raydist_launch", "srun", "warm cluster, 3 hosts", "`raydist launch` (after `raydist env`)"),
         ("cluster", "ray_job_submit_launch", "srun", "warm cluster, 3 hosts", "`ray job submit -- raydist launch`"))
@@ -226,7 +211,7 @@ def main() -> int:
         rows = local_rounds(a.rounds)
         part = {"setting": {"workers": 2, "script_args": SCRIPT_ARGS, "baseline": "torchrun --standalone"},
                 "rounds": rows, "summary": ratios(rows, "torchrun")}
-    part.update(machine=machine(), commit=commit(), date=time.strftime("%Y-%m-%d"))
+    part.update(stamp())
     stored["cluster" if a.cluster else "local"] = part
     path.write_text(json.dumps(stored, indent=1) + "\n")
     print(json.dumps(part["summary"], indent=1))

@@ -13,7 +13,9 @@ rate (every host's link shaped to it, both ways: a switch port of that speed):
   the target accuracy, final accuracy, steps/s;
 - size: sync and async on a model 4x larger, for the cost model's validation;
 - ring: local SGD with ring averaging, with and without the straggler;
-- checkpoint: local SGD with per-epoch checkpoints against only the last one.
+- checkpoint: local SGD with per-epoch checkpoints against only the last one;
+- real: examples/tinygpt (a GPT-style model given by import path) with every strategy in one compare run,
+  submitted from examples/: the real-model rows, and the cost model's check on another kind of model.
 
 Every run's summary lands in one JSON file: the measured points `raydist plan` fits and validates its cost model on
 (docs/costmodel.md). Tables go to stdout.
@@ -30,6 +32,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "cluster"))
+sys.path.insert(0, str(REPO / "benchmarks"))
+from stored import stamp  # noqa: E402
 
 STRATEGIES = ("sync", "local_sgd", "async", "fsdp")
 
@@ -58,8 +62,8 @@ def param_count(a: argparse.Namespace) -> int:
     return mlp_params(a.features, a.classes, mlp_width(a.params, a.features, a.classes, depth), depth)
 
 
-def submit(cluster, job, args: list[str], what: str) -> None:
-    cmd = ["ray", "job", "submit", "--working-dir", ".", "--", "python", *args]
+def submit(cluster, job, args: list[str], what: str, working_dir: str = ".") -> None:
+    cmd = ["ray", "job", "submit", "--working-dir", working_dir, "--", "python", *args]
     t = time.monotonic()
     r = cluster.run("master-node", cmd, env=job.env(), timeout=1800)
     if r.returncode != 0:
@@ -67,16 +71,17 @@ def submit(cluster, job, args: list[str], what: str) -> None:
     print(f"  {what}: {time.monotonic() - t:.0f} s", flush=True)
 
 
-def point(summary: dict, a: argparse.Namespace, link: float, **extra) -> dict:
-    """One run's figures, with what the cost model needs of its setting: the model's parameter count, the link and
-    `checkpoint_every` (steps per epoch: every job checkpoints each epoch)."""
+def point(summary: dict, a: argparse.Namespace, link: float, params: int = 0, train_samples: int = 0,
+          **extra) -> dict:
+    """One run's figures, with what the cost model needs of its setting: the model's parameter count (default:
+    the MLP's), the link and `checkpoint_every` (steps per epoch: every job checkpoints each epoch)."""
     keep = ("strategy", "workers", "steps", "steps_per_s", "samples_per_s", "train_time_s", "wall_s", "test_accuracy",
             "bytes_per_worker", "wait_s_per_worker", "servers", "server_hosts", "staleness_mean", "steps_per_worker",
             "peak_memory_bytes_per_worker")
     per_step = 32 * (1 if summary["strategy"] == "async" else summary["workers"])
-    steps_per_epoch = int(a.samples * 0.8) // per_step  # data.test_fraction 0.2
-    return {**{k: summary.get(k) for k in keep}, "link_mbit": link, "params": param_count(a), "batch_size": 32,
-            "checkpoint_every": steps_per_epoch, **extra}
+    steps_per_epoch = (train_samples or int(a.samples * 0.8)) // per_step  # data.test_fraction 0.2
+    return {**{k: summary.get(k) for k in keep}, "link_mbit": link, "params": params or param_count(a),
+            "batch_size": 32, "checkpoint_every": steps_per_epoch, **extra}
 
 
 def fan_in(cluster, job, a, link: float, storage: Path) -> list[dict]:
@@ -148,12 +153,37 @@ def checkpoint_cost(cluster, job, a, link: float, storage: Path) -> list[dict]:
     return out
 
 
+REAL_CONFIG = "tinygpt/tinygpt.yaml"  # examples/tinygpt, relative to examples/
+REAL_TRAIN_SAMPLES = 4096  # its data.args.samples
+
+
+def real_model(cluster, job, a, link: float, storage: Path) -> list[dict]:
+    """examples/tinygpt (a GPT-style model on synthetic tokens, given by import path) with every strategy in one
+    compare run, submitted from examples/ as its users submit it: the "real model" rows, and the cost model's
+    check on a model of another kind (its sync run gives the compute per step; costmodel.anchor)."""
+    from raydist.costmodel import BYTES_PER_PARAM
+
+    name = f"real-{link:g}"
+    submit(cluster, job, ["-m", "raydist.job", "compare", "--config", REAL_CONFIG,
+                          "--set", f"scaling.num_workers={a.workers}", "--set", f"compare.strategies={','.join(a.strategies)}",
+                          "--set", "run.tensorboard=false", "--set", f"run.storage_path={storage}",
+                          "--set", f"run.name={name}"], name, working_dir="examples")
+    run = json.loads((storage / name / "results.json").read_text())
+    results = run["strategies"]
+    params = next(r["summary"]["param_bytes_per_worker"][0] for r in results.values()
+                  if r["summary"]["strategy"] == "sync") // BYTES_PER_PARAM
+    return [point(r["summary"], a, link, params=params, train_samples=REAL_TRAIN_SAMPLES, part="compare",
+                  straggler=False, model="tinygpt", time_to_target_s=r["time_to_target_s"],
+                  target=run["target_accuracy"]) for r in results.values()]
+
+
 def repeats(points: list[dict], part: str) -> list[list[dict]]:
     """The runs of one part grouped by setting, in first-run order: a run repeated with --append is one row."""
     groups: dict[tuple, list[dict]] = {}
     for p in points:
         if p["part"] == part:
-            key = (p["link_mbit"], p["straggler"], p["strategy"], p.get("averaging"), p.get("servers"), p["params"])
+            key = (p["link_mbit"], p["straggler"], p["strategy"], p.get("averaging"), p.get("servers"), p["params"],
+                   p.get("model"))
             groups.setdefault(key, []).append(p)
     return list(groups.values())
 
@@ -190,7 +220,8 @@ def strategies_table(points: list[dict]) -> str:
         reached = [r["time_to_target_s"] for r in runs if r.get("time_to_target_s") is not None]
         ttt = (spread(reached, 1) + (f", {len(runs) - len(reached)} not reached" if len(reached) < len(runs) else "")
                if reached else "not reached")
-        name = p["strategy"] + (" (ring)" if p.get("averaging") == "ring" else "")
+        name = p["strategy"] + (" (ring)" if p.get("averaging") == "ring" else "") + (
+            f", {p['model']}" if p.get("model") else "")
         rows.append(f"| {p['link_mbit']:g} Mbit/s | {'rank 0, 4x' if p['straggler'] else '-'} | {name} | {len(runs)} | "
                     f"{spread([r['steps_per_s'] for r in runs], 2)} | {ttt} | "
                     f"{spread([r['test_accuracy'] for r in runs], 3)} |")
@@ -232,7 +263,7 @@ def plots(points: list[dict], hosts: int, directory: Path) -> list[Path]:
     fig.savefig(out[0], dpi=110)
     plt.close(fig)
 
-    comp = [p for p in points if p["part"] == "compare"]
+    comp = [p for p in points if p["part"] == "compare" and not p.get("model")]  # the MLP's; tinygpt's in tables
     settings = sorted({(p["link_mbit"], p["straggler"]) for p in comp})
     key = lambda p: p["strategy"] + (" (ring)" if p.get("averaging") == "ring" else "")  # noqa: E731
     strategies = list(dict.fromkeys(key(p) for p in comp))
@@ -268,7 +299,7 @@ def table(points: list[dict], hosts: int) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--links", default="100,1000", help="link rates in Mbit/s, comma-separated")
-    p.add_argument("--parts", default="fanin,compare,ring,size,checkpoint")
+    p.add_argument("--parts", default="fanin,compare,ring,size,checkpoint,real")
     p.add_argument("--size-params", type=int, default=1_000_000, help="the size part's model")
     p.add_argument("--strategies", default=",".join(STRATEGIES))
     p.add_argument("--workers", type=int, default=4)
@@ -296,7 +327,7 @@ def main() -> int:
     import rayup
     from emucluster import EmulatedCluster
 
-    this = {k: v for k, v in vars(a).items() if k not in ("out", "append")}
+    this = {**{k: v for k, v in vars(a).items() if k not in ("out", "append")}, **stamp()}
     header = {"setting": this, "appended": []}
     points: list[dict] = []
     if a.append and a.out.exists():  # the first run's setting stays; this one is listed after it
@@ -323,6 +354,8 @@ def main() -> int:
                     points += ring(cluster, job, a, link, storage, straggler)
             if "checkpoint" in parts:
                 points += checkpoint_cost(cluster, job, a, link, storage)
+            if "real" in parts:
+                points += real_model(cluster, job, a, link, storage)
             a.out.parent.mkdir(parents=True, exist_ok=True)
             a.out.write_text(json.dumps({**header, "hosts": len(cluster.hosts), "points": points}, indent=1,
                                         default=str))

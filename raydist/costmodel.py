@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from raydist import registry
@@ -216,10 +216,10 @@ def setting_of(point: dict[str, Any]) -> Setting:
 def usable(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Runs without a straggler (the model has no straggler term) and with a measured rate, the repeats of one
     setting merged: their mean steps/s, with `runs` and `spread` (the lowest and highest) of what was merged."""
-    groups: dict[Setting, list[dict[str, Any]]] = {}
+    groups: dict[tuple[Setting, str], list[dict[str, Any]]] = {}
     for p in points:
         if not p.get("straggler") and p.get("steps_per_s"):
-            groups.setdefault(setting_of(p), []).append(p)
+            groups.setdefault((setting_of(p), p.get("model", "")), []).append(p)
     merged = []
     for same in groups.values():
         rates = [p["steps_per_s"] for p in same]
@@ -255,14 +255,16 @@ def fit(points: list[dict[str, Any]], latency_s: float = 50e-6) -> Fit:
 
 
 def label(p: dict[str, Any]) -> str:
-    return f"{p['strategy']}, {p['params'] / 1e6:.2g}M params @ {p['link_mbit']:g} Mbit/s{terms(p['strategy']).label(p)}"
+    model = f"{p['model']} " if p.get("model") else ""
+    return (f"{p['strategy']}, {model}{p['params'] / 1e6:.2g}M params @ {p['link_mbit']:g} Mbit/s"
+            f"{terms(p['strategy']).label(p)}")
 
 
 def fitting_side(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The runs the fit reads, all of the most common model size: each strategy picks its own
+    """The runs the fit reads, all of the built-in MLP's most common size: each strategy picks its own
     (`CostTerms.fitting_runs`: the reference at every rate, the others at the highest rate mostly). The rest is
-    for validation."""
-    runs = [p for p in usable(points) if p["strategy"] in modelled()]
+    for validation, runs of another kind of model (`model` set) included."""
+    runs = [p for p in usable(points) if p["strategy"] in modelled() and not p.get("model")]
     if not runs:
         return []
     sizes = [p["params"] for p in runs]
@@ -291,15 +293,46 @@ class Check:
         return (self.predicted - self.measured) / self.measured
 
 
+def with_compute(f: Fit, params: int, compute_s: float) -> Fit:
+    """The fit for a model whose compute per step on one worker (the reference strategy's base) is known: every
+    strategy's base scaled by one factor, keeping its measured ratio to the reference's (`raydist plan
+    --compute-ms`)."""
+    factor = compute_s / (f.base_s[reference()] * params / f.base_params)
+    return replace(f, base_s={k: v * factor for k, v in f.base_s.items()})
+
+
+def anchor(f: Fit, runs: list[dict[str, Any]]) -> tuple[Fit, dict[str, Any]] | None:
+    """For the runs of a model the fit has not seen: its reference run at the highest link rate, and the fit
+    rescaled to that run's compute per step (its step time less the network and latency terms), as a user passes
+    it to `raydist plan --compute-ms`. None without such a run."""
+    ref = sorted((p for p in runs if p["strategy"] == reference()), key=lambda p: -p["link_mbit"])
+    if not ref:
+        return None
+    st = setting_of(ref[0])
+    probe = Fit(f.efficiency, {st.strategy: 0.0}, st.params, f.latency_s)
+    return with_compute(f, st.params, max(1 / ref[0]["steps_per_s"] - step_s(probe, st), 1e-6)), ref[0]
+
+
 def validate(points: list[dict[str, Any]], latency_s: float = 50e-6) -> tuple[Fit, list[Check]]:
-    """Fit on `fitting_side`, predict steps/s of the other runs."""
+    """Fit on `fitting_side`, predict steps/s of the other runs: the MLP's with the fit as it is, another
+    model's with the fit `anchor`ed on its own reference run."""
     f = fit(points, latency_s)
     fitted = fitting_side(points)
+    runs = usable(points)
     # Held out: every run whose setting differs from all fitted ones (a repeat of a fitted setting checks
     # reproducibility, not the model).
-    checks = [Check(label(p), p["steps_per_s"], steps_per_s(f, setting_of(p)), p["runs"], p["spread"])
-              for p in usable(points) if p["strategy"] in f.base_s and not any(same_setting(p, q) for q in fitted)]
+    mlp = [p for p in runs if not p.get("model") and not any(same_setting(p, q) for q in fitted)]
+    checks = [_check(f, p) for p in mlp if p["strategy"] in f.base_s]
+    for model in dict.fromkeys(p["model"] for p in runs if p.get("model")):
+        mine = [p for p in runs if p.get("model") == model]
+        anchored = anchor(f, mine)
+        if anchored:
+            checks += [_check(anchored[0], p) for p in mine if p is not anchored[1] and p["strategy"] in f.base_s]
     return f, checks
+
+
+def _check(f: Fit, p: dict[str, Any]) -> Check:
+    return Check(label(p), p["steps_per_s"], steps_per_s(f, setting_of(p)), p["runs"], p["spread"])
 
 
 def validation_table(checks: list[Check]) -> str:

@@ -60,12 +60,12 @@ def load_points(path: Path) -> list[dict[str, Any]]:
 
 
 def samples_to_target(points: list[dict[str, Any]]) -> dict[str, float]:
-    """Per strategy, samples trained until the target accuracy (median over its even runs that reached it; local
-    SGD's with all-reduce averaging, the one the plan models)."""
+    """Per strategy, samples trained until the target accuracy (median over its even runs of the built-in task
+    that reached it; local SGD's with all-reduce averaging, the one the plan models)."""
     got: dict[str, list[float]] = {}
     for p in points:
         if (p.get("part") == "compare" and not p.get("straggler") and p.get("time_to_target_s")
-                and p.get("averaging", "allreduce") == "allreduce"):
+                and p.get("averaging", "allreduce") == "allreduce" and not p.get("model")):
             got.setdefault(p["strategy"], []).append(p["time_to_target_s"] * p["samples_per_s"])
     return {k: statistics.median(v) for k, v in got.items()}
 
@@ -144,9 +144,7 @@ def _plan(args) -> int:
     if args.compute_ms is not None:
         if not math.isfinite(args.compute_ms) or args.compute_ms <= 0:
             raise UsageError(f"--compute-ms {args.compute_ms:g}: must be a finite number > 0")
-        # Your base for the reference strategy instead of the scaled one; the others keep their measured ratio to it.
-        factor = args.compute_ms / 1e3 / (fit.base_s[costmodel.reference()] * params / fit.base_params)
-        fit.base_s = {k: v * factor for k, v in fit.base_s.items()}
+        fit = costmodel.with_compute(fit, params, args.compute_ms / 1e3)
     links = _numbers(args.link_mbit, "--link-mbit")
     nodes = _numbers(args.nodes, "--nodes", int)
     rows = plan(fit, Question(params, links, nodes, args.batch_size, samples_to_target(points), args.backend))

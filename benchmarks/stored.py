@@ -1,0 +1,33 @@
+"""What every benchmark stores beside its raw rounds (docs/data/<name>.json): the machine, the commit, the date.
+The figures README and docs/ quote come from these files (tests/test_docs_figures.py keeps the tables equal)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def machine() -> dict:
+    import ray
+    import torch
+
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {"cpus": os.cpu_count(), "memory_gib": round(mem, 1), "python": platform.python_version(),
+            "torch": torch.__version__, "ray": ray.__version__, "platform": platform.platform()}
+
+
+def commit() -> str:
+    r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                           text=True).stdout.strip()
+    return r.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def stamp() -> dict:
+    """The machine, the commit and today's date, for a stored result."""
+    return {"machine": machine(), "commit": commit(), "date": time.strftime("%Y-%m-%d")}
