@@ -1,6 +1,7 @@
 """Kill checkpoint writers at random moments and check that resume always finds a complete checkpoint.
 
-    .venv/bin/python benchmarks/checkpoint_chaos.py [--kills 30] [--seed 0]
+    .venv/bin/python benchmarks/checkpoint_chaos.py [--kills 30] [--seed 0] [--out docs/data/checkpoint_chaos.json]
+    .venv/bin/python benchmarks/checkpoint_chaos.py --report docs/data/checkpoint_chaos.json   # its lines again
     .venv/bin/python benchmarks/checkpoint_chaos.py --save-cost 50     # what one save costs, with and without fsync
 
 Three writers, each a subprocess that resumes from the newest valid checkpoint and then saves one checkpoint after
@@ -26,8 +27,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from stored import stamp  # noqa: E402
 
 KEEP = 2
 WIDTH = 1024  # a 4 MiB model: a save takes long enough for many kills to land inside one
@@ -224,15 +229,18 @@ def _last_saved(run_dir: str) -> int:
     return saved[-1] if saved else 0
 
 
-def chaos(writer: str, kills: int, run_dir: str, seed: int = 0, max_delay_s: float = 0.6) -> ChaosResult:
-    """Start the writer, SIGKILL it after a random delay, check what resume would choose; `kills` times."""
+def chaos(writer: str, kills: int, run_dir: str, seed: int = 0, max_delay_s: float = 0.6,
+          mid_save_at_least: int = 0) -> ChaosResult:
+    """Start the writer, SIGKILL it after a random delay, check what resume would choose; `kills` times, and on
+    (up to 4x `kills`) until `mid_save_at_least` kills have landed inside a write."""
     from raydist.checkpoint import checkpoint_dirs, verify
 
     rng = random.Random(seed)
     result = ChaosResult(writer)
     script = os.path.abspath(__file__)
-    for _ in range(kills):
+    while result.kills < kills or (result.mid_save < mid_save_at_least and result.kills < 4 * kills):
         before = len(_log_lines(run_dir))
+        partial_before = _partials(run_dir, writer)
         # The staging directories a killed sync writer leaves behind (as a killed worker would) stay in the run.
         env = {**os.environ, "TMPDIR": os.path.join(run_dir, ".staging")}
         os.makedirs(env["TMPDIR"], exist_ok=True)
@@ -242,7 +250,7 @@ def chaos(writer: str, kills: int, run_dir: str, seed: int = 0, max_delay_s: flo
         proc.kill()
         proc.wait()
         result.kills += 1
-        result.mid_save += _partial_on_disk(run_dir, writer)
+        result.mid_save += bool(_partials(run_dir, writer) - partial_before)
         readers = [True, False] if writer != "ps" else [True]  # with Ray's snapshot, and the scan alone
         try:
             steps = [_checked_choice(writer, run_dir, use_snapshot) for use_snapshot in reversed(readers)]
@@ -265,21 +273,19 @@ def _checked_choice(writer: str, run_dir: str, use_snapshot: bool) -> int:
     return step
 
 
-def _partial_on_disk(run_dir: str, writer: str) -> bool:
-    """Whether the kill interrupted a write: a broken checkpoint directory, a temporary file or directory, or a
-    snapshot that is not JSON."""
+def _partials(run_dir: str, writer: str) -> set[str]:
+    """What interrupted writes left in the run directory: broken checkpoint directories, temporary files or
+    directories, a snapshot that is not JSON. A kill landed inside a write when it adds to this set."""
     from raydist.checkpoint import RAY_SNAPSHOT, checkpoint_dirs, verify
 
-    leftovers = any(".tmp-" in n or n.startswith(".old-") for n in os.listdir(run_dir))
-    torn = False
+    found = {n for n in os.listdir(run_dir) if ".tmp-" in n or n.startswith(".old-")}
     if os.path.exists(os.path.join(run_dir, RAY_SNAPSHOT)):
         try:
             with open(os.path.join(run_dir, RAY_SNAPSHOT)) as f:
                 json.load(f)
         except ValueError:
-            torn = True
-    broken = any(verify(p, required=STATE[writer]) for _, p in checkpoint_dirs(run_dir))
-    return leftovers or torn or broken
+            found.add(f"{RAY_SNAPSHOT} (torn, {os.path.getmtime(os.path.join(run_dir, RAY_SNAPSHOT))})")
+    return found | {p for _, p in checkpoint_dirs(run_dir) if verify(p, required=STATE[writer])}
 
 
 def save_cost(rounds: int, overrides: list[str]) -> None:
@@ -332,6 +338,8 @@ def main() -> None:
     ap.add_argument("--save-cost", type=int, metavar="ROUNDS", help="instead: time save_state with and without fsync")
     ap.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE",
                     help="with --save-cost: a config override, e.g. model.hidden=1024")
+    ap.add_argument("--out", type=Path, help="store the rounds, the machine and the commit in this JSON file")
+    ap.add_argument("--report", type=Path, help="print the lines of a stored run and exit")
     ap.add_argument("--write", nargs=2, metavar=("WRITER", "RUN_DIR"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.write:
@@ -340,15 +348,27 @@ def main() -> None:
     if args.save_cost:
         save_cost(args.save_cost, args.overrides)
         return
-    failed = False
+    if args.report:
+        print(report(json.loads(args.report.read_text())))
+        return
     started = time.perf_counter()
+    results = []
     for writer in ("sync", "local_sgd", "ps"):
         with tempfile.TemporaryDirectory(prefix=f"rd-chaos-{writer}-") as run_dir:
-            result = chaos(writer, args.kills, run_dir, seed=args.seed)
-        print(result.line(), flush=True)
-        failed |= bool(result.failures)
-    print(f"total {time.perf_counter() - started:.0f} s", flush=True)
-    sys.exit(1 if failed else 0)
+            results.append(chaos(writer, args.kills, run_dir, seed=args.seed))
+        print(results[-1].line(), flush=True)
+    stored = {"setting": {"kills": args.kills, "seed": args.seed}, "writers": [asdict(r) for r in results],
+              "total_s": round(time.perf_counter() - started, 1), **stamp()}
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(stored, indent=1) + "\n")
+    print(f"total {stored['total_s']:.0f} s", flush=True)
+    sys.exit(1 if any(r.failures for r in results) else 0)
+
+
+def report(stored: dict) -> str:
+    """The lines docs/checkpoints.md quotes, from a stored run."""
+    return "\n".join([ChaosResult(**w).line() for w in stored["writers"]] + [f"total {stored['total_s']:.0f} s"])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,32 @@
+"""The tables README and docs/ quote are the stored results (docs/data/*.json) as the benchmarks print them: a
+benchmark re-run that changes a figure fails here until the docs are pasted again."""
+
+from __future__ import annotations
+
+import json
+
+from jobutil import REPO, load_benchmark
+
+DATA = REPO / "docs" / "data"
+
+
+def _doc(name: str) -> str:
+    return (REPO / "docs" / name).read_text()
+
+
+def test_the_shaped_links_tables_are_the_stored_runs():
+    shaped = load_benchmark("shaped_strategies")
+    stored = json.loads((DATA / "shaped_runs.json").read_text())
+    text = _doc("benchmarks.md")
+    assert shaped.fanin_table(stored["points"], stored["hosts"]) in text, \
+        "docs/benchmarks.md's fan-in table is stale: paste `benchmarks/shaped_strategies.py --report`"
+    assert shaped.strategies_table(stored["points"]) in text, \
+        "docs/benchmarks.md's time-to-target table is stale: paste `benchmarks/shaped_strategies.py --report`"
+
+
+def test_the_checkpoint_chaos_lines_are_the_stored_run():
+    chaos = load_benchmark("checkpoint_chaos")
+    stored = json.loads((DATA / "checkpoint_chaos.json").read_text())
+    assert chaos.report(stored) in _doc("checkpoints.md"), \
+        "docs/checkpoints.md's chaos lines are stale: paste `benchmarks/checkpoint_chaos.py --report`"
+    assert stored["machine"]["cpus"] and stored["commit"]
