@@ -44,7 +44,8 @@ def test_wrong_interface_name_fails_bring_up_fast_naming_the_node(slurm_cluster)
     assert state == "FAILED", job.text()
     errors = [ln for ln in job.text().splitlines() if ln.startswith("raydist: error:")]
     assert any("node02" in ln and "ens1f1" in ln and "does not exist" in ln for ln in errors), job.text()
-    assert took < 45, f"bring-up took {took:.0f}s to fail"
+    # 4.7-9.9 s from sbatch to FAILED measured alone (three runs): the bound is 2.5x the slowest
+    assert took < 25, f"bring-up took {took:.0f}s to fail"
     assert rayup.wait_no_leftovers(slurm_cluster, job.job_id) == {}
     assert not job.job_dir.exists()
 
