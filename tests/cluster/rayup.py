@@ -134,6 +134,18 @@ def memory_mib(cluster: EmulatedCluster) -> float:
     return total_kib / 1024
 
 
+def kill_node_ray(cluster: EmulatedCluster, host: str, job_id: int) -> None:
+    """SIGKILL job `job_id`'s whole Ray on `host`, as a crash would. Again while any is left: a process forked
+    while the list was taken (a raylet starting a worker) escapes one pass."""
+    for _ in range(20):
+        pids = tagged_pids(cluster, host, job_id)
+        if not pids:
+            return
+        cluster.run(host, ["kill", "-9", *pids])  # some may be gone by now
+    left = tagged_pids(cluster, host, job_id)
+    raise AssertionError(f"job {job_id}'s Ray on {host} survived 20 rounds of SIGKILL: {left}")
+
+
 def tagged_pids(cluster: EmulatedCluster, host: str, job_id: int) -> list[str]:
     """PIDs on `host` of job `job_id`'s Ray (tagged by bring-up): what killing that node's Ray means."""
     probe = ("import glob\nfor f in glob.glob('/proc/[0-9]*/environ'):\n"
