@@ -165,7 +165,8 @@ def real_model(cluster, job, a, link: float, storage: Path) -> list[dict]:
 
     name = f"real-{link:g}"
     submit(cluster, job, ["-m", "raydist.job", "compare", "--config", REAL_CONFIG,
-                          "--set", f"scaling.num_workers={a.workers}", "--set", f"compare.strategies={','.join(a.strategies)}",
+                          "--set", f"scaling.num_workers={a.workers}",
+                          "--set", f"compare.strategies={','.join(a.strategies)}",
                           "--set", "run.tensorboard=false", "--set", f"run.storage_path={storage}",
                           "--set", f"run.name={name}"], name, working_dir="examples")
     run = json.loads((storage / name / "results.json").read_text())

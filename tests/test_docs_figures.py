@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from jobutil import REPO, load_benchmark
 
 DATA = REPO / "docs" / "data"
@@ -30,3 +32,12 @@ def test_the_checkpoint_chaos_lines_are_the_stored_run():
     assert chaos.report(stored) in _doc("checkpoints.md"), \
         "docs/checkpoints.md's chaos lines are stale: paste `benchmarks/checkpoint_chaos.py --report`"
     assert stored["machine"]["cpus"] and stored["commit"]
+
+
+def test_the_suite_time_readme_and_testing_md_quote_is_the_stored_run():
+    stored_path = DATA / "suite_time.json"
+    if not stored_path.exists():
+        pytest.skip("no suite time stored yet: benchmarks/suite_time.py --out docs/data/suite_time.json")
+    line = load_benchmark("suite_time").report(json.loads(stored_path.read_text()))
+    for doc in (REPO / "README.md", REPO / "docs" / "testing.md"):
+        assert line in doc.read_text(), f"{doc.name} is stale: paste `benchmarks/suite_time.py --report`"
