@@ -4,9 +4,9 @@
     .venv/bin/python benchmarks/suite_time.py --report docs/data/suite_time.json    # the quoted line again
 
 Clones this checkout's HEAD into a temporary directory and runs `make test` there, as .ci/run does: set-up
-included (a new virtual environment), pytest's JUnit XML report on the side. Stores per round the wall time of
-`make test`, pytest's own time and its counts (from the XML report, not from its output), with the machine and
-the commit. Root is needed for the SLURM tests, as for `make test` itself.
+included (a new virtual environment), pytest's JUnit XML report on the side. Stores per round the commit it
+tested, the wall time of `make test`, pytest's own time and its counts (from the XML report, not from its
+output), with the machine. Root is needed for the SLURM tests, as for `make test` itself.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from stored import stamp  # noqa: E402
 def one_round(workdir: Path) -> dict:
     clone = workdir / "clone"
     subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+    tested = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip()
     report = workdir / "junit.xml"
     t = time.monotonic()
     r = subprocess.run(["make", "test", f"PYTEST_ARGS=--junitxml={report}"], cwd=clone, capture_output=True,
@@ -39,7 +40,7 @@ def one_round(workdir: Path) -> dict:
         suite = suites if suites.tag == "testsuite" else suites.find("testsuite")
         counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
         counts["pytest_s"] = round(float(suite.get("time", 0)), 1)
-    return {"wall_s": round(wall, 1), "exit_code": r.returncode, **counts,
+    return {"commit": tested, "wall_s": round(wall, 1), "exit_code": r.returncode, **counts,
             "tail": (r.stdout + r.stderr)[-1500:] if r.returncode else ""}
 
 
