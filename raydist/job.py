@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raydist import registry
+from raydist import finished, registry
 from raydist.atomic import write_json_atomic
 from raydist.cli import OneLineParser
 from raydist.config import Config, job_defaults, load_config
@@ -45,6 +45,11 @@ def parse_job_args(job: str, argv: list[str] | None, doc: str | None = None) -> 
 def run_job(job: str, cfg: Config, started: float | None = None) -> Any:
     """Run `job` (a registry name) on `cfg`; writes its summary.json and returns the summary."""
     check_before_ray(job, cfg)
+    done = finished.completed_summary(job, cfg)
+    if done is not None:
+        print(finished.notice(done), file=sys.stderr, flush=True)
+        return done
+    finished.record(job, cfg)
     prepare_ray_environment()
     session = Session(job=job, started=time.perf_counter() if started is None else started)
     spec = registry.get(job)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from raydist.config import Config
 from raydist.errors import RaydistError
+from raydist.listen_port import free_port
 from raydist.local_auth import private_auth_token
 from raydist.preflight import check_cluster_fits, check_reachable, local_cpus, ray_address
 
@@ -80,7 +81,7 @@ def start_local(num_cpus: int, logging_level: int = logging.INFO, notice=None) -
     # RAY_API_SERVER_ADDRESS, else by looking for a Ray instance on the machine, which finds the wrong one, or
     # several, when others run beside this one (the dashboard then marks our run aborted). They inherit this
     # process's environment, so name our dashboard before it starts.
-    dashboard_port = _free_loopback_port()
+    dashboard_port = free_port("127.0.0.1")
     os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{dashboard_port}"
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=True,
              dashboard_host="127.0.0.1", dashboard_port=dashboard_port,
@@ -94,14 +95,6 @@ def start_local(num_cpus: int, logging_level: int = logging.INFO, notice=None) -
 QUIET_WARNINGS = "ignore:`ExecutionOptions.exclude_resources` is deprecated"
 """Ray Train's controller trips over Ray Data's own deprecation at every start once state tracking is on: two lines
 of Ray's business on the user's console. The embedded instance's processes skip that one warning."""
-
-
-def _free_loopback_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def process_start_time() -> float:

@@ -17,16 +17,22 @@ from pathlib import Path
 from typing import Iterator
 
 from jobutil import REPO, clean_env
+from raydist.listen_port import free_port
 
 VENV_BIN = Path(os.sys.executable).parent  # the venv that runs the tests runs the cluster too
 
 
 def free_ports(n: int) -> list[int]:
+    """n distinct free ports, outside the ephemeral range (raydist.listen_port says why)."""
     socks = []
-    for _ in range(n):
+    while len(socks) < n:
         s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
+        try:
+            s.bind(("127.0.0.1", free_port("127.0.0.1")))
+        except OSError:  # taken since free_port looked
+            s.close()
+            continue
+        socks.append(s)  # held until all are picked, so that none is picked twice
     ports = [s.getsockname()[1] for s in socks]
     for s in socks:
         s.close()

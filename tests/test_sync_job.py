@@ -46,6 +46,14 @@ def test_two_workers_reach_the_accuracy_threshold_on_digits(tmp_path):
     assert board.Scalars("train/samples_per_s") and scalar_steps(board, "run/world_size") == [0]
     assert list(config_texts(board)) == [0] and "    name: acc\n" in config_texts(board)[0]
 
+    # The same run again (a second `make run`) reports the finished run from its files: no Ray started, the same
+    # summary; run.verbose changes only the console.
+    assert "[raydist] local Ray: token auth on" in proc.stdout
+    again = run_job("sync", f"run.storage_path={tmp_path}", "run.name=acc", "run.verbose=true")
+    assert summary(again) == result
+    assert "acc already completed 440 steps with this config" in again.stderr
+    assert "local Ray" not in again.stdout + again.stderr and len(again.stdout.splitlines()) == 1, again
+
 
 def test_stopped_run_resumes_at_the_next_step_with_identical_losses(tmp_path):
     common = [f"run.storage_path={tmp_path}", "train.epochs=2", "checkpoint.every_steps=10",

@@ -163,3 +163,20 @@ def test_train_startup_split_reads_the_raylet_and_controller_logs(tmp_path):
                                  "placement-group cleaner": 1.456, "worker actors": 1.97,
                                  "train context and synchronization actor": 2.44,
                                  "process group, callbacks, launch": 0.789}, abs=1e-3)
+
+
+def test_listen_ports_come_from_below_the_ephemeral_range():
+    import random
+    import socket
+
+    from raydist.listen_port import LISTEN_RANGE, candidate_ports, ephemeral_low, free_port
+
+    ports = candidate_ports(32768, random.Random(0))
+    assert sorted(ports) == list(range(LISTEN_RANGE[0], LISTEN_RANGE[1] + 1)) and ports != sorted(ports)
+    assert candidate_ports(32100, random.Random(0)) and max(candidate_ports(32100, random.Random(0))) == 32099
+    assert candidate_ports(30000, random.Random(0)) == []  # a kernel whose ephemeral range starts lower
+    port = free_port("127.0.0.1")
+    if ephemeral_low() > LISTEN_RANGE[0]:
+        assert LISTEN_RANGE[0] <= port < ephemeral_low()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # free indeed

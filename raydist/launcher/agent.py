@@ -103,9 +103,9 @@ class RankAgent:
 
     def free_port(self) -> int:
         """A port free on this node, for MASTER_PORT (rank 0's agent)."""
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return s.getsockname()[1]
+        from raydist.listen_port import free_port
+
+        return free_port("")
 
     # ---- the script -----------------------------------------------------------------------------------
 
