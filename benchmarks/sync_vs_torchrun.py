@@ -1,11 +1,15 @@
-"""Steps/s of jobs/sync.py (Ray Train) against the same loop under plain torchrun, interleaved, as ratios.
+"""jobs/sync.py (Ray Train, embedded Ray) against the same loop under plain torchrun, interleaved rounds.
 
-    .venv/bin/python benchmarks/sync_vs_torchrun.py --rounds 3 --workers 2
+    .venv/bin/python benchmarks/sync_vs_torchrun.py --rounds 3 --out docs/data/sync_vs_torchrun.json
+    .venv/bin/python benchmarks/sync_vs_torchrun.py --report docs/data/sync_vs_torchrun.json   # the docs' tables
 
-Both run the shared loop (raydist.train.Trainer with SyncDDP) with gloo on CPU; only the launcher differs. `loop` is the
-steps/s the training loop measures itself (set-up excluded); `first step` is the time from launching the command
-to rank 0's first step done (the loop's `startup` record in metrics.jsonl); `wall` is the whole command, start to
-exit. Ray's summary also splits its start-up (`startup_s`: connected, workers' function entered, ready, first step).
+Both run the shared loop (raydist.train.Trainer with SyncDDP) with gloo on CPU; only the launcher differs. Per round:
+`first step`, the time from launching the command to rank 0's first step done (the loop's `startup` record in
+metrics.jsonl); `command`, launch to exit; `loop`, the steps/s the loop measures itself (set-up excluded); Ray's own
+split of its start-up (the summary's `startup_s`, and Ray Train's steps read from the session's logs by
+benchmarks/train_startup_split.py); and `again`, the same jobs/sync.py command run a second time on the completed
+run (it reports the run without starting Ray). Rounds alternate which side goes first. This benchmark starts the
+embedded Ray instance and reads /tmp/ray/session_latest: run nothing else with Ray beside it.
 
 A realistic step time (the issue's >= 50 ms/step) on these CPUs:
 
@@ -26,59 +30,111 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 from raydist.observability.metrics import startup_records  # noqa: E402
 
+SESSION = "/tmp/ray/session_latest"
 
-def run(cmd: list[str], run_dir: Path) -> dict:
+
+def run(cmd: list[str], run_dir: Path | None) -> dict:
+    """One command: its JSON summary line, plus the first step's and the exit's seconds since launch."""
     launched = time.time()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         sys.exit(f"benchmark run failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
     result = json.loads(lines[-1])
-    result["first_step_s"] = startup_records(str(run_dir / "metrics.jsonl"))[0]["first_step"] - launched
+    result["command_s"] = round(time.time() - launched, 2)
+    if run_dir is not None:
+        result["first_step_s"] = round(startup_records(str(run_dir / "metrics.jsonl"))[0]["first_step"] - launched, 2)
     return result
 
 
+def one_round(i: int, workers: int, overrides: list[str], tmp: str) -> dict:
+    from train_startup_split import split
+
+    py = sys.executable
+    common = ["--set", f"scaling.num_workers={workers}", "--set", f"run.storage_path={tmp}"]
+    for o in overrides:
+        common += ["--set", o]
+    runs = {"ray": [py, "jobs/sync.py", *common, "--set", f"run.name=ray{i}"],
+            "torchrun": [py, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={workers}",
+                         "benchmarks/torchrun_sync.py", *common, "--set", f"run.name=torchrun{i}"]}
+    got = {}
+    # Alternate which goes first, so a drift in the machine's load does not favour one side.
+    for side in (("ray", "torchrun") if i % 2 == 0 else ("torchrun", "ray")):
+        got[side] = run(runs[side], Path(tmp) / f"{side}{i}")
+        if side == "ray":
+            got["train_split"] = {k: round(v, 2) for k, v in split(str(Path(SESSION).resolve())).items()}
+    again = run(runs["ray"], None)
+    ray, tr = got["ray"], got["torchrun"]
+    return {"round": i, "steps": ray["steps"],
+            "ray_first_step_s": ray["first_step_s"], "torchrun_first_step_s": tr["first_step_s"],
+            "ray_command_s": ray["command_s"], "torchrun_command_s": tr["command_s"],
+            "ray_loop_steps_per_s": ray["steps_per_s"], "torchrun_loop_steps_per_s": tr["steps_per_s"],
+            "ray_startup_s": ray.get("startup_s"), "ray_train_split_s": got["train_split"],
+            # the completed run's own summary again (its wall_s is the first run's), not a second training
+            "again_command_s": again["command_s"], "again_reported": again["wall_s"] == ray["wall_s"]}
+
+
+def summarize(rows: list[dict]) -> dict:
+    def ratio(a: str, b: str) -> float:
+        return round(statistics.median(r[a] / r[b] for r in rows), 2)
+
+    return {"first_step_ratio": ratio("ray_first_step_s", "torchrun_first_step_s"),
+            "command_ratio": ratio("ray_command_s", "torchrun_command_s"),
+            "loop_ratio": ratio("ray_loop_steps_per_s", "torchrun_loop_steps_per_s")}
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+
+
+def report(stored: dict) -> str:
+    """docs/benchmarks.md's two tables: the rounds side by side, then where Ray's seconds go (median, min-max)."""
+    rows = stored["rounds"]
+    out = ["| round | first step: Ray | torchrun | ratio | whole command: Ray | torchrun | ratio | the completed "
+           "run again |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['round'] + 1} | {r['ray_first_step_s']:.1f} s | {r['torchrun_first_step_s']:.1f} s | "
+                   f"{r['ray_first_step_s'] / r['torchrun_first_step_s']:.2f} | {r['ray_command_s']:.1f} s | "
+                   f"{r['torchrun_command_s']:.1f} s | {r['ray_command_s'] / r['torchrun_command_s']:.2f} | "
+                   f"{r['again_command_s']:.1f} s |")
+    s = stored["summary"]
+    out.append(f"| median | | | {s['first_step_ratio']:.2f} | | | {s['command_ratio']:.2f} | |")
+    out += ["", "| seconds since the job's start, until | s, median (min-max) |", "|---|---|"]
+    for key in ("connect", "workers", "ready", "first_step"):
+        out.append(f"| `{key}` | {_spread([r['ray_startup_s'][key] for r in rows])} |")
+    out += ["", "| Ray Train's step, between `connect` and `workers` | s, median (min-max) |", "|---|---|"]
+    for key in rows[0]["ray_train_split_s"]:
+        out.append(f"| {key} | {_spread([r['ray_train_split_s'][key] for r in rows])} |")
+    return "\n".join(out) + "\n"
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--set", action="append", default=[], dest="overrides")
+    ap.add_argument("--out", help="store the rounds with the machine and commit (docs/data/sync_vs_torchrun.json)")
+    ap.add_argument("--report", metavar="FILE", help="print the docs' tables from a stored file; run nothing")
     args = ap.parse_args()
-    py = sys.executable
-    rows = []
+    if args.report:
+        print(report(json.loads(Path(args.report).read_text())), end="")
+        return
+    from stored import stamp
+
+    machine_and_commit = stamp()  # of the code that runs, before anything is edited beside it
     with tempfile.TemporaryDirectory(prefix="rd-bench-") as tmp:
+        rows = []
         for i in range(args.rounds):
-            common = ["--set", f"scaling.num_workers={args.workers}", "--set", f"run.storage_path={tmp}"]
-            for o in args.overrides:
-                common += ["--set", o]
-            runs = {"ray": [py, "jobs/sync.py", *common, "--set", f"run.name=ray{i}"],
-                    "torchrun": [py, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.workers}",
-                                 "benchmarks/torchrun_sync.py", *common, "--set", f"run.name=torchrun{i}"]}
-            # Alternate which goes first, so a drift in the machine's load does not favour one side.
-            order = ("ray", "torchrun") if i % 2 == 0 else ("torchrun", "ray")
-            got = {k: run(runs[k], Path(tmp) / f"{k}{i}") for k in order}
-            ray, tr = got["ray"], got["torchrun"]
-            rows.append({"round": i, "ray_loop_steps_per_s": ray["steps_per_s"], "torchrun_loop_steps_per_s": tr["steps_per_s"],
-                         "ray_first_step_s": ray["first_step_s"], "torchrun_first_step_s": tr["first_step_s"],
-                         "ray_startup_s": ray.get("startup_s"),
-                         "ray_wall_s": ray["wall_s"], "torchrun_wall_s": tr["wall_s"], "steps": ray["steps"]})
+            rows.append(one_round(i, args.workers, args.overrides, tmp))
             print(json.dumps(rows[-1]), flush=True)
-    loop = statistics.median(r["ray_loop_steps_per_s"] / r["torchrun_loop_steps_per_s"] for r in rows)
-    wall = statistics.median(r["ray_wall_s"] / r["torchrun_wall_s"] for r in rows)
-    first = statistics.median(r["ray_first_step_s"] / r["torchrun_first_step_s"] for r in rows)
-    steps = [r["ray_loop_steps_per_s"] for r in rows]
-    print(json.dumps({"workers": args.workers, "rounds": args.rounds,
-                      "ray_ms_per_step": round(1e3 / statistics.median(steps), 1),
-                      "loop_steps_per_s_ratio_ray_over_torchrun": round(loop, 3),
-                      "loop_ratio_per_round": [round(r["ray_loop_steps_per_s"] / r["torchrun_loop_steps_per_s"], 3)
-                                               for r in rows],
-                      "first_step_ratio_ray_over_torchrun": round(first, 3),
-                      "first_step_s": {"ray": round(statistics.median(r["ray_first_step_s"] for r in rows), 2),
-                                       "torchrun": round(statistics.median(r["torchrun_first_step_s"] for r in rows), 2)},
-                      "wall_ratio_ray_over_torchrun": round(wall, 3)}))
+    stored = {"workers": args.workers, "overrides": args.overrides, "rounds": rows, "summary": summarize(rows)}
+    print(json.dumps(stored["summary"]))
+    if args.out:
+        Path(args.out).write_text(json.dumps({**stored, **machine_and_commit}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
