@@ -87,8 +87,8 @@ def summarize(rows: list[dict]) -> dict:
             "loop_ratio": ratio("ray_loop_steps_per_s", "torchrun_loop_steps_per_s")}
 
 
-def _spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+def _spread(values: list[float], digits: int = 1) -> str:
+    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
 
 def report(stored: dict) -> str:
@@ -103,6 +103,8 @@ def report(stored: dict) -> str:
                    f"{r['again_command_s']:.1f} s |")
     s = stored["summary"]
     out.append(f"| median | | | {s['first_step_ratio']:.2f} | | | {s['command_ratio']:.2f} | |")
+    loop = [r["ray_loop_steps_per_s"] / r["torchrun_loop_steps_per_s"] for r in rows]
+    out += ["", f"The training loop's own steps/s (set-up excluded), Ray over torchrun: {_spread(loop, 2)}."]
     out += ["", "| seconds since the job's start, until | s, median (min-max) |", "|---|---|"]
     for key in ("connect", "workers", "ready", "first_step"):
         out.append(f"| `{key}` | {_spread([r['ray_startup_s'][key] for r in rows])} |")
@@ -110,6 +112,14 @@ def report(stored: dict) -> str:
     for key in rows[0]["ray_train_split_s"]:
         out.append(f"| {key} | {_spread([r['ray_train_split_s'][key] for r in rows])} |")
     return "\n".join(out) + "\n"
+
+
+def make_run_line(stored: dict) -> str:
+    """README's figure for `make run` (the same command as the Ray side), from the stored rounds."""
+    wall = [r["ray_command_s"] for r in stored["rounds"]]
+    first = [r["ray_first_step_s"] for r in stored["rounds"]]
+    return (f"`make run` took {_spread(wall)} s after set-up, its first step at {_spread(first)} s "
+            f"(median and range of {len(wall)} stored rounds on {stored['machine']['cpus']} CPUs)")
 
 
 def main() -> None:
@@ -121,7 +131,8 @@ def main() -> None:
     ap.add_argument("--report", metavar="FILE", help="print the docs' tables from a stored file; run nothing")
     args = ap.parse_args()
     if args.report:
-        print(report(json.loads(Path(args.report).read_text())), end="")
+        stored = json.loads(Path(args.report).read_text())
+        print(report(stored) + "\n" + make_run_line(stored))
         return
     from stored import stamp
 

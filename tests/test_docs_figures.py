@@ -41,3 +41,13 @@ def test_the_suite_time_readme_and_testing_md_quote_is_the_stored_run():
     line = load_benchmark("suite_time").report(json.loads(stored_path.read_text()))
     for doc in (REPO / "README.md", REPO / "docs" / "testing.md"):
         assert line in doc.read_text(), f"{doc.name} is stale: paste `benchmarks/suite_time.py --report`"
+
+
+def test_the_sync_against_torchrun_tables_and_readmes_make_run_figure_are_the_stored_rounds():
+    bench = load_benchmark("sync_vs_torchrun")
+    stored = json.loads((DATA / "sync_vs_torchrun.json").read_text())
+    for table in bench.report(stored).strip("\n").split("\n\n"):
+        assert table in _doc("benchmarks.md"), \
+            "docs/benchmarks.md's start-up tables are stale: paste `benchmarks/sync_vs_torchrun.py --report`"
+    assert bench.make_run_line(stored) in (REPO / "README.md").read_text()
+    assert all(r["again_reported"] for r in stored["rounds"]) and stored["machine"]["cpus"] and stored["commit"]
