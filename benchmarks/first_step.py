@@ -1,6 +1,7 @@
 """Time to the first step on a warm Ray cluster against `srun` + `torchrun` started cold on the same hosts.
 
-    flock /tmp/raydist-emu.lock .venv/bin/python benchmarks/first_step.py --rounds 3
+    flock /tmp/raydist-emu.lock .venv/bin/python benchmarks/first_step.py --rounds 3 --out docs/data/first_step.json
+    .venv/bin/python benchmarks/first_step.py --report docs/data/first_step.json   # docs/benchmarks.md's table
 
 (root: it builds the emulated 3-host SLURM cluster of tests/cluster/emucluster.py and brings Ray up on it with
 cluster/ray_up.slurm, which then stays up: the warm cluster.) Each round, in alternating order:
@@ -12,7 +13,8 @@ cluster/ray_up.slurm, which then stays up: the warm cluster.) Each round, in alt
 
 Both run 1 epoch of digits and write the loop's `startup` record (raydist.train.loop) to metrics.jsonl on the
 shared storage; the time to the first step is that record's `first_step` minus the moment this script launched the
-command (one clock: the emulated hosts share the machine's). Prints each round, the medians and their ratio.
+command (one clock: the emulated hosts share the machine's). Prints each round, the medians and their ratio;
+--out stores the rounds with the machine and commit.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def first_step(run_dir: Path, launched: float) -> float:
     return startup_records(str(run_dir / "metrics.jsonl"))[0]["first_step"] - launched
 
 
-def ray_round(cluster, job, storage: Path, name: str) -> float:
+def ray_round(cluster, job, storage: Path, name: str) -> dict:
     launched = time.time()
     r = cluster.run("master-node", ["ray", "job", "submit", "--working-dir", ".", "--", "python", "jobs/sync.py",
                                     *JOB, "--set", f"run.storage_path={storage}", "--set", f"run.name={name}"],
@@ -47,7 +49,7 @@ def ray_round(cluster, job, storage: Path, name: str) -> float:
     # The driver's own split, from its process start: what came before it is `ray job submit`'s and the job's.
     up = json.loads((storage / name / "summary.json").read_text())["startup_s"]
     print(f"  ray: submit to driver start {took - up['first_step']:.1f} s, then {up}", flush=True)
-    return took
+    return {"first_step_s": round(took, 2), "to_driver_start_s": round(took - up["first_step"], 2), "startup_s": up}
 
 
 def torchrun_round(cluster, job, storage: Path, name: str) -> float:
@@ -65,13 +67,10 @@ def torchrun_round(cluster, job, storage: Path, name: str) -> float:
                     timeout=600)
     if r.returncode != 0:
         raise SystemExit(f"srun torchrun failed: {(r.stdout + r.stderr)[-3000:]}")
-    return first_step(storage / name, launched)
+    return {"first_step_s": round(first_step(storage / name, launched), 2)}
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=3)
-    a = p.parse_args()
+def rounds(n: int) -> list[dict]:
     sys.path.insert(0, str(REPO / "tests" / "cluster"))
     import rayup
     from emucluster import EmulatedCluster
@@ -81,21 +80,58 @@ def main() -> int:
         job = rayup.submit(cluster, rayup.write_config(cluster, "first-step"))
         job.wait_for("Ray cluster ready", timeout=180)
         storage = cluster.shared / "runs"
-        for i in range(a.rounds):
-            order = ("ray", "torchrun") if i % 2 == 0 else ("torchrun", "ray")
-            got = {}
-            for which in order:
-                fn = ray_round if which == "ray" else torchrun_round
-                got[which] = fn(cluster, job, storage, f"{which}{i}")
+        for i in range(n):
+            got = {"round": i}
+            for which in (("ray", "torchrun") if i % 2 == 0 else ("torchrun", "ray")):
+                got[which] = (ray_round if which == "ray" else torchrun_round)(cluster, job, storage, f"{which}{i}")
             rows.append(got)
-            print(f"round {i + 1}: ray job submit {got['ray']:.1f} s, srun + torchrun {got['torchrun']:.1f} s, "
-                  f"ratio {got['ray'] / got['torchrun']:.2f}", flush=True)
+            print(f"round {i + 1}: ray job submit {got['ray']['first_step_s']:.1f} s, srun + torchrun "
+                  f"{got['torchrun']['first_step_s']:.1f} s", flush=True)
         cluster.run("master-node", ["scancel", str(job.job_id)])
         rayup.wait_no_leftovers(cluster, job.job_id)
-    ray = statistics.median(r["ray"] for r in rows)
-    tr = statistics.median(r["torchrun"] for r in rows)
-    print(json.dumps({"rounds": a.rounds, "ray_first_step_s": round(ray, 2), "torchrun_first_step_s": round(tr, 2),
-                      "ratio": round(statistics.median(r["ray"] / r["torchrun"] for r in rows), 2)}))
+    return rows
+
+
+def _ratio(r: dict) -> float:
+    return r["ray"]["first_step_s"] / r["torchrun"]["first_step_s"]
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+
+
+def report(stored: dict) -> str:
+    """docs/benchmarks.md's table of the rounds, and the Ray side's split (median, min-max)."""
+    rows = stored["rounds"]
+    out = ["| round | `ray job submit` | `srun` + `torchrun` | ratio |", "|---|---|---|---|"]
+    out += [f"| {r['round'] + 1} | {r['ray']['first_step_s']:.1f} s | {r['torchrun']['first_step_s']:.1f} s | "
+            f"{_ratio(r):.2f} |" for r in rows]
+    out.append(f"| median | | | {statistics.median(_ratio(r) for r in rows):.2f} |")
+    up = [r["ray"]["startup_s"] for r in rows]
+    out += ["", "The Ray side, in seconds, median (min-max): `ray job submit` to the driver's process start "
+            f"{_spread([r['ray']['to_driver_start_s'] for r in rows])}; then from the driver's start, connected at "
+            f"{_spread([u['connect'] for u in up])}, the workers' function entered at {_spread([u['workers'] for u in up])}, "
+            f"the first step done at {_spread([u['first_step'] for u in up])}."]
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", help="store the rounds with the machine and commit (docs/data/first_step.json)")
+    p.add_argument("--report", metavar="FILE", help="print the docs' table from a stored file; run nothing")
+    a = p.parse_args()
+    if a.report:
+        print(report(json.loads(Path(a.report).read_text())), end="")
+        return 0
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from stored import stamp
+
+    machine_and_commit = stamp()
+    rows = rounds(a.rounds)
+    print(json.dumps({"rounds": a.rounds, "ratio": round(statistics.median(_ratio(r) for r in rows), 2)}))
+    if a.out:
+        Path(a.out).write_text(json.dumps({"rounds": rows, **machine_and_commit}, indent=1) + "\n")
     return 0
 
 
