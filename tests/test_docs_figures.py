@@ -51,3 +51,11 @@ def test_the_sync_against_torchrun_tables_and_readmes_make_run_figure_are_the_st
             "docs/benchmarks.md's start-up tables are stale: paste `benchmarks/sync_vs_torchrun.py --report`"
     assert bench.make_run_line(stored) in (REPO / "README.md").read_text()
     assert all(r["again_reported"] for r in stored["rounds"]) and stored["machine"]["cpus"] and stored["commit"]
+
+
+def test_the_warm_cluster_first_step_table_is_the_stored_rounds():
+    bench = load_benchmark("first_step")
+    stored = json.loads((DATA / "first_step.json").read_text())
+    assert bench.report(stored).strip("\n") in _doc("benchmarks.md"), \
+        "docs/benchmarks.md's warm-cluster table is stale: paste `benchmarks/first_step.py --report`"
+    assert stored["machine"]["cpus"] and stored["commit"]
