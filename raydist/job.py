@@ -43,19 +43,20 @@ def parse_job_args(job: str, argv: list[str] | None, doc: str | None = None) -> 
 
 
 def run_job(job: str, cfg: Config, started: float | None = None) -> Any:
-    """Run `job` (a registry name) on `cfg`; writes its summary.json and returns the summary."""
+    """Run `job` (a registry name) on `cfg`; writes its summary.json and returns the summary. A run that completed
+    with this very config is reported again without starting Ray (raydist.finished)."""
     check_before_ray(job, cfg)
-    done = finished.completed_summary(job, cfg)
-    if done is not None:
-        print(finished.notice(done), file=sys.stderr, flush=True)
-        return done
-    finished.record(job, cfg)
-    prepare_ray_environment()
-    session = Session(job=job, started=time.perf_counter() if started is None else started)
-    spec = registry.get(job)
-    summary = spec.load("driver")(cfg, spec, session)
-    summary.write()
-    if os.environ.get(RESULT_ENV):
+    summary = finished.completed_summary(job, cfg)
+    if summary is not None:
+        print(finished.notice(summary), file=sys.stderr, flush=True)
+    else:
+        finished.record(job, cfg)
+        prepare_ray_environment()
+        session = Session(job=job, started=time.perf_counter() if started is None else started)
+        spec = registry.get(job)
+        summary = spec.load("driver")(cfg, spec, session)
+        summary.write()
+    if os.environ.get(RESULT_ENV):  # batch mode reads the job's status there, a reported run's too
         write_json_atomic(Path(os.environ[RESULT_ENV]), summary.to_dict())
     return summary
 

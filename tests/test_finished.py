@@ -53,3 +53,13 @@ def test_a_stopped_run_or_one_without_a_record_trains(tmp_path):
     assert finished.completed_summary("sync", cfg) is None
     (tmp_path / "r" / finished.JOB_FILE).write_text("{torn")
     assert finished.completed_summary("sync", cfg) is None
+
+
+def test_a_reported_run_still_hands_its_summary_to_batch_mode(tmp_path, monkeypatch):
+    from raydist.job import run_job
+    from raydist.summary import RESULT_ENV
+
+    cfg, _ = completed_run(tmp_path)
+    monkeypatch.setenv(RESULT_ENV, str(tmp_path / "result.json"))
+    summary = run_job("sync", reloaded(tmp_path))  # no Ray here: the completed run is reported, not resumed
+    assert summary.wall_s == 30.0 and JobSummary.read(tmp_path / "result.json") == summary
