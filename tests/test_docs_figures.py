@@ -59,3 +59,18 @@ def test_the_warm_cluster_first_step_table_is_the_stored_rounds():
     assert bench.report(stored).strip("\n") in _doc("benchmarks.md"), \
         "docs/benchmarks.md's warm-cluster table is stale: paste `benchmarks/first_step.py --report`"
     assert stored["machine"]["cpus"] and stored["commit"]
+
+
+def test_the_bring_up_lines_are_the_stored_runs():
+    import importlib.util
+    import sys
+
+    path = REPO / "tests" / "cluster" / "bench_bringup.py"
+    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location("bench_bringup", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    stored = json.loads((DATA / "bringup.json").read_text())
+    assert bench.report(stored) in _doc("benchmarks.md"), \
+        "docs/benchmarks.md's bring-up lines are stale: paste `tests/cluster/bench_bringup.py --report`"
+    assert stored["machine"]["cpus"] and stored["commit"]
