@@ -2,6 +2,8 @@
 from its checkpoints, with the test accuracy of an undisturbed run of the same config.
 
     .venv/bin/python benchmarks/train_chaos.py [--kills 5] [--seed 0] [--strategy sync] [--set KEY=VALUE]...
+    .venv/bin/python benchmarks/train_chaos.py --kills 5 --out docs/data/train_chaos.json   # stored, as docs quote
+    .venv/bin/python benchmarks/train_chaos.py --report docs/data/train_chaos.json          # docs/faults.md's lines
 
 Runs the undisturbed reference and the disturbed run one after the other (real Ray, real gloo, the job as a user
 starts it). A kill waits for the run to make progress since the previous one (new records in metrics.jsonl, so
@@ -65,23 +67,49 @@ def run(storage: str, name: str, kills: int, seed: int, strategy: str = "sync", 
     return {**summary, "kills": landed, "seconds": time.perf_counter() - started}
 
 
+def report(stored: dict) -> str:
+    """The lines docs/faults.md quotes: each run, the accuracy difference, and the time a kill cost."""
+    calm, hit, name = stored["undisturbed"], stored["disturbed"], stored["strategy"]
+    lines = [f"{name} {label}: {s['status']}, {s['steps']}/{s['total_steps']} steps, test accuracy "
+             f"{s['test_accuracy']:.4f}, final loss {s['final_loss']:.6g}, {s['seconds']:.0f} s"
+             for label, s in (("undisturbed", calm), (f"{hit['kills']} SIGKILLs", hit))]
+    diff = abs(hit["test_accuracy"] - calm["test_accuracy"])
+    lines.append(f"accuracy difference {diff:.4f} {'OK' if ok(stored) else 'FAILED'}; "
+                 f"{(hit['seconds'] - calm['seconds']) / max(1, hit['kills']):.1f} s more per kill")
+    return "\n".join(lines) + "\n"
+
+
+def ok(stored: dict) -> bool:
+    calm, hit = stored["undisturbed"], stored["disturbed"]
+    return hit["status"] == "completed" and hit["steps"] == hit["total_steps"] and \
+        abs(hit["test_accuracy"] - calm["test_accuracy"]) <= 0.01
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kills", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--strategy", default="sync", choices=["sync", "local_sgd"])
     ap.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
+    ap.add_argument("--out", help="store both runs with the machine and commit (docs/data/train_chaos.json)")
+    ap.add_argument("--report", metavar="FILE", help="print the docs' lines from a stored file; run nothing")
     args = ap.parse_args()
+    if args.report:
+        print(report(json.loads(Path(args.report).read_text())), end="")
+        return
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from stored import stamp
+
+    machine_and_commit = stamp()
     with tempfile.TemporaryDirectory(prefix="rd-train-chaos-") as storage:
         calm = run(storage, "calm", 0, args.seed, args.strategy, args.overrides)
         hit = run(storage, "chaos", args.kills, args.seed, args.strategy, args.overrides)
-    for label, s in (("undisturbed", calm), (f"{hit['kills']} SIGKILLs", hit)):
-        print(f"{args.strategy} {label}: {s['status']}, {s['steps']}/{s['total_steps']} steps, test accuracy "
-              f"{s['test_accuracy']:.4f}, final loss {s['final_loss']:.6g}, {s['seconds']:.0f} s", flush=True)
-    ok = hit["status"] == "completed" and hit["steps"] == hit["total_steps"] and \
-        abs(hit["test_accuracy"] - calm["test_accuracy"]) <= 0.01
-    print("accuracy difference", f"{abs(hit['test_accuracy'] - calm['test_accuracy']):.4f}", "OK" if ok else "FAILED")
-    sys.exit(0 if ok else 1)
+    stored = {"strategy": args.strategy, "seed": args.seed, "overrides": [*BASE, *args.overrides],
+              "undisturbed": calm, "disturbed": hit}
+    print(report(stored), end="", flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps({**stored, **machine_and_commit}, indent=1) + "\n")
+    sys.exit(0 if ok(stored) else 1)
 
 
 if __name__ == "__main__":
