@@ -74,3 +74,11 @@ def test_the_bring_up_lines_are_the_stored_runs():
     assert bench.report(stored) in _doc("benchmarks.md"), \
         "docs/benchmarks.md's bring-up lines are stale: paste `tests/cluster/bench_bringup.py --report`"
     assert stored["machine"]["cpus"] and stored["commit"]
+
+
+def test_the_training_chaos_lines_are_the_stored_runs():
+    chaos = load_benchmark("train_chaos")
+    stored = json.loads((DATA / "train_chaos.json").read_text())
+    assert chaos.report(stored) in _doc("faults.md"), \
+        "docs/faults.md's chaos lines are stale: paste `benchmarks/train_chaos.py --report`"
+    assert chaos.ok(stored) and stored["disturbed"]["kills"] == 5 and stored["commit"]
