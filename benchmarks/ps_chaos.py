@@ -1,6 +1,8 @@
 """SIGKILL parameter-server shards and Downpour workers during one async run; it must end as an undisturbed run does.
 
     .venv/bin/python benchmarks/ps_chaos.py [--server-kills 3] [--worker-kills 3] [--seed 0] [--set KEY=VALUE]...
+    .venv/bin/python benchmarks/ps_chaos.py --out docs/data/ps_chaos.json      # stored, as docs/faults.md quotes
+    .venv/bin/python benchmarks/ps_chaos.py --report docs/data/ps_chaos.json   # docs/faults.md's tables
 
 Runs the async job (`python -m raydist.job async`, on its own embedded Ray instance) twice with the same config,
 CONFIG below plus any --set: once undisturbed, then once while this script SIGKILLs actor processes, servers and
@@ -165,16 +167,23 @@ def chaos(job: Job, plan: list[str], seed: int = 0, min_records: int = 20) -> li
     return kills
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--server-kills", type=int, default=3)
-    ap.add_argument("--worker-kills", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides")
-    args = ap.parse_args()
-    plan = [role for i in range(max(args.server_kills, args.worker_kills))
-            for role, n in (("server", args.server_kills), ("worker", args.worker_kills)) if i < n]
-    overrides = [*CONFIG, f"scaling.max_failures={len(plan)}", *args.overrides]
+def report(stored: dict) -> str:
+    """docs/faults.md's two tables: each kill, then both runs side by side."""
+    out = ["| kill | the job named | at step | back to checkpoint | recomputed | noticed (s) | training again (s) |",
+           "|---|---|---|---|---|---|---|"]
+    out += [f"| {k['role']} | {k['named']} | {k['at_step']} | {k['from_step']} | {k['at_step'] - k['from_step']} | "
+            f"{k['noticed_s']:.2f} | {k['resumed_s']:.2f} |" for k in stored["kills"]]
+    calm, hit = stored["undisturbed"], stored["chaos"]
+    out += ["", f"| | undisturbed | {len(stored['kills'])} kills |", "|---|---|---|"]
+    rows = [("status", "{status}"), ("steps / total_steps", "{steps} / {total_steps}"), ("restarts", "{restarts}"),
+            ("test accuracy", "{test_accuracy:.4f}"), ("test loss", "{test_loss:.4f}"),
+            ("train_time_s", "{train_time_s:.1f}"), ("wall_s", "{wall_s:.1f}")]
+    out += [f"| {name} | {fmt.format(**calm)} | {fmt.format(**hit)} |" for name, fmt in rows]
+    out += ["", f"Tracebacks in the job's output: {stored['tracebacks']}."]
+    return "\n".join(out) + "\n"
+
+
+def run_both(plan: list[str], overrides: list[str], seed: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="ps_chaos-") as tmp:
         storage = Path(tmp)
         base = Job(storage, "undisturbed", overrides)
@@ -183,7 +192,7 @@ def main() -> None:
             sys.exit(f"the undisturbed run failed (exit {code}):\n{base.stderr()[-2000:]}")
         job = Job(storage, "chaos", overrides)
         try:
-            kills = chaos(job, plan, args.seed)
+            kills = chaos(job, plan, seed)
         except BaseException:
             job.stop()
             raise
@@ -191,22 +200,35 @@ def main() -> None:
         if disturbed is None:
             sys.exit(f"the run under chaos failed (exit {code}):\n{job.stderr()[-2000:]}")
         noise = tracebacks(job.stdout() + job.stderr())
-    print(f"{'kill':<6} {'job named':<16} {'at step':>8} {'back to':>8} {'recomputed':>10} {'noticed s':>9} {'resumed s':>9}")
-    for k in kills:
-        print(f"{k.role:<6} {k.named:<16} {k.at_step:>8} {k.from_step:>8} {k.at_step - k.from_step:>10} "
-              f"{k.noticed_s:>9.2f} {k.resumed_s:>9.2f}")
-    keys = ["status", "steps", "total_steps", "restarts", "test_accuracy", "test_loss", "train_time_s", "wall_s"]
-    print(f"\n{'':<14} {'undisturbed':>12} {'chaos':>12}")
-    for key in keys:
-        a, b = undisturbed[key], disturbed[key]
-        fmt = (lambda v: f"{v:.4f}") if isinstance(a, float) else str
-        print(f"{key:<14} {fmt(a):>12} {fmt(b):>12}")
-    print(f"\ntracebacks in the job's output: {len(noise)}", *noise[:3], sep="\n")
     ok = (disturbed["status"] == "completed" and disturbed["steps"] == disturbed["total_steps"] and not noise
           and disturbed["restarts"] == len(plan) and abs(disturbed["test_accuracy"] - undisturbed["test_accuracy"]) <= 0.01)
-    print(json.dumps({"config": overrides, "kills": [asdict(k) for k in kills], "undisturbed": undisturbed,
-                      "chaos": disturbed, "tracebacks": len(noise), "ok": ok}))
-    sys.exit(0 if ok else 1)
+    return {"config": overrides, "seed": seed, "kills": [asdict(k) for k in kills], "undisturbed": undisturbed,
+            "chaos": disturbed, "tracebacks": len(noise), "first_tracebacks": noise[:3], "ok": ok}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--server-kills", type=int, default=3)
+    ap.add_argument("--worker-kills", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides")
+    ap.add_argument("--out", help="store both runs with the machine and commit (docs/data/ps_chaos.json)")
+    ap.add_argument("--report", metavar="FILE", help="print the docs' tables from a stored file; run nothing")
+    args = ap.parse_args()
+    if args.report:
+        print(report(json.loads(Path(args.report).read_text())), end="")
+        return
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from stored import stamp
+
+    machine_and_commit = stamp()
+    plan = [role for i in range(max(args.server_kills, args.worker_kills))
+            for role, n in (("server", args.server_kills), ("worker", args.worker_kills)) if i < n]
+    stored = run_both(plan, [*CONFIG, f"scaling.max_failures={len(plan)}", *args.overrides], args.seed)
+    print(report(stored), *stored["first_tracebacks"], sep="\n")
+    if args.out:
+        Path(args.out).write_text(json.dumps({**stored, **machine_and_commit}, indent=1) + "\n")
+    sys.exit(0 if stored["ok"] else 1)
 
 
 if __name__ == "__main__":
