@@ -82,3 +82,11 @@ def test_the_training_chaos_lines_are_the_stored_runs():
     assert chaos.report(stored) in _doc("faults.md"), \
         "docs/faults.md's chaos lines are stale: paste `benchmarks/train_chaos.py --report`"
     assert chaos.ok(stored) and stored["disturbed"]["kills"] == 5 and stored["commit"]
+
+
+def test_the_parameter_server_chaos_tables_are_the_stored_runs():
+    chaos = load_benchmark("ps_chaos")
+    stored = json.loads((DATA / "ps_chaos.json").read_text())
+    assert chaos.report(stored) in _doc("faults.md"), \
+        "docs/faults.md's parameter-server chaos tables are stale: paste `benchmarks/ps_chaos.py --report`"
+    assert stored["ok"] and len(stored["kills"]) == 6 and stored["commit"]
