@@ -2,8 +2,8 @@
 
 Running a finished run a second time (a second `make run`) used to start Ray and Ray Train, resume from the last
 checkpoint at the last step, train nothing and print the same summary, in most of a minute. Each job now records
-the config it ran with (`<run_dir>/job.json`); when the run's summary says it completed, with the same job, config
-and last checkpoint on disk, the job prints that summary again at once. Any change to the config that could change
+the config its summary came from (`<run_dir>/job.json`, written after summary.json); when the run's summary says it
+completed, with the same job, config and last checkpoint on disk, the job prints that summary again at once. Any change to the config that could change
 the run (more epochs, another learning rate, more workers) goes the full way and resumes from the checkpoint.
 """
 
@@ -32,9 +32,16 @@ def run_record(job: str, cfg: Config) -> dict[str, Any]:
 
 
 def record(job: str, cfg: Config) -> None:
-    """Note the config this run is started with, before it starts."""
+    """Note the job and config that the run's summary.json, just written, came from. (Not before the run: a job
+    refused on joining a cluster writes nothing.)"""
     os.makedirs(cfg.run.run_dir, exist_ok=True)
     write_json_atomic(Path(cfg.run.run_dir) / JOB_FILE, run_record(job, cfg))
+
+
+def forget(cfg: Config) -> None:
+    """Drop the record before a session starts: if it dies after writing its summary but before its record, the
+    earlier session's record must not vouch for the new summary."""
+    (Path(cfg.run.run_dir) / JOB_FILE).unlink(missing_ok=True)
 
 
 def completed_summary(job: str, cfg: Config) -> JobSummary | None:

@@ -50,12 +50,13 @@ def run_job(job: str, cfg: Config, started: float | None = None) -> Any:
     if summary is not None:
         print(finished.notice(summary), file=sys.stderr, flush=True)
     else:
-        finished.record(job, cfg)
+        finished.forget(cfg)  # until this session's summary is written, the record may not vouch for it
         prepare_ray_environment()
         session = Session(job=job, started=time.perf_counter() if started is None else started)
         spec = registry.get(job)
         summary = spec.load("driver")(cfg, spec, session)
         summary.write()
+        finished.record(job, cfg)
     if os.environ.get(RESULT_ENV):  # batch mode reads the job's status there, a reported run's too
         write_json_atomic(Path(os.environ[RESULT_ENV]), summary.to_dict())
     return summary
