@@ -29,6 +29,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+import stored as stored_file  # noqa: E402
 from raydist.observability.metrics import startup_records  # noqa: E402
 PORT = 19556  # below the cluster config's port range: Ray's blocks never take it
 JOB = ["--set", "scaling.num_workers=2", "--set", "train.epochs=1", "--set", "run.tensorboard=false"]
@@ -118,20 +120,14 @@ def report(stored: dict) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--out", help="store the rounds with the machine and commit (docs/data/first_step.json)")
-    p.add_argument("--report", metavar="FILE", help="print the docs' table from a stored file; run nothing")
+    stored_file.add_options(p, "docs/data/first_step.json")
     a = p.parse_args()
-    if a.report:
-        print(report(json.loads(Path(a.report).read_text())), end="")
+    if stored_file.print_report(a.report, report):
         return 0
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from stored import stamp
-
-    machine_and_commit = stamp()
+    machine_and_commit = stored_file.stamp()
     rows = rounds(a.rounds)
     print(json.dumps({"rounds": a.rounds, "ratio": round(statistics.median(_ratio(r) for r in rows), 2)}))
-    if a.out:
-        Path(a.out).write_text(json.dumps({"rounds": rows, **machine_and_commit}, indent=1) + "\n")
+    stored_file.save(a.out, {"rounds": rows}, machine_and_commit)
     return 0
 
 

@@ -35,6 +35,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+import stored as stored_file  # noqa: E402
 from jobutil import clean_env, processes_titled  # noqa: E402
 # 2 shards and 2 workers, 2000 steps (6-8 s of training on 2 cores: time for six kills). The synthetic data's 4000
 # test samples make the final test accuracy of undisturbed async runs agree within 0.002 (digits' 360 vary by 0.011
@@ -212,22 +214,16 @@ def main() -> None:
     ap.add_argument("--worker-kills", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides")
-    ap.add_argument("--out", help="store both runs with the machine and commit (docs/data/ps_chaos.json)")
-    ap.add_argument("--report", metavar="FILE", help="print the docs' tables from a stored file; run nothing")
+    stored_file.add_options(ap, "docs/data/ps_chaos.json")
     args = ap.parse_args()
-    if args.report:
-        print(report(json.loads(Path(args.report).read_text())), end="")
+    if stored_file.print_report(args.report, report):
         return
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from stored import stamp
-
-    machine_and_commit = stamp()
+    machine_and_commit = stored_file.stamp()
     plan = [role for i in range(max(args.server_kills, args.worker_kills))
             for role, n in (("server", args.server_kills), ("worker", args.worker_kills)) if i < n]
     stored = run_both(plan, [*CONFIG, f"scaling.max_failures={len(plan)}", *args.overrides], args.seed)
     print(report(stored), *stored["first_tracebacks"], sep="\n")
-    if args.out:
-        Path(args.out).write_text(json.dumps({**stored, **machine_and_commit}, indent=1) + "\n")
+    stored_file.save(args.out, stored, machine_and_commit)
     sys.exit(0 if stored["ok"] else 1)
 
 

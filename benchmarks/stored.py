@@ -3,6 +3,7 @@ The figures README and docs/ quote come from these files (tests/test_docs_figure
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -31,3 +32,23 @@ def commit() -> str:
 def stamp() -> dict:
     """The machine, the commit and today's date, for a stored result."""
     return {"machine": machine(), "commit": commit(), "date": time.strftime("%Y-%m-%d")}
+
+
+def add_options(parser, stored_as: str) -> None:
+    """--out and --report, the same in every benchmark whose figures docs/ quote."""
+    parser.add_argument("--out", help=f"store the result with the machine and commit ({stored_as})")
+    parser.add_argument("--report", metavar="FILE", help="print what the docs quote from a stored file; run nothing")
+
+
+def print_report(path: str | None, report) -> bool:
+    """With --report: print `report(stored)` for the stored file and say so (the caller then runs nothing)."""
+    if not path:
+        return False
+    print(report(json.loads(Path(path).read_text())), end="")
+    return True
+
+
+def save(path: str | None, result: dict, stamped: dict) -> None:
+    """With --out: the result with its machine, commit and date (`stamp()`, taken before the run)."""
+    if path:
+        Path(path).write_text(json.dumps({**result, **stamped}, indent=1) + "\n")

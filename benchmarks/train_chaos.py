@@ -26,6 +26,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+import stored as stored_file  # noqa: E402
 from jobutil import processes_titled, start_job  # noqa: E402
 
 BASE = ["train.epochs=10", "checkpoint.every_steps=10", "train.report_every_s=0.5"]
@@ -91,24 +93,18 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--strategy", default="sync", choices=["sync", "local_sgd"])
     ap.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
-    ap.add_argument("--out", help="store both runs with the machine and commit (docs/data/train_chaos.json)")
-    ap.add_argument("--report", metavar="FILE", help="print the docs' lines from a stored file; run nothing")
+    stored_file.add_options(ap, "docs/data/train_chaos.json")
     args = ap.parse_args()
-    if args.report:
-        print(report(json.loads(Path(args.report).read_text())), end="")
+    if stored_file.print_report(args.report, report):
         return
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from stored import stamp
-
-    machine_and_commit = stamp()
+    machine_and_commit = stored_file.stamp()
     with tempfile.TemporaryDirectory(prefix="rd-train-chaos-") as storage:
         calm = run(storage, "calm", 0, args.seed, args.strategy, args.overrides)
         hit = run(storage, "chaos", args.kills, args.seed, args.strategy, args.overrides)
     stored = {"strategy": args.strategy, "seed": args.seed, "overrides": [*BASE, *args.overrides],
               "undisturbed": calm, "disturbed": hit}
     print(report(stored), end="", flush=True)
-    if args.out:
-        Path(args.out).write_text(json.dumps({**stored, **machine_and_commit}, indent=1) + "\n")
+    stored_file.save(args.out, stored, machine_and_commit)
     sys.exit(0 if ok(stored) else 1)
 
 

@@ -10,7 +10,6 @@ Builds and removes its own emulated cluster.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -18,7 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import rayup  # noqa: E402
+import stored as stored_file  # noqa: E402
 from emucluster import EmulatedCluster  # noqa: E402
 
 
@@ -62,20 +63,14 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--nodes", type=int, default=3)
-    p.add_argument("--out", help="store the runs with the machine and commit (docs/data/bringup.json)")
-    p.add_argument("--report", metavar="FILE", help="print the docs' lines from a stored file; run nothing")
+    stored_file.add_options(p, "docs/data/bringup.json")
     a = p.parse_args()
-    if a.report:
-        print(report(json.loads(Path(a.report).read_text())), end="")
+    if stored_file.print_report(a.report, report):
         return 0
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from stored import stamp
-
-    machine_and_commit = stamp()
+    machine_and_commit = stored_file.stamp()
     stored = measure(a.runs, a.nodes)
     print(report(stored), end="")
-    if a.out:
-        Path(a.out).write_text(json.dumps({**stored, **machine_and_commit}, indent=1) + "\n")
+    stored_file.save(a.out, stored, machine_and_commit)
     return 0
 
 
