@@ -98,10 +98,6 @@ def _ratio(r: dict) -> float:
     return r["ray"]["first_step_s"] / r["torchrun"]["first_step_s"]
 
 
-def _spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
-
-
 def report(stored: dict) -> str:
     """docs/benchmarks.md's table of the rounds, and the Ray side's split (median, min-max)."""
     rows = stored["rounds"]
@@ -111,9 +107,9 @@ def report(stored: dict) -> str:
     out.append(f"| median | | | {statistics.median(_ratio(r) for r in rows):.2f} |")
     up = [r["ray"]["startup_s"] for r in rows]
     out += ["", "The Ray side, in seconds, median (min-max): `ray job submit` to the driver's process start "
-            f"{_spread([r['ray']['to_driver_start_s'] for r in rows])}; then from the driver's start, connected at "
-            f"{_spread([u['connect'] for u in up])}, the workers' function entered at {_spread([u['workers'] for u in up])}, "
-            f"the first step done at {_spread([u['first_step'] for u in up])}."]
+            f"{stored_file.spread([r['ray']['to_driver_start_s'] for r in rows])}; then from the driver's start, connected at "
+            f"{stored_file.spread([u['connect'] for u in up])}, the workers' function entered at {stored_file.spread([u['workers'] for u in up])}, "
+            f"the first step done at {stored_file.spread([u['first_step'] for u in up])}."]
     return "\n".join(out) + "\n"
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -32,6 +33,11 @@ def commit() -> str:
 def stamp() -> dict:
     """The machine, the commit and today's date, for a stored result."""
     return {"machine": machine(), "commit": commit(), "date": time.strftime("%Y-%m-%d")}
+
+
+def spread(values: list[float], digits: int = 1) -> str:
+    """'median (min-max)', the way docs/ quote a stored figure."""
+    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
 
 def add_options(parser, stored_as: str) -> None:

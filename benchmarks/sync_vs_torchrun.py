@@ -32,7 +32,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import stored as stored_file  # noqa: E402
 from raydist.observability.metrics import startup_records  # noqa: E402
+from stored import spread  # noqa: E402
 
 SESSION = "/tmp/ray/session_latest"
 
@@ -87,10 +89,6 @@ def summarize(rows: list[dict]) -> dict:
             "loop_ratio": ratio("ray_loop_steps_per_s", "torchrun_loop_steps_per_s")}
 
 
-def _spread(values: list[float], digits: int = 1) -> str:
-    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
-
-
 def report(stored: dict) -> str:
     """docs/benchmarks.md's two tables: the rounds side by side, then where Ray's seconds go (median, min-max)."""
     rows = stored["rounds"]
@@ -101,16 +99,16 @@ def report(stored: dict) -> str:
                    f"{r['ray_first_step_s'] / r['torchrun_first_step_s']:.2f} | {r['ray_command_s']:.1f} s | "
                    f"{r['torchrun_command_s']:.1f} s | {r['ray_command_s'] / r['torchrun_command_s']:.2f} | "
                    f"{r['again_command_s']:.1f} s |")
-    s = stored["summary"]
+    s = summarize(rows)
     out.append(f"| median | | | {s['first_step_ratio']:.2f} | | | {s['command_ratio']:.2f} | |")
     loop = [r["ray_loop_steps_per_s"] / r["torchrun_loop_steps_per_s"] for r in rows]
-    out += ["", f"The training loop's own steps/s (set-up excluded), Ray over torchrun: {_spread(loop, 2)}."]
+    out += ["", f"The training loop's own steps/s (set-up excluded), Ray over torchrun: {spread(loop, 2)}."]
     out += ["", "| seconds since the job's start, until | s, median (min-max) |", "|---|---|"]
     for key in ("connect", "workers", "ready", "first_step"):
-        out.append(f"| `{key}` | {_spread([r['ray_startup_s'][key] for r in rows])} |")
+        out.append(f"| `{key}` | {spread([r['ray_startup_s'][key] for r in rows])} |")
     out += ["", "| Ray Train's step, between `connect` and `workers` | s, median (min-max) |", "|---|---|"]
     for key in rows[0]["ray_train_split_s"]:
-        out.append(f"| {key} | {_spread([r['ray_train_split_s'][key] for r in rows])} |")
+        out.append(f"| {key} | {spread([r['ray_train_split_s'][key] for r in rows])} |")
     return "\n".join(out) + "\n"
 
 
@@ -118,7 +116,7 @@ def make_run_line(stored: dict) -> str:
     """README's figure for `make run` (the same command as the Ray side), from the stored rounds."""
     wall = [r["ray_command_s"] for r in stored["rounds"]]
     first = [r["ray_first_step_s"] for r in stored["rounds"]]
-    return (f"`make run` took {_spread(wall)} s after set-up, its first step at {_spread(first)} s "
+    return (f"`make run` took {spread(wall)} s after set-up, its first step at {spread(first)} s "
             f"(median and range of {len(wall)} stored rounds on {stored['machine']['cpus']} CPUs)")
 
 
@@ -127,16 +125,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--set", action="append", default=[], dest="overrides")
-    ap.add_argument("--out", help="store the rounds with the machine and commit (docs/data/sync_vs_torchrun.json)")
-    ap.add_argument("--report", metavar="FILE", help="print the docs' tables from a stored file; run nothing")
+    stored_file.add_options(ap, "docs/data/sync_vs_torchrun.json")
     args = ap.parse_args()
-    if args.report:
-        stored = json.loads(Path(args.report).read_text())
-        print(report(stored) + "\n" + make_run_line(stored))
+    if stored_file.print_report(args.report, lambda stored: f"{report(stored)}\n{make_run_line(stored)}\n"):
         return
-    from stored import stamp
-
-    machine_and_commit = stamp()  # of the code that runs, before anything is edited beside it
+    machine_and_commit = stored_file.stamp()  # of the code that runs, before anything is edited beside it
     with tempfile.TemporaryDirectory(prefix="rd-bench-") as tmp:
         rows = []
         for i in range(args.rounds):
@@ -144,8 +137,7 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
     stored = {"workers": args.workers, "overrides": args.overrides, "rounds": rows, "summary": summarize(rows)}
     print(json.dumps(stored["summary"]))
-    if args.out:
-        Path(args.out).write_text(json.dumps({**stored, **machine_and_commit}, indent=1) + "\n")
+    stored_file.save(args.out, stored, machine_and_commit)
 
 
 if __name__ == "__main__":
