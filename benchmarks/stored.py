@@ -24,9 +24,11 @@ def machine() -> dict:
 
 
 def commit() -> str:
+    """HEAD, with '-dirty' when a tracked file that could change a measurement differs from it (docs cannot)."""
     r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
-                           text=True).stdout.strip()
+    changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                             text=True).stdout.splitlines()
+    dirty = [ln for ln in changed if not (ln[3:].startswith("docs/") or ln[3:].endswith(".md"))]
     return r.stdout.strip() + ("-dirty" if dirty else "")
 
 

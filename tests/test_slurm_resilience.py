@@ -3,21 +3,21 @@ batch mode requeues and resumes at the exact step, failures stop requeueing at t
 ends the job with one line, a lost node makes an
 elastic run continue on fewer workers and a fixed-size run fail within its bound, naming the node.
 
-The warning is sent as SLURM sends it (`--signal=B:USR1@...` signals the batch shell): `scancel --batch
---signal=USR1`. After `scontrol requeue` SLURM holds a job back a while (its BeginTime); the tests move that to now.
+The scenarios themselves (how the warning is sent, how a node is lost) are in tests/cluster/resilience.py, which
+tests/cluster/bench_resilience.py runs for the stored figures.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
 import rayup
+from resilience import (lose_a_node_mid_run, release_after_requeue, submit_sync, trained_past, wait_text,
+                        warn_and_resume)
 from raydist.observability.metrics import read_steps
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
@@ -26,62 +26,6 @@ MEASURED: dict[str, float] = {}
 # kill to exit, fixed-size run, node_loss_timeout_s=15: 24.7 s measured alone (Ray notices the death, the restart
 # waits the 15 s, the job ends); the bound is 2.4x that.
 MIDRUN_LOSS_BOUND_S = 60.0
-
-
-def _wait_text(job: rayup.RayUpJob, pattern: str, timeout: float) -> re.Match:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        m = re.search(pattern, job.text())
-        if m:
-            return m
-        time.sleep(0.2)
-    raise AssertionError(f"no {pattern!r} within {timeout:.0f}s:\n{job.text()[-5000:]}")
-
-
-def _release_after_requeue(job: rayup.RayUpJob) -> None:
-    """Once the job is pending again and its nodes are idle, let it start now instead of after SLURM's requeue
-    delay. (Released while a node still held the killed instance, slurmd refuses the launch: "Job 1 already
-    killed, do not launch batch job"; the delay is there for that.)"""
-    deadline = time.monotonic() + 60
-    while job.cluster.job_state(job.job_id) != "PENDING":
-        assert time.monotonic() < deadline, job.text()[-3000:]
-        time.sleep(0.3)
-    job.cluster.wait_idle(60)
-    time.sleep(3)  # slurmd forgets the killed instance a moment after the node shows idle
-    job.cluster.run("master-node", ["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], check=True)
-
-
-def _trained_past(run_dir: Path, step: int) -> bool:
-    """The run's metrics.jsonl (on the shared storage) holds a step record past `step`: it trains."""
-    try:
-        records = (run_dir / "metrics.jsonl").read_text().splitlines()
-    except OSError:
-        return False
-    return any('"step": ' in r and json.loads(r).get("step", 0) > step for r in records if r.strip())
-
-
-def _warn_and_resume(slurm_cluster, name: str, command: list[str], run_dir: Path,
-                     after: str = "") -> tuple[rayup.RayUpJob, int]:
-    """Batch job; the time-limit warning once `run_dir`'s run trains (and `after` exists); returns the job
-    (completed after its requeue) and the step the run stopped at."""
-    slurm_cluster.wait_idle(60)
-    job = rayup.submit(slurm_cluster, rayup.write_config(slurm_cluster, name), command=tuple(command))
-    deadline = time.monotonic() + 240
-    while not _trained_past(run_dir, 0) or (after and not Path(after).exists()):
-        assert time.monotonic() < deadline and slurm_cluster.job_state(job.job_id) in ("PENDING", "RUNNING"), \
-            job.text()[-4000:]
-        time.sleep(0.2)
-    warned = time.time()
-    slurm_cluster.run("master-node", ["scancel", "--batch", "--signal=USR1", str(job.job_id)], check=True)
-    stop = _wait_text(job, r"stopping (at|after) step (\d+)", timeout=60)
-    stopped_at = int(stop.group(2))
-    manifest = run_dir / f"checkpoint_step{stopped_at:08d}" / "manifest.json"
-    _wait_text(job, r"requeueing after the time limit \(1 of at most 3\)", timeout=90)
-    MEASURED[f"{name}_warning_to_checkpoint_s"] = manifest.stat().st_mtime - warned
-    _release_after_requeue(job)
-    state = slurm_cluster.wait_job(job.job_id, timeout=300)
-    assert state == "COMPLETED", f"{state}\n{job.text()[-3000:]}\n{slurm_cluster.log_tail(40)}"
-    return job, stopped_at
 
 
 def test_sync_batch_job_checkpoints_at_the_warning_requeues_and_resumes_with_identical_losses(slurm_cluster):
@@ -94,8 +38,10 @@ def test_sync_batch_job_checkpoints_at_the_warning_requeues_and_resumes_with_ide
     # The same run uninterrupted first, on the same hosts (gloo sums over this network exactly as in the run we
     # interrupt; a run on one machine differs in the last bits). After the requeue it is complete: it only reports.
     command = ["bash", "-c", f"{sync} --set run.name=straight && {sync} {slow} --set run.name=batch-sync"]
-    job, stopped_at = _warn_and_resume(slurm_cluster, "batch-sync", command, storage / "batch-sync",
-                                       after=str(storage / "straight" / "summary.json"))
+    warned = warn_and_resume(slurm_cluster, "batch-sync", command, storage / "batch-sync",
+                             after=str(storage / "straight" / "summary.json"))
+    job, stopped_at = warned.job, warned.stopped_at
+    MEASURED["batch-sync_warning_to_checkpoint_s"] = warned.warning_to_checkpoint_s
     text = job.text()
     assert "asked every training run to checkpoint and stop; drained 192.168.20.1" in text
     assert "Restarts=1" in slurm_cluster.run("master-node", ["scontrol", "show", "job", str(job.job_id)]).stdout
@@ -116,13 +62,15 @@ def test_sync_batch_job_checkpoints_at_the_warning_requeues_and_resumes_with_ide
 
 def test_async_batch_job_keeps_its_servers_and_budget_across_the_requeue(slurm_cluster):
     storage = slurm_cluster.shared / "runs"
-    job, stopped_at = _warn_and_resume(
+    warned = warn_and_resume(
         slurm_cluster, "batch-async",
         ["python", "jobs/async.py", "--set", "scaling.num_workers=2", "--set", "async_ps.num_servers=2",
          # 60 epochs (~15 s of training): at 20 a loaded machine's run once finished before the batch shell's
          # warning handler reached Ray, and there was nothing left to stop.
          "--set", "train.epochs=60", "--set", "straggler.worker=0", "--set", "straggler.slowdown=4",
          "--set", f"run.storage_path={storage}", "--set", "run.name=batch-async"], storage / "batch-async")
+    stopped_at = warned.stopped_at
+    MEASURED["batch-async_warning_to_checkpoint_s"] = warned.warning_to_checkpoint_s
     result = json.loads((storage / "batch-async" / "summary.json").read_text())
     assert result["status"] == "completed" and result["steps"] == result["total_steps"], result
     assert result["resumed_from_step"] == stopped_at
@@ -136,8 +84,8 @@ def test_a_failing_batch_job_stops_requeueing_at_the_cap_with_one_line(slurm_clu
     slurm_cluster.wait_idle(60)
     cfg = rayup.write_config(slurm_cluster, "cap", requeue={"max_requeues": 1, "on_failure": True})
     job = rayup.submit(slurm_cluster, cfg, command=("python", "-c", "import sys; sys.exit(3)"))
-    _wait_text(job, r"requeueing after a failure \(exit 3\) \(1 of at most 1\)", timeout=150)
-    _release_after_requeue(job)
+    wait_text(job, r"requeueing after a failure \(exit 3\) \(1 of at most 1\)", timeout=150)
+    release_after_requeue(job)
     assert slurm_cluster.wait_job(job.job_id, timeout=200) == "FAILED", job.text()[-4000:]
     lines = [ln for ln in job.text().splitlines() if "requeue" in ln]
     assert lines[-1].endswith("command exited 3; not requeueing after a failure (exit 3): the job was requeued 1 "
@@ -165,34 +113,16 @@ def test_a_fixed_size_run_that_loses_a_node_mid_run_fails_within_its_bound_namin
     more, and instead of waiting for the node forever the job exits 1 within scaling.node_loss_timeout_s (plus
     Ray noticing the death and the restart) with one line naming node02. Its own cluster: node02 is alive at
     the start, unlike the module's below."""
-    slurm_cluster.wait_idle(60)
-    job = rayup.submit(slurm_cluster, rayup.write_config(slurm_cluster, "midrun"))
-    try:
-        job.wait_for("Ray cluster ready", timeout=150)
-        run_dir = slurm_cluster.shared / "runs" / "fixed-midrun"
-        proc = _submit(slurm_cluster, job, "scaling.num_workers=3", "scaling.node_loss_timeout_s=15",
-                       f"run.storage_path={slurm_cluster.shared}/runs", "run.name=fixed-midrun", "train.epochs=25",
-                       "checkpoint.every_steps=20", "straggler.worker=0", "straggler.slowdown=3")
-        deadline = time.monotonic() + 240
-        while not _trained_past(run_dir, 5):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-4000:]
-            time.sleep(0.1)
-        rayup.kill_node_ray(slurm_cluster, "node02", job.job_id)
-        killed = time.monotonic()
-        out = proc.communicate(timeout=300)[0]
-        took = time.monotonic() - killed
-        # one line (`ray job submit` prints the job's log, and on failure its tail once more)
-        errors = sorted({ln for ln in out.splitlines() if ln.startswith("raydist: error:")})
-        assert proc.returncode == 1 and len(errors) == 1, out[-4000:]
-        assert errors[0].startswith("raydist: error: training failed: 3 workers no longer fit the cluster after "
-                                    "node(s) died: node02 (192.168.20.17)"), errors
-        assert "scaling.node_loss_timeout_s=15" in errors[0] and "scaling.num_workers=2-3" in errors[0]
-        MEASURED["fixed_midrun_node_loss_fail_s"] = took
-        print(f"fixed-size run, node lost mid-run: exit {took:.1f} s after the kill")
-        assert took < MIDRUN_LOSS_BOUND_S, took
-    finally:
-        slurm_cluster.run("master-node", ["scancel", str(job.job_id)])
-        rayup.wait_no_leftovers(slurm_cluster, job.job_id)
+    lost = lose_a_node_mid_run(slurm_cluster, "fixed-midrun")
+    # one line (`ray job submit` prints the job's log, and on failure its tail once more)
+    errors = sorted({ln for ln in lost.output.splitlines() if ln.startswith("raydist: error:")})
+    assert lost.returncode == 1 and len(errors) == 1, lost.output[-4000:]
+    assert errors[0].startswith("raydist: error: training failed: 3 workers no longer fit the cluster after "
+                                "node(s) died: node02 (192.168.20.17)"), errors
+    assert "scaling.node_loss_timeout_s=15" in errors[0] and "scaling.num_workers=2-3" in errors[0]
+    MEASURED["fixed_midrun_node_loss_fail_s"] = lost.kill_to_exit_s
+    print(f"fixed-size run, node lost mid-run: exit {lost.kill_to_exit_s:.1f} s after the kill")
+    assert lost.kill_to_exit_s < MIDRUN_LOSS_BOUND_S, lost.kill_to_exit_s
 
 
 @pytest.fixture(scope="module")
@@ -205,19 +135,13 @@ def cluster_losing_node02(slurm_cluster):
     rayup.wait_no_leftovers(slurm_cluster, job.job_id)
 
 
-def _submit(slurm_cluster, job: rayup.RayUpJob, *overrides: str):
-    sets = " ".join(f"--set {o}" for o in overrides)
-    return slurm_cluster.popen("master-node", f"ray job submit --working-dir . -- python jobs/sync.py {sets}",
-                               env=job.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
 def test_elastic_run_continues_on_fewer_workers_when_a_node_dies(slurm_cluster, cluster_losing_node02):
     job = cluster_losing_node02
-    proc = _submit(slurm_cluster, job, "scaling.num_workers=2-3", f"run.storage_path={slurm_cluster.shared}/runs",
+    proc = submit_sync(slurm_cluster, job, "scaling.num_workers=2-3", f"run.storage_path={slurm_cluster.shared}/runs",
                    "run.name=elastic", "train.epochs=25", "checkpoint.every_steps=20", "scaling.node_loss_timeout_s=20",
                    "straggler.worker=0", "straggler.slowdown=3")
     deadline = time.monotonic() + 240
-    while not _trained_past(slurm_cluster.shared / "runs" / "elastic", 20):  # past the first checkpoint
+    while not trained_past(slurm_cluster.shared / "runs" / "elastic", 20):  # past the first checkpoint
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-4000:]
         time.sleep(0.1)
     out = []
@@ -233,7 +157,7 @@ def test_elastic_run_continues_on_fewer_workers_when_a_node_dies(slurm_cluster, 
 
 def test_fixed_size_run_fails_within_its_bound_naming_the_dead_node(slurm_cluster, cluster_losing_node02):
     t = time.monotonic()
-    proc = _submit(slurm_cluster, cluster_losing_node02, "scaling.num_workers=3", "scaling.node_loss_timeout_s=15",
+    proc = submit_sync(slurm_cluster, cluster_losing_node02, "scaling.num_workers=3", "scaling.node_loss_timeout_s=15",
                    f"run.storage_path={slurm_cluster.shared}/runs", "run.name=fixed")
     out = proc.communicate(timeout=300)[0]
     took = time.monotonic() - t
@@ -256,11 +180,11 @@ def test_interactive_cluster_stops_submitted_runs_at_the_warning_and_names_their
                           "--set straggler.worker=0 --set straggler.slowdown=4", env=job.env(), check=True)
     submission = re.search(r"raysubmit_\w+", r.stdout).group(0)
     deadline = time.monotonic() + 150
-    while not _trained_past(storage / "interactive", 0):
+    while not trained_past(storage / "interactive", 0):
         assert time.monotonic() < deadline, job.text()[-3000:]
         time.sleep(0.3)
     slurm_cluster.run("master-node", ["scancel", "--batch", "--signal=USR1", str(job.job_id)], check=True)
-    line = _wait_text(job, rf"interrupted {submission}; resume with: (.*)", timeout=60).group(1)
+    line = wait_text(job, rf"interrupted {submission}; resume with: (.*)", timeout=60).group(1)
     assert line.startswith("ray job submit --working-dir <your checkout> -- python jobs/sync.py ")
     assert "--set run.name=interactive" in line
     assert slurm_cluster.wait_job(job.job_id, timeout=120) in ("COMPLETED", "FAILED"), job.text()[-3000:]

@@ -1,0 +1,126 @@
+"""The strategies side by side, as docs/strategies.md quotes them: `jobs/compare.py` (sync DDP, local SGD, async PS)
+on 3 workers, digits, 20 epochs, without and with a straggler (worker 2 three times slower), several rounds.
+
+    .venv/bin/python benchmarks/strategies_compare.py [--rounds 3]
+    .venv/bin/python benchmarks/strategies_compare.py --rounds 3 --out docs/data/strategies_compare.json
+    .venv/bin/python benchmarks/strategies_compare.py --report docs/data/strategies_compare.json  # the docs' tables
+
+Each round runs both settings one after the other (interleaved, so a slower stretch of the machine touches both),
+each as the user runs it: one `jobs/compare.py` process, which runs the strategies' jobs one after another. The
+table gives each column's median over the rounds, the timed columns with their min-max.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "tests"))
+import stored as stored_file  # noqa: E402
+from jobutil import clean_env  # noqa: E402
+
+SHARED = ["scaling.num_workers=3", "train.epochs=20"]
+SETTINGS = {"calm": [], "straggler": ["straggler.worker=2", "straggler.slowdown=3"]}
+TARGET = 0.95
+HEADER = ("| strategy | final test accuracy | time to 0.95 accuracy (s) | samples/s | MB sent+received per worker "
+          "| wait per worker (s) | staleness mean | staleness max | job wall (s) |\n"
+          "|---|---|---|---|---|---|---|---|---|")
+
+
+def compare_once(storage: str, name: str, overrides: list[str]) -> dict[str, dict]:
+    """One jobs/compare.py run; each strategy's row: its summary's figures and its time to the target."""
+    args = [sys.executable, str(REPO / "jobs" / "compare.py"), "--set", f"run.storage_path={storage}",
+            "--set", f"run.name={name}", "--set", f"compare.target_accuracy={TARGET}"]
+    for o in [*SHARED, *overrides]:
+        args += ["--set", o]
+    done = subprocess.run(args, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise SystemExit(f"{name}: exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}")
+    from raydist.compare.runner import label
+
+    results = json.loads((Path(storage) / name / "results.json").read_text())["strategies"]
+    keep = ("test_accuracy", "samples_per_s", "bytes_per_worker", "wait_s_per_worker", "staleness_mean",
+            "staleness_max", "wall_s")
+    return {strategy: {**{k: r["summary"].get(k) for k in keep}, "time_to_target_s": r["time_to_target_s"],
+                       "label": label(strategy)} for strategy, r in results.items()}
+
+
+def _med(rounds: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rounds if r[key] is not None]
+    return statistics.median(values) if values else None
+
+
+def _timed(rounds: list[dict], key: str, digits: int) -> str:
+    values = [r[key] for r in rounds if r[key] is not None]
+    if not values:
+        return "not reached"
+    lo, mid, hi = min(values), statistics.median(values), max(values)
+    shown = f"{mid:.{digits}f}" if len(values) == 1 else f"{mid:.{digits}f} ({lo:.{digits}f}-{hi:.{digits}f})"
+    return shown + ("" if len(values) == len(rounds) else f", {len(rounds) - len(values)} not reached")
+
+
+def row(strategy: str, rounds: list[dict]) -> str:
+    """One strategy's table row from its rounds: medians, the timed columns with their min-max."""
+    waits = " / ".join(f"{statistics.median(r['wait_s_per_worker'][i] for r in rounds):.2f}"
+                       for i in range(len(rounds[0]["wait_s_per_worker"])))
+    mb = statistics.median(statistics.mean(r["bytes_per_worker"]) for r in rounds) / 1e6
+    stale = _med(rounds, "staleness_max")
+    staleness = ("-", "-") if stale is None else (f"{_med(rounds, 'staleness_mean'):.2f}", f"{stale:g}")
+    return (f"| {rounds[0]['label']} | {_med(rounds, 'test_accuracy'):.4f} | {_timed(rounds, 'time_to_target_s', 2)} "
+            f"| {_timed(rounds, 'samples_per_s', 0)} | {mb:.1f} | {waits} | {staleness[0]} | {staleness[1]} "
+            f"| {_timed(rounds, 'wall_s', 1)} |")
+
+
+def table(stored: dict, setting: str) -> str:
+    runs = [r[setting] for r in stored["rounds"]]
+    return "\n".join([HEADER, *(row(s, [run[s] for run in runs]) for s in runs[0])]) + "\n"
+
+
+def kept(stored: dict) -> str:
+    """What share of its samples/s each strategy keeps with the straggler, median over the rounds."""
+    shares = []
+    for strategy in stored["rounds"][0]["calm"]:
+        ratios = [r["straggler"][strategy]["samples_per_s"] / r["calm"][strategy]["samples_per_s"]
+                  for r in stored["rounds"]]
+        shares.append(f"{stored['rounds'][0]['calm'][strategy]['label']} {statistics.median(ratios):.2f}")
+    return "With the straggler each keeps this share of its samples/s (median of the rounds' ratios): " + \
+        ", ".join(shares) + ".\n"
+
+
+def report(stored: dict) -> str:
+    """The two tables docs/strategies.md quotes, with the number of rounds behind them."""
+    n = len(stored["rounds"])
+    return (f"Without a straggler (median of {n} rounds; min-max in brackets):\n\n{table(stored, 'calm')}\n"
+            f"With worker 2 three times slower (`--set straggler.worker=2 --set straggler.slowdown=3`):\n\n"
+            f"{table(stored, 'straggler')}\n{kept(stored)}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    stored_file.add_options(ap, "docs/data/strategies_compare.json")
+    args = ap.parse_args()
+    if stored_file.print_report(args.report, report):
+        return
+    machine_and_commit = stored_file.stamp()
+    rounds = []
+    with tempfile.TemporaryDirectory(prefix="rd-compare-") as storage:
+        for i in range(args.rounds):
+            rounds.append({setting: compare_once(storage, f"{setting}{i}", overrides)
+                           for setting, overrides in SETTINGS.items()})
+            print(f"round {i + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+    stored = {"shared": SHARED, "settings": SETTINGS, "target_accuracy": TARGET, "rounds": rounds}
+    print(report(stored), end="", flush=True)
+    stored_file.save(args.out, stored, machine_and_commit)
+
+
+if __name__ == "__main__":
+    main()
