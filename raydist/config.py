@@ -217,7 +217,7 @@ class FaultsConfig:
         "be identical)", ge=0)
     grad_norm_tolerance: float = opt(
         0.0, "also warn when a rank's local gradient norm (before the all-reduce) differs from the median by more "
-        "than this fraction; 0 = only non-finite norms (small batches differ by more than 10% routinely)", ge=0)
+        "than this fraction; 0 = only non-finite norms (small batches' norms routinely differ widely)", ge=0)
     on_desync: Literal["warn", "stop", "restart"] = opt(
         "stop", "on a desync: warn = one line and go on; stop = fail the run (exit 1) keeping the last good "
         "checkpoint; restart = restart the workers from the last checkpoint (counts against scaling.max_failures)")
