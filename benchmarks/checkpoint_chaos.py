@@ -23,6 +23,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,7 +33,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from stored import stamp  # noqa: E402
+from stored import spread, stamp  # noqa: E402
 
 KEEP = 2
 WIDTH = 1024  # a 4 MiB model: a save takes long enough for many kills to land inside one
@@ -288,16 +289,16 @@ def _partials(run_dir: str, writer: str) -> set[str]:
     return found | {p for _, p in checkpoint_dirs(run_dir) if verify(p, required=STATE[writer])}
 
 
-def save_cost(rounds: int, overrides: list[str]) -> None:
-    """Time one `save_state` of the default sync model (with its optimizer state), with and without fsync, into
-    the local staging directory the loop uses (then Ray copies it) and into a directory beside this repository."""
-    import statistics
+LARGE = ["model.hidden=1024", "model.depth=4"]
 
+
+def _saver(overrides: list[str]):
+    """A `once(directory, fsync)` timing one `save_state` of the sync job's model under `overrides` (with its
+    optimizer state and two ranks' RNG, as every real checkpoint), and the model's parameter bytes."""
     import torch
 
     from raydist.checkpoint import Progress, rng_state, save_state
     from raydist.config import job_defaults, load_config
-    from raydist.context import new_checkpoint_dir
     from raydist.data import load_splits
     from raydist.models import build_model
     from raydist.optim import build_optimizer, build_scheduler
@@ -308,7 +309,7 @@ def save_cost(rounds: int, overrides: list[str]) -> None:
     optimizer = build_optimizer(model.parameters(), cfg.optim)
     scheduler = build_scheduler(optimizer, 440, cfg.schedule)
     model(torch.zeros(2, data.train[0][0].numel())).sum().backward()
-    optimizer.step()  # so the optimizer's state is there, as in every real checkpoint
+    optimizer.step()
 
     def once(directory: str, fsync: bool) -> float:
         t0 = time.perf_counter()
@@ -318,26 +319,51 @@ def save_cost(rounds: int, overrides: list[str]) -> None:
         shutil.rmtree(directory)
         return elapsed
 
+    return once, sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def save_cost(rounds: int) -> dict:
+    """Time `save_state` with and without fsync: the default sync model into the loop's local staging directory
+    (Ray copies it from there) and into a directory beside this repository; a 12.9 MB model into staging."""
+    from raydist.context import new_checkpoint_dir
+
     beside = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".bench-save")
-    for where, make in (("staging (tempfile)", new_checkpoint_dir), ("beside the repo", lambda: beside)):
-        times = {True: [], False: []}
+    cases = {}
+    for name, overrides, where, make in (("default, staging", [], "staging", new_checkpoint_dir),
+                                         ("default, beside the repo", [], "beside", lambda: beside),
+                                         ("large, staging", LARGE, "staging", new_checkpoint_dir)):
+        once, size = _saver(overrides)
+        times = {"fsync": [], "no_fsync": []}
         for _ in range(rounds):  # interleaved, so drifting load hits both alike
             for fsync in (True, False):
-                times[fsync].append(once(make(), fsync))
-        size = sum(p.numel() * p.element_size() for p in model.parameters())
-        print(f"save_state, {where}: fsync {statistics.median(times[True]) * 1e3:.1f} ms, no fsync "
-              f"{statistics.median(times[False]) * 1e3:.1f} ms (median of {rounds}; parameters {size / 1e6:.2f} MB"
-              f"{', ' + ' '.join(overrides) if overrides else ''})",
-              flush=True)
+                times["fsync" if fsync else "no_fsync"].append(round(once(make(), fsync) * 1e3, 3))
+        cases[name] = {"overrides": overrides, "where": where, "param_bytes": size, "ms": times}
+        print(f"save_state, {name}: fsync {statistics.median(times['fsync']):.1f} ms, no fsync "
+              f"{statistics.median(times['no_fsync']):.1f} ms (median of {rounds})", flush=True)
+    return {"rounds": rounds, "cases": cases}
+
+
+def save_cost_report(stored: dict) -> str:
+    """The table docs/checkpoints.md quotes: each case's median (min-max) in ms, with and without fsync."""
+    labels = {"default, staging": "into the loop's staging directory (`tempfile`)",
+              "default, beside the repo": "into a directory beside the repository",
+              "large, staging": "the same model with {mb:.1f} MB of parameters (`--set model.hidden=1024 --set "
+                                "model.depth=4`), staging"}
+    rows = ["| | with fsync (the default) | without fsync |", "|---|---|---|"]
+    for name, case in stored["cases"].items():
+        label = labels[name].format(mb=case["param_bytes"] / 1e6)
+        rows.append(f"| {label} | {spread(case['ms']['fsync'])} ms | {spread(case['ms']['no_fsync'])} ms |")
+    default = stored["cases"]["default, staging"]["param_bytes"] / 1e6
+    return "\n".join(rows) + (f"\n\nMedian (min-max) of {stored['rounds']} saves each; the default model's "
+                               f"parameters are {default:.2f} MB.\n")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kills", type=int, default=30, help="kills per writer")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--save-cost", type=int, metavar="ROUNDS", help="instead: time save_state with and without fsync")
-    ap.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE",
-                    help="with --save-cost: a config override, e.g. model.hidden=1024")
+    ap.add_argument("--save-cost", type=int, metavar="ROUNDS", help="instead: time save_state with and without fsync "
+                    "(stored with --out as docs/data/save_cost.json; --report with --save-cost prints its table)")
     ap.add_argument("--out", type=Path, help="store the rounds, the machine and the commit in this JSON file")
     ap.add_argument("--report", type=Path, help="print the lines of a stored run and exit")
     ap.add_argument("--write", nargs=2, metavar=("WRITER", "RUN_DIR"), help=argparse.SUPPRESS)
@@ -345,11 +371,15 @@ def main() -> None:
     if args.write:
         write_forever(*args.write)
         return
-    if args.save_cost:
-        save_cost(args.save_cost, args.overrides)
-        return
     if args.report:
-        print(report(json.loads(args.report.read_text())))
+        stored = json.loads(args.report.read_text())
+        print(save_cost_report(stored) if "cases" in stored else report(stored))
+        return
+    if args.save_cost:
+        result = {**save_cost(args.save_cost), **stamp()}
+        print(save_cost_report(result), end="")
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=1) + "\n")
         return
     started = time.perf_counter()
     results = []

@@ -2,6 +2,10 @@
 turn, block by block, so machine load hits every setting alike.
 
     .venv/bin/python benchmarks/desync_cost.py [--rounds 30] [--block 100] [--set model.hidden=1024 ...]
+    .venv/bin/python benchmarks/desync_cost.py --rounds 30 --out docs/data/desync_cost.json      # stored, as quoted
+    .venv/bin/python benchmarks/desync_cost.py --rounds 10 --set model.hidden=1024 --set model.depth=4 \
+        --out docs/data/desync_cost_large.json
+    .venv/bin/python benchmarks/desync_cost.py --report docs/data/desync_cost.json  # docs/faults.md's lines
 
 Each rank runs what the loop runs for sync DDP (`SyncDDP`'s micro_step / after_backward, the fingerprint of
 raydist.train.desync) on digits batches:
@@ -25,11 +29,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import stored as stored_file  # noqa: E402
 
 SETTINGS = {"off": 0, "every 100": 100, "every 1": 1}
 
 
-def _rank(rank: int, port: int, args: argparse.Namespace) -> None:
+def _rank(rank: int, port: int, args: argparse.Namespace, out) -> None:
     import torch
     import torch.distributed as dist
 
@@ -80,15 +86,27 @@ def _rank(rank: int, port: int, args: argparse.Namespace) -> None:
         for name in SETTINGS:
             times[name].append(block(name))
     if rank == 0:
-        base = statistics.median(times["off"])
-        params = sum(p.numel() for p in runs["off"][0].parameters())
-        print(f"sync DDP, 2 gloo ranks, model {cfg.model.name} ({params} parameters), batch {b}: off "
-              f"{base * 1e3:.3f} ms/step (median of {args.rounds} blocks of {args.block} steps)", flush=True)
-        for name in list(SETTINGS)[1:]:
-            ratios = [t / o for t, o in zip(times[name], times["off"])]
-            print(f"  {name}: {statistics.median(times[name]) * 1e3:.3f} ms/step, "
-                  f"{statistics.median(ratios):.4f}x of off (median of per-round ratios)", flush=True)
+        out.put({"model": cfg.model.name, "params": sum(p.numel() for p in runs["off"][0].parameters()),
+                 "batch": b, "rounds": args.rounds, "block": args.block, "overrides": args.overrides,
+                 "s_per_step": {name: [round(t, 7) for t in times[name]] for name in SETTINGS}})
     dist.destroy_process_group()
+
+
+def report(stored: dict) -> str:
+    """The command and the lines docs/faults.md quotes: rank 0's median step per setting and the median of the
+    per-round ratios to "off"."""
+    times = stored["s_per_step"]
+    sets = "".join(f" --set {o}" for o in stored["overrides"])
+    lines = [f"$ .venv/bin/python benchmarks/desync_cost.py --rounds {stored['rounds']} "
+             f"--block {stored['block']}{sets}",
+             f"sync DDP, 2 gloo ranks, model {stored['model']} ({stored['params']} parameters), "
+             f"batch {stored['batch']}: off {statistics.median(times['off']) * 1e3:.3f} ms/step "
+             f"(median of {stored['rounds']} blocks of {stored['block']} steps)"]
+    for name in list(SETTINGS)[1:]:
+        ratios = [t / o for t, o in zip(times[name], times["off"])]
+        lines.append(f"  {name}: {statistics.median(times[name]) * 1e3:.3f} ms/step, "
+                     f"{statistics.median(ratios):.4f}x of off (median of per-round ratios)")
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
@@ -98,12 +116,20 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--block", type=int, default=100)
     ap.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
+    stored_file.add_options(ap, "docs/data/desync_cost.json")
     args = ap.parse_args()
+    if stored_file.print_report(args.report, report):
+        return
+    machine_and_commit = stored_file.stamp()
     with socket.socket() as s:  # a free loopback port for the rendezvous
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_rank, args=(port, args), nprocs=2)
+    out = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(_rank, args=(port, args, out), nprocs=2)
+    result = out.get()
+    print(report(result), end="")
+    stored_file.save(args.out, result, machine_and_commit)
 
 
 if __name__ == "__main__":

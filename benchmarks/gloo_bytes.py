@@ -2,21 +2,27 @@
 ring bound says ((n-1)/n of the tensor per rank) or does it move an all-reduce's bytes?
 
     sudo unshare -n sh -c 'ip link set lo up && .venv/bin/python benchmarks/gloo_bytes.py --ranks 4'
+    sudo unshare -n sh -c 'ip link set lo up && .venv/bin/python benchmarks/gloo_bytes.py --out docs/data/gloo_bytes.json'
+    .venv/bin/python benchmarks/gloo_bytes.py --report docs/data/gloo_bytes.json       # the line docs/ quote
 
 (root: `unshare -n` gives the run a network namespace of its own, so its loopback counter holds only these ranks'
-traffic.) Measured with torch 2.13 (docs/strategies.md, FSDP): all_reduce 6.0x, reduce_scatter_tensor 6.0x,
-all_gather_into_tensor 3.0x the tensor in all over 4 ranks; the ring bounds are 6.0x, 3.0x and 3.0x. The cost
-model (raydist/costmodel.py, `Setting.backend`) counts FSDP's reduce-scatter on gloo as an all-reduce.
+traffic.) The stored count is docs/data/gloo_bytes.json (quoted in docs/strategies.md and docs/costmodel.md). The
+cost model (raydist/costmodel.py, `Setting.backend`) counts FSDP's reduce-scatter on gloo as an all-reduce.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import stored as stored_file  # noqa: E402
 
 OPS = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor")
 
@@ -48,20 +54,35 @@ def rank_main(rank: int, world: int, numel: int, port: int, out) -> None:
     dist.destroy_process_group()
 
 
+def ring_bound(op: str, n: int) -> int:
+    """Bytes per rank a ring moves, in tensors, summed over the ranks' sends: 2(n-1) for an all-reduce, else n-1."""
+    return 2 * (n - 1) if op == "all_reduce" else n - 1
+
+
+def report(stored: dict) -> str:
+    """The line docs/ quote."""
+    n = stored["ranks"]
+    return (", ".join(f"{op} {stored['moved'][op]:.1f}x" for op in OPS) + f" the tensor on the wire in all over {n} "
+            f"gloo ranks (ring bounds {', '.join(f'{ring_bound(op, n):.1f}x' for op in OPS)})\n")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--mib", type=int, default=4, help="tensor size")
     p.add_argument("--port", type=int, default=29533)
+    stored_file.add_options(p, "docs/data/gloo_bytes.json")
     a = p.parse_args()
+    if stored_file.print_report(a.report, report):
+        return 0
+    machine_and_commit = stored_file.stamp()
     numel = a.mib * (1 << 20) // 4 // a.ranks * a.ranks
     out = mp.get_context("spawn").SimpleQueue()
     mp.spawn(rank_main, args=(a.ranks, numel, a.port, out), nprocs=a.ranks)
-    n = a.ranks
-    bound = {"all_reduce": 2 * (n - 1), "reduce_scatter_tensor": n - 1, "all_gather_into_tensor": n - 1}
-    for _ in OPS:
-        op, moved = out.get()
-        print(f"{op}: {moved:.2f}x the tensor on the wire over {n} ranks (ring bound {bound[op]:.2f}x)")
+    moved = dict(out.get() for _ in OPS)
+    result = {"ranks": a.ranks, "mib": a.mib, "moved": {op: round(moved[op], 3) for op in OPS}}
+    print(report(result), end="")
+    stored_file.save(a.out, result, machine_and_commit)
     return 0
 
 

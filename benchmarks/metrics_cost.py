@@ -1,6 +1,8 @@
 """What raydist's metrics exporter costs the training loop, in a real Ray actor (where ray.util.metrics is live).
 
     .venv/bin/python benchmarks/metrics_cost.py --rounds 3
+    .venv/bin/python benchmarks/metrics_cost.py --rounds 5 --out docs/data/metrics_cost.json   # stored, as docs quote
+    .venv/bin/python benchmarks/metrics_cost.py --report docs/data/metrics_cost.json           # docs/observability.md
 
 Per step: the calls the loop makes every step (count, communication, observe, maybe_export), which export at most
 once a second; per export: a forced export of every value (a dozen Gauge.set calls). Prints each round and the
@@ -10,9 +12,14 @@ min-max over rounds.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import ray
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import stored as stored_file  # noqa: E402
 
 
 @ray.remote
@@ -34,20 +41,32 @@ class Bench:
         return per_step * 1e6, (time.perf_counter() - t) / exports * 1e6
 
 
+def report(stored: dict) -> str:
+    """The line docs/observability.md quotes."""
+    steps, exports = stored["us_per_step"], stored["us_per_export"]
+    return (f"{stored_file.spread(steps, 2)} µs per step, {stored_file.spread(exports, 1)} µs per export "
+            f"(median (min-max) of {len(steps)} rounds)\n")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=20000)
     p.add_argument("--exports", type=int, default=200)
+    stored_file.add_options(p, "docs/data/metrics_cost.json")
     a = p.parse_args()
+    if stored_file.print_report(a.report, report):
+        return
+    machine_and_commit = stored_file.stamp()
     ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
     rows = []
     for i in range(a.rounds):
         rows.append(ray.get(Bench.remote().run.remote(a.steps, a.exports)))
         print(f"round {i + 1}: {rows[-1][0]:.2f} us per step, {rows[-1][1]:.1f} us per export", flush=True)
-    steps, exports = [r[0] for r in rows], [r[1] for r in rows]
-    print(f"over {a.rounds} rounds: {min(steps):.2f}-{max(steps):.2f} us per step, "
-          f"{min(exports):.1f}-{max(exports):.1f} us per export")
+    result = {"steps": a.steps, "exports": a.exports,
+              "us_per_step": [round(r[0], 3) for r in rows], "us_per_export": [round(r[1], 2) for r in rows]}
+    print(report(result), end="")
+    stored_file.save(a.out, result, machine_and_commit)
 
 
 if __name__ == "__main__":

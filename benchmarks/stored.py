@@ -33,8 +33,10 @@ def commit() -> str:
 
 
 def stamp() -> dict:
-    """The machine, the commit and today's date, for a stored result."""
-    return {"machine": machine(), "commit": commit(), "date": time.strftime("%Y-%m-%d")}
+    """The machine, the commit, today's date and the load average at the start (a busy machine is slower), for a
+    stored result."""
+    return {"machine": machine(), "commit": commit(), "date": time.strftime("%Y-%m-%d"),
+            "load_at_start": [round(v, 2) for v in os.getloadavg()]}
 
 
 def spread(values: list[float], digits: int = 1) -> str:

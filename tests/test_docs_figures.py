@@ -62,14 +62,7 @@ def test_the_warm_cluster_first_step_table_is_the_stored_rounds():
 
 
 def test_the_bring_up_lines_are_the_stored_runs():
-    import importlib.util
-    import sys
-
-    path = REPO / "tests" / "cluster" / "bench_bringup.py"
-    sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location("bench_bringup", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _load_cluster_benchmark("bench_bringup")
     stored = json.loads((DATA / "bringup.json").read_text())
     assert bench.report(stored) in _doc("benchmarks.md"), \
         "docs/benchmarks.md's bring-up lines are stale: paste `tests/cluster/bench_bringup.py --report`"
@@ -90,3 +83,48 @@ def test_the_parameter_server_chaos_tables_are_the_stored_runs():
     assert chaos.report(stored) in _doc("faults.md"), \
         "docs/faults.md's parameter-server chaos tables are stale: paste `benchmarks/ps_chaos.py --report`"
     assert stored["ok"] and len(stored["kills"]) == 6 and stored["commit"]
+
+
+def _load_cluster_benchmark(name: str):
+    """tests/cluster/<name>.py as a module (load_benchmark looks in benchmarks/ only)."""
+    import importlib.util
+    import sys
+
+    path = REPO / "tests" / "cluster" / f"{name}.py"
+    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(name, path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+@pytest.mark.parametrize("bench, data, doc", [
+    ("strategies_compare", "strategies_compare.json", "strategies.md"),
+    ("fsdp_memory", "fsdp_memory.json", "strategies.md"),
+    ("gloo_bytes", "gloo_bytes.json", "strategies.md"),
+    ("gloo_bytes", "gloo_bytes.json", "costmodel.md"),
+    ("metrics_cost", "metrics_cost.json", "observability.md"),
+    ("desync_cost", "desync_cost.json", "faults.md"),
+    ("desync_cost", "desync_cost_large.json", "faults.md"),
+])
+def test_a_benchmarks_stored_report_is_what_the_doc_quotes(bench, data, doc):
+    stored = json.loads((DATA / data).read_text())
+    text = load_benchmark(bench).report(stored)
+    assert text.strip("\n") in _doc(doc), \
+        f"docs/{doc} is stale: paste `benchmarks/{bench}.py --report docs/data/{data}`"
+    assert stored["machine"]["cpus"] and stored["commit"]
+
+
+def test_the_save_cost_table_is_the_stored_run():
+    stored = json.loads((DATA / "save_cost.json").read_text())
+    assert load_benchmark("checkpoint_chaos").save_cost_report(stored).strip("\n") in _doc("checkpoints.md"), \
+        "docs/checkpoints.md's save-cost table is stale: paste `benchmarks/checkpoint_chaos.py --report " \
+        "docs/data/save_cost.json`"
+
+
+def test_the_slurm_resilience_table_is_the_stored_rounds():
+    stored = json.loads((DATA / "slurm_resilience.json").read_text())
+    table = _load_cluster_benchmark("bench_resilience").report(stored).strip("\n")
+    for doc in ("benchmarks.md", "slurm.md"):
+        assert table in _doc(doc), f"docs/{doc} is stale: paste `tests/cluster/bench_resilience.py --report`"
+    assert all(r["resumed_from_step"] == r["stopped_at"] for s in ("sync", "async") for r in stored[s])
