@@ -15,7 +15,9 @@ rate (every host's link shaped to it, both ways: a switch port of that speed):
 - ring: local SGD with ring averaging, with and without the straggler;
 - checkpoint: local SGD with per-epoch checkpoints against only the last one;
 - real: examples/tinygpt (a GPT-style model given by import path) with every strategy in one compare run,
-  submitted from examples/: the real-model rows, and the cost model's check on another kind of model.
+  submitted from examples/: the real-model rows, and the cost model's check on another kind of model;
+- workers: every strategy at 2 and 3 workers (`--other-workers`), for the cost model's check at worker counts it
+  was not fitted on (not in the default parts: `--parts workers --append`).
 
 Every run's summary lands in one JSON file: the measured points `raydist plan` fits and validates its cost model on
 (docs/costmodel.md). Tables go to stdout.
@@ -150,6 +152,26 @@ def checkpoint_cost(cluster, job, a, link: float, storage: Path) -> list[dict]:
         out.append(point(s, a, link, part=f"checkpoint-{label}", straggler=False,
                          **({"checkpoint_every": 0} if extra else {})))
         print(f"    local SGD, checkpoints {label}: {s['steps_per_s']:.1f} steps/s", flush=True)
+    return out
+
+
+def other_workers(cluster, job, a, link: float, storage: Path) -> list[dict]:
+    """Every strategy in one compare run per worker count of a.other_workers (no straggler): the cost model fits on
+    the most common count and checks its predictions at these."""
+    out = []
+    for workers in a.other_workers:
+        fewer = argparse.Namespace(**{**vars(a), "workers": workers})
+        name = f"workers{workers}-{link:g}"
+        submit(cluster, job, ["jobs/compare.py", *workload(fewer),
+                              "--set", f"compare.strategies={','.join(a.strategies)}",
+                              "--set", f"compare.target_accuracy={a.target}", "--set", f"run.storage_path={storage}",
+                              "--set", f"run.name={name}"], name)
+        results = json.loads((storage / name / "results.json").read_text())
+        for r in results["strategies"].values():
+            out.append(point(r["summary"], fewer, link, part="workers", straggler=False,
+                             time_to_target_s=r["time_to_target_s"], target=a.target))
+            print(f"    {r['summary']['strategy']}, {workers} workers: {r['summary']['steps_per_s']:.1f} steps/s",
+                  flush=True)
     return out
 
 
@@ -304,6 +326,7 @@ def main() -> int:
     p.add_argument("--size-params", type=int, default=1_000_000, help="the size part's model")
     p.add_argument("--strategies", default=",".join(STRATEGIES))
     p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--other-workers", default="2,3", help="the workers part: these worker counts, comma-separated")
     p.add_argument("--params", type=int, default=250_000)
     p.add_argument("--samples", type=int, default=6000)
     p.add_argument("--features", type=int, default=64)
@@ -322,6 +345,7 @@ def main() -> int:
             print(f"wrote {path}")
         return 0
     a.strategies = a.strategies.split(",")
+    a.other_workers = [int(w) for w in a.other_workers.split(",")]
     parts = a.parts.split(",")
     links = [float(x) for x in a.links.split(",")]
 
@@ -357,6 +381,8 @@ def main() -> int:
                 points += checkpoint_cost(cluster, job, a, link, storage)
             if "real" in parts:
                 points += real_model(cluster, job, a, link, storage)
+            if "workers" in parts:
+                points += other_workers(cluster, job, a, link, storage)
             a.out.parent.mkdir(parents=True, exist_ok=True)
             a.out.write_text(json.dumps({**header, "hosts": len(cluster.hosts), "points": points}, indent=1,
                                         default=str))

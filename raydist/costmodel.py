@@ -22,6 +22,7 @@ points in, fitted parameters and predictions out (tests/test_costmodel.py).
 from __future__ import annotations
 
 import functools
+import math
 import statistics
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -256,20 +257,24 @@ def fit(points: list[dict[str, Any]], latency_s: float = 50e-6) -> Fit:
 
 def label(p: dict[str, Any]) -> str:
     model = f"{p['model']} " if p.get("model") else ""
-    return (f"{p['strategy']}, {model}{p['params'] / 1e6:.2g}M params @ {p['link_mbit']:g} Mbit/s"
+    return (f"{p['strategy']}, {p['workers']} workers, {model}{p['params'] / 1e6:.2g}M params "
+            f"@ {p['link_mbit']:g} Mbit/s"
             f"{terms(p['strategy']).label(p)}")
 
 
 def fitting_side(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The runs the fit reads, all of the built-in MLP's most common size: each strategy picks its own
+    """The runs the fit reads, all of the built-in MLP's most common size and worker count: each strategy picks its own
     (`CostTerms.fitting_runs`: the reference at every rate, the others at the highest rate mostly). The rest is
     for validation, runs of another kind of model (`model` set) included."""
     runs = [p for p in usable(points) if p["strategy"] in modelled() and not p.get("model")]
     if not runs:
         return []
-    sizes = [p["params"] for p in runs]
-    size = max(sorted(set(sizes)), key=sizes.count)  # the most common model size; the others are held out
-    runs = [p for p in runs if p["params"] == size]
+    # The most common model size and worker count; runs of the others are held out, so the validation checks how
+    # the model carries to another size and another worker count.
+    for key in ("params", "workers"):
+        values = [p[key] for p in runs]
+        common = max(sorted(set(values)), key=values.count)
+        runs = [p for p in runs if p[key] == common]
     low, top = min(p["link_mbit"] for p in runs), max(p["link_mbit"] for p in runs)
     return [p for name in modelled() for p in terms(name).fitting_runs([q for q in runs if q["strategy"] == name],
                                                                         low, top)]
@@ -340,3 +345,33 @@ def validation_table(checks: list[Check]) -> str:
     rows += [f"| {c.point} | {c.runs} | {c.measured:.1f} ({c.spread[0]:.1f}-{c.spread[1]:.1f}) | {c.predicted:.1f} | "
              f"{100 * c.error:+.0f}% |" for c in checks]
     return "\n".join(rows)
+
+
+# ---- how far an answer lies beyond what was measured ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Validated:
+    """What the validation covers: the worker counts of the measured runs, and the largest error of a held-out
+    run of the built-in model (the model's error where it was checked)."""
+
+    min_workers: int
+    max_workers: int
+    max_error: float
+
+    def beyond(self, workers: int) -> float:
+        """How many times outside the measured worker counts `workers` lies: 1 inside them."""
+        return max(workers / self.max_workers, self.min_workers / workers, 1.0)
+
+    def factor(self, workers: int) -> float:
+        """How far off (a factor either way) a prediction at `workers` may be: 1 + the largest measured error
+        inside the checked range, compounded once more for every doubling beyond it. A rule of thumb, not a fit:
+        no run shows how the error grows out there, only that it is not smaller than where it was measured."""
+        return (1 + self.max_error) ** (1 + math.log2(self.beyond(workers)))
+
+
+def validated(points: list[dict[str, Any]], checks: list[Check]) -> Validated:
+    mlp = [p for p in usable(points) if not p.get("model") and p["strategy"] in modelled()]
+    held_out = {label(p) for p in mlp}
+    errors = [abs(c.error) for c in checks if c.point in held_out]
+    workers = [p["workers"] for p in mlp]
+    return Validated(min(workers), max(workers), max(errors) if errors else 1.0)

@@ -134,6 +134,36 @@ def test_plan_on_a_slow_link_prefers_less_communication_and_shards_the_ps():
     assert shards[0] > 1 and shards[1] > shards[0]  # the more workers, the more shards the fan-in needs
 
 
+def test_runs_at_another_worker_count_are_held_out_and_predicted():
+    truth = cm.Fit(0.8, {"sync": 0.02, "local_sgd": 0.02, "async": 0.03, "fsdp": 0.05}, 100_000,
+                   ps_efficiency=0.6, checkpoint_s=0.05, per_shard_s=0.004)
+    others = []
+    for workers in (2, 3):
+        for strategy in ("sync", "fsdp"):
+            s = cm.Setting(strategy, workers, 100_000, 100, nodes=6)
+            others.append({"strategy": strategy, "workers": workers, "params": 100_000, "link_mbit": 100,
+                           "nodes": 6, "steps_per_s": cm.steps_per_s(truth, s)})
+    fit, checks = cm.validate(_synthetic_points(truth) + others)
+    assert all(", 4 workers," in f for f in fit.fitted_on)  # the most common count is fitted on, the rest checked
+    mine = [c for c in checks if ", 4 workers," not in c.point]
+    assert len(mine) == 4 and all(abs(c.error) < 1e-6 for c in mine), cm.validation_table(checks)
+
+
+def test_plan_says_how_far_beyond_the_measured_workers_it_is_and_widens_its_answer():
+    reach = cm.Validated(min_workers=2, max_workers=4, max_error=0.2)
+    assert reach.beyond(3) == 1 and reach.beyond(8) == 2 and reach.beyond(512) == 128 and reach.beyond(1) == 2
+    assert reach.factor(4) == pytest.approx(1.2) and reach.factor(8) == pytest.approx(1.44)
+    assert reach.factor(64) == pytest.approx(1.2 ** 5)
+    fit = cm.Fit(0.9, {"sync": 0.02, "local_sgd": 0.02, "async": 0.02, "fsdp": 0.03}, 1_000_000)
+    rows = plan_cmd.plan(fit, plan_cmd.Question(1_000_000, [100_000], [4, 512], 32, validated=reach))
+    near, far = rows
+    assert near["within_factor"] == pytest.approx(1.2) and far["within_factor"] == pytest.approx(1.2 ** 8)
+    # 4 MB of gradients on 100 Gbit/s: FSDP's larger base sets it apart where it was measured; far out, the model
+    # cannot rank any of them
+    assert "fsdp" not in [near["choose"], *near["or_within_factor"]] and len(far["or_within_factor"]) == 3
+    assert "| 512 | 128x | 4.3x |" in plan_cmd.markdown(rows)
+
+
 @pytest.mark.skipif(not plan_cmd.DEFAULT_MEASURED.is_file(), reason="no measured runs shipped")
 def test_the_shipped_fit_predicts_the_held_out_mlp_runs_within_20_percent():
     """The MLP the fit saw at other sizes, links and settings: within 20%. examples/tinygpt's rows (another kind of

@@ -83,6 +83,17 @@ class Question:
     to_target: dict[str, float] = field(default_factory=dict)
     """Per strategy, samples trained until the target accuracy (measured); {} = rank by samples/s."""
     backend: str = "nccl"
+    validated: Any = None
+    """costmodel.Validated: the measured worker counts and the error there; None = no band."""
+
+
+def _choose(row: dict[str, Any], key: str | None, factor: float) -> tuple[str, list[str]]:
+    """The fastest strategy, and those whose range (their prediction, `factor` either way) overlaps the fastest's:
+    the model cannot tell them apart from it."""
+    entries = row["strategies"]
+    cost = {k: (e[key] if key else 1 / e["samples_per_s"]) for k, e in entries.items()}
+    ranked = sorted(cost, key=cost.get)
+    return ranked[0], [k for k in ranked[1:] if cost[k] / factor <= cost[ranked[0]] * factor]
 
 
 def plan(fit, q: Question) -> list[dict[str, Any]]:
@@ -92,7 +103,9 @@ def plan(fit, q: Question) -> list[dict[str, Any]]:
     rows = []
     for link in q.links:
         for n in q.nodes:
-            row: dict[str, Any] = {"link_mbit": link, "nodes": n, "strategies": {}}
+            factor = q.validated.factor(n) if q.validated else 1.0
+            row: dict[str, Any] = {"link_mbit": link, "nodes": n, "strategies": {}, "within_factor": factor,
+                                   "beyond_measured": q.validated.beyond(n) if q.validated else 1.0}
             for strategy in fit.base_s:
                 s, extra = terms(strategy).plan(fit, Setting(strategy, n, params, link, backend=backend))
                 rate = samples_per_s(fit, s, batch_size)
@@ -101,8 +114,7 @@ def plan(fit, q: Question) -> list[dict[str, Any]]:
                     entry["time_to_target_s"] = to_target[strategy] / rate
                 row["strategies"][strategy] = {**entry, **extra}
             key = "time_to_target_s" if all("time_to_target_s" in e for e in row["strategies"].values()) else None
-            row["choose"] = (min(row["strategies"], key=lambda k: row["strategies"][k][key]) if key else
-                             max(row["strategies"], key=lambda k: row["strategies"][k]["samples_per_s"]))
+            row["choose"], row["or_within_factor"] = _choose(row, key, factor)
             rows.append(row)
     return rows
 
@@ -111,9 +123,10 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     strategies = list(rows[0]["strategies"]) if rows else []
     ttt = all("time_to_target_s" in e for r in rows for e in r["strategies"].values())
     sharded = [s for s in strategies if "shards" in rows[0]["strategies"][s]] if rows else []
-    head = "| link | nodes | " + " | ".join(f"{s} step ms / ksamples/s" + (" / time to target s" if ttt else "")
-                                           for s in strategies) + " | choose |" + "".join(f" {s} shards |" for s in sharded)
-    out = [head, "|" + "---|" * (len(strategies) + 3 + len(sharded))]
+    cols = [f"{s} step ms / ksamples/s" + (" / time to target s" if ttt else "") for s in strategies]
+    head = ("| link | nodes | beyond measured | within | " + " | ".join(cols) + " | choose |"
+            + "".join(f" {s} shards |" for s in sharded))
+    out = [head, "|" + "---|" * (len(strategies) + 5 + len(sharded))]
     for r in rows:
         cells = []
         for s in strategies:
@@ -124,7 +137,10 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             cells.append(cell)
         link = f"{r['link_mbit'] / 1e3:g} Gbit/s" if r["link_mbit"] >= 1000 else f"{r['link_mbit']:g} Mbit/s"
         shards = "".join(f" {r['strategies'][s]['shards']} |" for s in sharded)
-        out.append(f"| {link} | {r['nodes']} | " + " | ".join(cells) + f" | {r['choose']} |{shards}")
+        beyond = "-" if r["beyond_measured"] <= 1 else f"{r['beyond_measured']:.0f}x"
+        choose = r["choose"] + (f" (or {', '.join(r['or_within_factor'])})" if r["or_within_factor"] else "")
+        out.append(f"| {link} | {r['nodes']} | {beyond} | {r['within_factor']:.1f}x | " + " | ".join(cells)
+                   + f" | {choose} |{shards}")
     return "\n".join(out)
 
 
@@ -147,7 +163,8 @@ def _plan(args) -> int:
         fit = costmodel.with_compute(fit, params, args.compute_ms / 1e3)
     links = _numbers(args.link_mbit, "--link-mbit")
     nodes = _numbers(args.nodes, "--nodes", int)
-    rows = plan(fit, Question(params, links, nodes, args.batch_size, samples_to_target(points), args.backend))
+    reach = costmodel.validated(points, checks)
+    rows = plan(fit, Question(params, links, nodes, args.batch_size, samples_to_target(points), args.backend, reach))
     if args.json:
         print(json.dumps({"fit": fit.to_dict(), "validation": [{**asdict(c), "error": c.error} for c in checks],
                           "plan": rows}, indent=1))
@@ -157,7 +174,9 @@ def _plan(args) -> int:
     if args.validate:
         print(costmodel.validation_table(checks))
         return 0
-    print(f"{params:,} parameters, batch {args.batch_size} per worker:")
+    print(f"{params:,} parameters, batch {args.batch_size} per worker. Measured on {reach.min_workers}-"
+          f"{reach.max_workers} workers, where held-out runs came within {reach.max_error:.0%}: 'within' is that "
+          f"factor, compounded once more for each doubling of the workers beyond them (a rule of thumb)")
     print(markdown(rows))
     return 0
 
