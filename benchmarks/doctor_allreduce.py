@@ -2,6 +2,9 @@
 
     flock /tmp/raydist-emu.lock .venv/bin/python benchmarks/doctor_allreduce.py --rounds 5 --bytes 16MiB --iters 10
     flock /tmp/raydist-emu.lock .venv/bin/python benchmarks/doctor_allreduce.py --rounds 5 --link-mbit 1000
+    flock /tmp/raydist-emu.lock .venv/bin/python benchmarks/doctor_allreduce.py --rounds 5 --link-mbit 1000 \
+        --out docs/data/doctor_allreduce.json                                    # stored, as docs/doctor.md quotes
+    .venv/bin/python benchmarks/doctor_allreduce.py --report docs/data/doctor_allreduce.json   # the docs' table
 
 (root: it builds the emulated 3-host SLURM cluster of tests/cluster/emucluster.py and brings Ray up on it with
 cluster/ray_up.slurm). Each round runs, in alternating order, `raydist doctor --json` on master-node (its agents
@@ -21,6 +24,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+import stored as stored_file  # noqa: E402
+
 RAW_PORT = 19555  # below the cluster config's port range: Ray's blocks never take it
 
 
@@ -76,6 +82,38 @@ def run_doctor(cluster, job, nbytes: int, iters: int, show: bool) -> float:
     return json.loads(r.stdout)["bandwidth"]["allreduce_bus_gbps"]
 
 
+def report(stored: dict) -> str:
+    """The table docs/doctor.md quotes: every round, and the medians (the ratio's is the median of the rounds')."""
+    rows = ["| round | order | doctor | raw torch.distributed | ratio |", "|---|---|---|---|---|"]
+    for i, r in enumerate(stored["rounds"]):
+        rows.append(f"| {i + 1} | {r['order']} first | {r['doctor']:.3f} | {r['raw']:.3f} | "
+                    f"{r['doctor'] / r['raw']:.3f} |")
+    med = {k: statistics.median(r[k] for r in stored["rounds"]) for k in ("doctor", "raw")}
+    ratio = statistics.median(r["doctor"] / r["raw"] for r in stored["rounds"])
+    rows.append(f"| median | | {med['doctor']:.3f} | {med['raw']:.3f} | **{ratio:.3f}** |")
+    close = sum(abs(r["doctor"] / r["raw"] - 1) <= 0.1 for r in stored["rounds"])
+    link = stored["link_mbit"]
+    return "\n".join(rows) + (
+        f"\n\nDoctor's figure is within 10% of the raw loop in {close} of {len(stored['rounds'])} rounds"
+        + (f"; the raw loop's median is {med['raw'] / (link / 1e3):.1%} of the {link:g} Mbit/s link (ring "
+           f"all-reduce's bus bandwidth)" if link else "") + ".\n")
+
+
+def measure(cluster, job, a, nbytes: int) -> list[dict]:
+    rounds = []
+    for i in range(a.rounds):
+        # Alternate which goes first, so a drift in the machine's load does not favour one side.
+        order = ("doctor", "raw") if i % 2 == 0 else ("raw", "doctor")
+        got = {}
+        for which in order:
+            got[which] = (run_doctor(cluster, job, nbytes, a.iters, show=i == 0) if which == "doctor"
+                          else run_raw(cluster, nbytes, a.iters))
+        rounds.append({"order": order[0], "doctor": round(got["doctor"], 4), "raw": round(got["raw"], 4)})
+        print(f"round {i + 1}: doctor {got['doctor']:.3f} Gb/s, raw torch.distributed {got['raw']:.3f} Gb/s, "
+              f"ratio {got['doctor'] / got['raw']:.3f}", flush=True)
+    return rounds
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
@@ -86,7 +124,10 @@ def main() -> int:
     p.add_argument("--raw-rank", type=int, help=argparse.SUPPRESS)
     p.add_argument("--world", type=int, help=argparse.SUPPRESS)
     p.add_argument("--master", help=argparse.SUPPRESS)
+    stored_file.add_options(p, "docs/data/doctor_allreduce.json")
     a = p.parse_args()
+    if stored_file.print_report(a.report, report):
+        return 0
     sys.path.insert(0, str(REPO))
     from raydist.slurm.settings import parse_size
 
@@ -99,28 +140,18 @@ def main() -> int:
     import rayup
     from emucluster import EmulatedCluster
 
+    machine_and_commit = stored_file.stamp()
     with EmulatedCluster() as cluster:
         job = rayup.submit(cluster, rayup.write_config(cluster, "doctor-bench"))
         job.wait_for("Ray cluster ready", timeout=180)
         if a.link_mbit:
             cluster.shape(a.link_mbit)
-        doctor, raw = [], []
-        for i in range(a.rounds):
-            # Alternate which goes first, so a drift in the machine's load does not favour one side.
-            order = ("doctor", "raw") if i % 2 == 0 else ("raw", "doctor")
-            for which in order:
-                if which == "doctor":
-                    doctor.append(run_doctor(cluster, job, nbytes, a.iters, show=i == 0))
-                else:
-                    raw.append(run_raw(cluster, nbytes, a.iters))
-            print(f"round {i + 1}: doctor {doctor[-1]:.3f} Gb/s, raw torch.distributed {raw[-1]:.3f} Gb/s, "
-                  f"ratio {doctor[-1] / raw[-1]:.3f}", flush=True)
-        md, mr = statistics.median(doctor), statistics.median(raw)
-        links = f"links shaped to {a.link_mbit:g} Mbit/s" if a.link_mbit else "unshaped links"
-        print(f"median over {a.rounds} rounds ({a.bytes} x {a.iters}, 3 hosts, gloo, {links}): doctor {md:.3f} Gb/s, "
-              f"raw {mr:.3f} Gb/s, ratio {md / mr:.3f}", flush=True)
+        result = {"bytes": a.bytes, "iters": a.iters, "hosts": len(cluster.hosts), "link_mbit": a.link_mbit or 0,
+                  "rounds": measure(cluster, job, a, nbytes)}
         cluster.run("master-node", ["scancel", str(job.job_id)])
         rayup.wait_no_leftovers(cluster, job.job_id)
+    print(report(result), end="", flush=True)
+    stored_file.save(a.out, result, machine_and_commit)
     return 0
 
 

@@ -106,6 +106,7 @@ def _load_cluster_benchmark(name: str):
     ("metrics_cost", "metrics_cost.json", "observability.md"),
     ("desync_cost", "desync_cost.json", "faults.md"),
     ("desync_cost", "desync_cost_large.json", "faults.md"),
+    ("doctor_allreduce", "doctor_allreduce.json", "doctor.md"),
 ])
 def test_a_benchmarks_stored_report_is_what_the_doc_quotes(bench, data, doc):
     stored = json.loads((DATA / data).read_text())
