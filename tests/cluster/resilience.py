@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import math
 import re
 import subprocess
 import time
@@ -33,18 +34,27 @@ def release_after_requeue(job: rayup.RayUpJob) -> float:
     """Once the job is pending again and its nodes are idle, let it start now instead of after SLURM's requeue
     delay. (Released while a node still held the killed instance, slurmd refuses the launch: "Job 1 already
     killed, do not launch batch job"; the delay is there for that.) Returns the delay SLURM had set: seconds from
-    the moment the job was seen pending to its BeginTime."""
+    the moment the job was seen pending to its BeginTime (NaN if SLURM shows none)."""
     deadline = time.monotonic() + 60
     while job.cluster.job_state(job.job_id) != "PENDING":
         assert time.monotonic() < deadline, job.text()[-3000:]
         time.sleep(0.3)
     shown = job.cluster.run("master-node", ["scontrol", "show", "job", str(job.job_id)], check=True).stdout
-    begin = re.search(r"BeginTime=(\S+)", shown).group(1)
-    held_back_s = datetime.datetime.fromisoformat(begin).timestamp() - time.time()
+    held_back_s = _eligible_in(shown)
     job.cluster.wait_idle(60)
     time.sleep(3)  # slurmd forgets the killed instance a moment after the node shows idle
     job.cluster.run("master-node", ["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], check=True)
     return held_back_s
+
+
+def _eligible_in(shown: str) -> float:
+    """Seconds until the job may start, from `scontrol show job` (which shows its BeginTime as EligibleTime); NaN
+    when SLURM shows none."""
+    m = re.search(r"\bEligibleTime=(\S+)", shown)
+    try:
+        return datetime.datetime.fromisoformat(m.group(1)).timestamp() - time.time() if m else math.nan
+    except ValueError:  # 'Unknown'
+        return math.nan
 
 
 def trained_past(run_dir: Path, step: int) -> bool:
