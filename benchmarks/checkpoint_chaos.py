@@ -316,10 +316,12 @@ def _saver(overrides: list[str]):
         save_state(directory, model=model, optimizer=optimizer, scheduler=scheduler, progress=Progress(step=1),
                    rng_per_rank=[rng_state(), rng_state()], extra={"config": cfg.to_dict()}, fsync=fsync)
         elapsed = time.perf_counter() - t0
+        written[:] = [sum(f.stat().st_size for f in Path(directory).rglob("*") if f.is_file())]
         shutil.rmtree(directory)
         return elapsed
 
-    return once, sum(p.numel() * p.element_size() for p in model.parameters())
+    written = [0]  # bytes the last save wrote (the state file and its manifest)
+    return once, sum(p.numel() * p.element_size() for p in model.parameters()), written
 
 
 def save_cost(rounds: int) -> dict:
@@ -332,12 +334,13 @@ def save_cost(rounds: int) -> dict:
     for name, overrides, where, make in (("default, staging", [], "staging", new_checkpoint_dir),
                                          ("default, beside the repo", [], "beside", lambda: beside),
                                          ("large, staging", LARGE, "staging", new_checkpoint_dir)):
-        once, size = _saver(overrides)
+        once, size, written = _saver(overrides)
         times = {"fsync": [], "no_fsync": []}
         for _ in range(rounds):  # interleaved, so drifting load hits both alike
             for fsync in (True, False):
                 times["fsync" if fsync else "no_fsync"].append(round(once(make(), fsync) * 1e3, 3))
-        cases[name] = {"overrides": overrides, "where": where, "param_bytes": size, "ms": times}
+        cases[name] = {"overrides": overrides, "where": where, "param_bytes": size, "written_bytes": written[0],
+                       "ms": times}
         print(f"save_state, {name}: fsync {statistics.median(times['fsync']):.1f} ms, no fsync "
               f"{statistics.median(times['no_fsync']):.1f} ms (median of {rounds})", flush=True)
     return {"rounds": rounds, "cases": cases}
@@ -347,15 +350,16 @@ def save_cost_report(stored: dict) -> str:
     """The table docs/checkpoints.md quotes: each case's median (min-max) in ms, with and without fsync."""
     labels = {"default, staging": "into the loop's staging directory (`tempfile`)",
               "default, beside the repo": "into a directory beside the repository",
-              "large, staging": "the same model with {mb:.1f} MB of parameters (`--set model.hidden=1024 --set "
+              "large, staging": "a model with {mb:.1f} MB of parameters (`--set model.hidden=1024 --set "
                                 "model.depth=4`), staging"}
     rows = ["| | with fsync (the default) | without fsync |", "|---|---|---|"]
     for name, case in stored["cases"].items():
         label = labels[name].format(mb=case["param_bytes"] / 1e6)
         rows.append(f"| {label} | {spread(case['ms']['fsync'])} ms | {spread(case['ms']['no_fsync'])} ms |")
-    default = stored["cases"]["default, staging"]["param_bytes"] / 1e6
-    return "\n".join(rows) + (f"\n\nMedian (min-max) of {stored['rounds']} saves each; the default model's "
-                               f"parameters are {default:.2f} MB.\n")
+    default = stored["cases"]["default, staging"]
+    return "\n".join(rows) + (f"\n\nMedian (min-max) of {stored['rounds']} saves each; a save of the default model "
+                               f"writes {default['written_bytes'] / 1e6:.2f} MB ({default['param_bytes'] / 1e6:.2f} MB "
+                               f"of parameters, the rest AdamW's state, the RNG and the config).\n")
 
 
 def main() -> None:
