@@ -364,9 +364,9 @@ class Validated:
 
     def factor(self, workers: int) -> float:
         """How far off (a factor either way) a prediction at `workers` may be: 1 + the largest measured error
-        inside the checked range, compounded once more for every doubling beyond it. A rule of thumb, not a fit:
-        no run shows how the error grows out there, only that it is not smaller than where it was measured."""
-        return (1 + self.max_error) ** (1 + math.log2(self.beyond(workers)))
+        inside the checked range, that error added once more for every doubling beyond it. A rule of thumb, not a
+        fit: no run shows how the error grows out there, only that it is not smaller than where it was measured."""
+        return 1 + self.max_error * (1 + math.log2(self.beyond(workers)))
 
 
 def validated(points: list[dict[str, Any]], checks: list[Check]) -> Validated:

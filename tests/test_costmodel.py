@@ -152,16 +152,16 @@ def test_runs_at_another_worker_count_are_held_out_and_predicted():
 def test_plan_says_how_far_beyond_the_measured_workers_it_is_and_widens_its_answer():
     reach = cm.Validated(min_workers=2, max_workers=4, max_error=0.2)
     assert reach.beyond(3) == 1 and reach.beyond(8) == 2 and reach.beyond(512) == 128 and reach.beyond(1) == 2
-    assert reach.factor(4) == pytest.approx(1.2) and reach.factor(8) == pytest.approx(1.44)
-    assert reach.factor(64) == pytest.approx(1.2 ** 5)
+    assert reach.factor(4) == pytest.approx(1.2) and reach.factor(8) == pytest.approx(1.4)
+    assert reach.factor(64) == pytest.approx(2.0)
     fit = cm.Fit(0.9, {"sync": 0.02, "local_sgd": 0.02, "async": 0.02, "fsdp": 0.03}, 1_000_000)
     rows = plan_cmd.plan(fit, plan_cmd.Question(1_000_000, [100_000], [4, 512], 32, validated=reach))
     near, far = rows
-    assert near["within_factor"] == pytest.approx(1.2) and far["within_factor"] == pytest.approx(1.2 ** 8)
+    assert near["within_factor"] == pytest.approx(1.2) and far["within_factor"] == pytest.approx(2.6)
     # 4 MB of gradients on 100 Gbit/s: FSDP's larger base sets it apart where it was measured; far out, the model
     # cannot rank any of them
     assert "fsdp" not in [near["choose"], *near["or_within_factor"]] and len(far["or_within_factor"]) == 3
-    assert "| 512 | 128x | 4.3x |" in plan_cmd.markdown(rows)
+    assert "| 512 | 128x | 2.6x |" in plan_cmd.markdown(rows)
 
 
 @pytest.mark.skipif(not plan_cmd.DEFAULT_MEASURED.is_file(), reason="no measured runs shipped")

@@ -175,8 +175,8 @@ def _plan(args) -> int:
         print(costmodel.validation_table(checks))
         return 0
     print(f"{params:,} parameters, batch {args.batch_size} per worker. Measured on {reach.min_workers}-"
-          f"{reach.max_workers} workers, where held-out runs came within {reach.max_error:.0%}: 'within' is that "
-          f"factor, compounded once more for each doubling of the workers beyond them (a rule of thumb)")
+          f"{reach.max_workers} workers, where held-out runs came within {reach.max_error:.0%}: 'within' is 1 + "
+          f"that error, which grows by as much again for each doubling of the workers beyond them (a rule of thumb)")
     print(markdown(rows))
     return 0
 
