@@ -17,7 +17,6 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,23 +83,18 @@ def report(stored: dict) -> str:
             f"({min(small):.0f}-{max(small):.0f}).\n")
 
 
+def measure(args) -> dict:
+    def one_round(storage: str, i: int) -> dict:
+        return {case: run_case(storage, f"{case}{i}", case) for case in CASES}
+
+    return {"common": COMMON, "big_model": BIG, "cases": {k: [s, o, e] for k, (s, o, e) in CASES.items()},
+            "rounds": stored_file.rounds(args.rounds, "rd-fsdp-memory-", one_round)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=2)
-    stored_file.add_options(ap, "docs/data/fsdp_memory.json")
-    args = ap.parse_args()
-    if stored_file.print_report(args.report, report):
-        return
-    machine_and_commit = stored_file.stamp()
-    rounds = []
-    with tempfile.TemporaryDirectory(prefix="rd-fsdp-memory-") as storage:
-        for i in range(args.rounds):
-            rounds.append({case: run_case(storage, f"{case}{i}", case) for case in CASES})
-            print(f"round {i + 1}/{args.rounds} done", file=sys.stderr, flush=True)
-    stored = {"common": COMMON, "big_model": BIG, "cases": {k: [s, o, e] for k, (s, o, e) in CASES.items()},
-              "rounds": rounds}
-    print(report(stored), end="", flush=True)
-    stored_file.save(args.out, stored, machine_and_commit)
+    stored_file.cli(ap, "docs/data/fsdp_memory.json", report, measure)
 
 
 if __name__ == "__main__":

@@ -48,25 +48,22 @@ def report(stored: dict) -> str:
             f"(median (min-max) of {len(steps)} rounds)\n")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=20000)
-    p.add_argument("--exports", type=int, default=200)
-    stored_file.add_options(p, "docs/data/metrics_cost.json")
-    a = p.parse_args()
-    if stored_file.print_report(a.report, report):
-        return
-    machine_and_commit = stored_file.stamp()
+def measure(a) -> dict:
     ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
     rows = []
     for i in range(a.rounds):
         rows.append(ray.get(Bench.remote().run.remote(a.steps, a.exports)))
         print(f"round {i + 1}: {rows[-1][0]:.2f} us per step, {rows[-1][1]:.1f} us per export", flush=True)
-    result = {"steps": a.steps, "exports": a.exports,
-              "us_per_step": [round(r[0], 3) for r in rows], "us_per_export": [round(r[1], 2) for r in rows]}
-    print(report(result), end="")
-    stored_file.save(a.out, result, machine_and_commit)
+    return {"steps": a.steps, "exports": a.exports,
+            "us_per_step": [round(r[0], 3) for r in rows], "us_per_export": [round(r[1], 2) for r in rows]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=20000)
+    p.add_argument("--exports", type=int, default=200)
+    stored_file.cli(p, "docs/data/metrics_cost.json", report, measure)
 
 
 if __name__ == "__main__":

@@ -62,3 +62,29 @@ def save(path: str | None, result: dict, stamped: dict) -> None:
     """With --out: the result with its machine, commit and date (`stamp()`, taken before the run)."""
     if path:
         Path(path).write_text(json.dumps({**result, **stamped}, indent=1) + "\n")
+
+
+def rounds(n: int, prefix: str, one_round) -> list:
+    """`one_round(storage, i)` for i in 0..n-1 in one temporary storage directory, saying on stderr as each ends."""
+    import sys
+    import tempfile
+
+    done = []
+    with tempfile.TemporaryDirectory(prefix=prefix) as storage:
+        for i in range(n):
+            done.append(one_round(storage, i))
+            print(f"round {i + 1}/{n} done", file=sys.stderr, flush=True)
+    return done
+
+
+def cli(parser, stored_as: str, report, measure) -> None:
+    """A storing benchmark's main: --report prints `report` of a stored file and runs nothing; otherwise the stamp,
+    `measure(args)` (the result dict), its report, and with --out the stored file."""
+    add_options(parser, stored_as)
+    args = parser.parse_args()
+    if print_report(args.report, report):
+        return
+    stamped = stamp()
+    result = measure(args)
+    print(report(result), end="", flush=True)
+    save(args.out, result, stamped)

@@ -17,7 +17,6 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,23 +102,18 @@ def report(stored: dict) -> str:
             f"{table(stored, 'straggler')}\n{kept(stored)}")
 
 
+def measure(args) -> dict:
+    def one_round(storage: str, i: int) -> dict:
+        return {setting: compare_once(storage, f"{setting}{i}", overrides) for setting, overrides in SETTINGS.items()}
+
+    return {"shared": SHARED, "settings": SETTINGS, "target_accuracy": TARGET,
+            "rounds": stored_file.rounds(args.rounds, "rd-compare-", one_round)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
-    stored_file.add_options(ap, "docs/data/strategies_compare.json")
-    args = ap.parse_args()
-    if stored_file.print_report(args.report, report):
-        return
-    machine_and_commit = stored_file.stamp()
-    rounds = []
-    with tempfile.TemporaryDirectory(prefix="rd-compare-") as storage:
-        for i in range(args.rounds):
-            rounds.append({setting: compare_once(storage, f"{setting}{i}", overrides)
-                           for setting, overrides in SETTINGS.items()})
-            print(f"round {i + 1}/{args.rounds} done", file=sys.stderr, flush=True)
-    stored = {"shared": SHARED, "settings": SETTINGS, "target_accuracy": TARGET, "rounds": rounds}
-    print(report(stored), end="", flush=True)
-    stored_file.save(args.out, stored, machine_and_commit)
+    stored_file.cli(ap, "docs/data/strategies_compare.json", report, measure)
 
 
 if __name__ == "__main__":

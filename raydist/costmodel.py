@@ -370,6 +370,8 @@ class Validated:
 
 
 def validated(points: list[dict[str, Any]], checks: list[Check]) -> Validated:
+    """The worker counts of the built-in model's measured runs and its largest held-out error (`validate`'s
+    checks); examples/tinygpt's rows, predicted from its own anchor, do not count."""
     mlp = [p for p in usable(points) if not p.get("model") and p["strategy"] in modelled()]
     held_out = {label(p) for p in mlp}
     errors = [abs(c.error) for c in checks if c.point in held_out]

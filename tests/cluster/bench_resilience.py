@@ -89,14 +89,7 @@ def report(stored: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
-    stored_file.add_options(ap, "docs/data/slurm_resilience.json")
-    args = ap.parse_args()
-    if stored_file.print_report(args.report, report):
-        return
-    machine_and_commit = stored_file.stamp()
-    result = measure(args.rounds)
-    print(report(result), end="", flush=True)
-    stored_file.save(args.out, result, machine_and_commit)
+    stored_file.cli(ap, "docs/data/slurm_resilience.json", report, lambda args: measure(args.rounds))
 
 
 if __name__ == "__main__":
