@@ -129,3 +129,17 @@ def test_the_slurm_resilience_table_is_the_stored_rounds():
     for doc in ("benchmarks.md", "slurm.md"):
         assert table in _doc(doc), f"docs/{doc} is stale: paste `tests/cluster/bench_resilience.py --report`"
     assert all(r["resumed_from_step"] == r["stopped_at"] for s in ("sync", "async") for r in stored[s])
+
+
+def test_every_stored_result_is_listed_with_its_benchmark_and_names_a_commit():
+    table = _doc("benchmarks.md").split("| file | written by | quoted in |")[1].split("\n\n")[0]
+
+    def commits(value) -> list:
+        if isinstance(value, dict):
+            return ([value["commit"]] if "commit" in value else []) + [c for v in value.values() for c in commits(v)]
+        return [c for v in value for c in commits(v)] if isinstance(value, list) else []
+
+    for path in sorted(DATA.glob("*.json")):
+        stem = path.stem.removesuffix("_large")
+        assert path.name in table or f"`{stem}*.json`" in table, f"{path.name} is not in docs/benchmarks.md's table"
+        assert commits(json.loads(path.read_text())), f"{path.name} names no commit"
