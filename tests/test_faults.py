@@ -96,7 +96,8 @@ def test_a_stopped_worker_fails_the_run_within_the_bound_naming_its_rank_and_nod
     from jobutil import processes_titled, start_job, wait_for_steps
 
     proc = start_job("sync", f"run.storage_path={tmp_path}", "run.name=r", "train.max_steps=1000000",
-                     "checkpoint.every_steps=100000", f"faults.hang_timeout_s={HANG_TIMEOUT_S}", "scaling.max_failures=0")
+                     "checkpoint.every_steps=100000", f"faults.hang_timeout_s={HANG_TIMEOUT_S}",
+                     "scaling.max_failures=0")
     victim = None
     try:
         wait_for_steps(tmp_path / "r" / "metrics.jsonl", 20, proc)
