@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import rayup
-from test_slurm_resilience import _release_after_requeue, _wait_text
+from resilience import release_after_requeue, wait_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
@@ -70,12 +70,12 @@ def test_the_srun_script_and_raydist_launch_in_batch_mode_warned_and_requeued_en
     assert {(r["rank"], r["node"]) for r in ranks} == {(0, "master-node"), (1, "node01"), (2, "node02")}
     assert all(r["state"] == "alive" and r["restarts"] == 0 and r["rss_bytes"] > 0 for r in ranks), ranks
     slurm_cluster.run("master-node", ["scancel", "--batch", "--signal=USR1", str(job.job_id)], check=True)
-    stopped = _wait_text(job, r"SIGTERM: snapshot at step (\d+), exiting", timeout=60)
-    _wait_text(job, r"requeueing after the time limit \(1 of at most 3\)", timeout=90)
+    stopped = wait_text(job, r"SIGTERM: snapshot at step (\d+), exiting", timeout=60)
+    wait_text(job, r"requeueing after the time limit \(1 of at most 3\)", timeout=90)
     logs = storage / "batch-launch" / "logs"
     for rank in range(3):  # every rank got the signal
         assert f"rank {rank}: SIGTERM received" in (logs / f"rank{rank}.log").read_text()
-    _release_after_requeue(job)
+    release_after_requeue(job)
     state = slurm_cluster.wait_job(job.job_id, timeout=300)
     assert state == "COMPLETED", f"{state}\n{job.text()[-3000:]}"
 
