@@ -68,10 +68,12 @@ def slot_count(base: int, end: int, size: int) -> int:
 
 def candidate_blocks(job_id: int, base: int, end: int, size: int) -> Iterator[PortBlock]:
     """Every block of the range, starting at the job's own slot (job id modulo the number of slots), so each job
-    tries a different block first and the next ones only when its own is busy."""
+    tries a different block first; when its own is busy, the slots of the jobs submitted before it, newest first.
+    (Not the next ones: those are the own slots of jobs submitted after it, which may be starting at this moment,
+    both seeing the block free; the earlier jobs' slots are taken already, or free for good.)"""
     n = slot_count(base, end, size)
     for k in range(n):
-        yield PortBlock(base + ((job_id + k) % n) * size, size)
+        yield PortBlock(base + ((job_id - k) % n) * size, size)
 
 
 def port_is_free(port: int, host: str = "") -> bool:
