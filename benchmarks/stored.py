@@ -8,6 +8,8 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -66,9 +68,6 @@ def save(path: str | None, result: dict, stamped: dict) -> None:
 
 def rounds(n: int, prefix: str, one_round) -> list:
     """`one_round(storage, i)` for i in 0..n-1 in one temporary storage directory, saying on stderr as each ends."""
-    import sys
-    import tempfile
-
     done = []
     with tempfile.TemporaryDirectory(prefix=prefix) as storage:
         for i in range(n):
