@@ -40,12 +40,55 @@ from stored import stamp  # noqa: E402
 STRATEGIES = ("sync", "local_sgd", "async", "fsdp")
 
 
-def hosts():
+def hosts(count: int = 6):
+    """Six hosts by default, like the product's typical cluster: 4 workers leave two nodes free for server shards.
+    More (`--hosts`) for the question whether 2 cores can stand for more nodes (`cpu_busy` of each run answers it)."""
     from emucluster import DEFAULT_HOSTS, Host
 
-    # Six hosts like the product's typical cluster: 4 workers leave two nodes free for server shards.
-    return (*DEFAULT_HOSTS, Host("node03", "192.168.20.18", "eno1"), Host("node04", "192.168.20.19", "enp3s0"),
-            Host("node05", "192.168.20.20", "ens1f1"))
+    names = ("eno1", "enp3s0", "ens1f1", "eno2", "enp4s0", "ens2f0")  # interface names differ per node
+    extra = [Host(f"node{i:02d}", f"192.168.20.{15 + i}", names[(i - 3) % len(names)]) for i in range(3, count)]
+    return (*DEFAULT_HOSTS, *extra)
+
+
+class CpuBusy:
+    """The machine's CPU busy share, second by second, while a run lasts (every emulated host shares these cores,
+    so /proc/stat counts them all): the median second at or near 1.0 means the cores, not the links, set the pace."""
+
+    def __init__(self):
+        import threading
+
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    @staticmethod
+    def _ticks() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + fields[4]  # idle and iowait
+        return sum(fields[:8]) - idle, sum(fields[:8])
+
+    def _sample(self) -> None:
+        busy, total = self._ticks()
+        while not self._stop.wait(1.0):
+            b, t = self._ticks()
+            if t > total:
+                self.samples.append((b - busy) / (t - total))
+            busy, total = b, t
+
+    def __enter__(self) -> "CpuBusy":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict:
+        import statistics
+
+        s = self.samples or [0.0]
+        return {"cpu_busy_median": round(statistics.median(s), 3),
+                "cpu_busy_share_over_95": round(sum(x >= 0.95 for x in s) / len(s), 3)}
 
 
 def workload(a: argparse.Namespace) -> list[str]:
@@ -64,13 +107,16 @@ def param_count(a: argparse.Namespace) -> int:
     return mlp_params(a.features, a.classes, mlp_width(a.params, a.features, a.classes, depth), depth)
 
 
-def submit(cluster, job, args: list[str], what: str, working_dir: str = ".") -> None:
+def submit(cluster, job, args: list[str], what: str, working_dir: str = ".") -> dict:
+    """Run one job from master-node as a user would; returns the machine's CPU busy share while it ran."""
     cmd = ["ray", "job", "submit", "--working-dir", working_dir, "--", "python", *args]
     t = time.monotonic()
-    r = cluster.run("master-node", cmd, env=job.env(), timeout=1800)
+    with CpuBusy() as cpu:
+        r = cluster.run("master-node", cmd, env=job.env(), timeout=1800)
     if r.returncode != 0:
         raise SystemExit(f"{what} failed (exit {r.returncode}): {(r.stdout + r.stderr)[-3000:]}")
-    print(f"  {what}: {time.monotonic() - t:.0f} s", flush=True)
+    print(f"  {what}: {time.monotonic() - t:.0f} s, CPU busy {cpu.summary()}", flush=True)
+    return cpu.summary()
 
 
 def point(summary: dict, a: argparse.Namespace, link: float, params: int = 0, train_samples: int = 0,
@@ -162,14 +208,14 @@ def other_workers(cluster, job, a, link: float, storage: Path) -> list[dict]:
     for workers in a.other_workers:
         fewer = argparse.Namespace(**{**vars(a), "workers": workers})
         name = f"workers{workers}-{link:g}"
-        submit(cluster, job, ["jobs/compare.py", *workload(fewer),
-                              "--set", f"compare.strategies={','.join(a.strategies)}",
-                              "--set", f"compare.target_accuracy={a.target}", "--set", f"run.storage_path={storage}",
-                              "--set", f"run.name={name}"], name)
+        cpu = submit(cluster, job, ["jobs/compare.py", *workload(fewer),
+                                    "--set", f"compare.strategies={','.join(a.strategies)}",
+                                    "--set", f"compare.target_accuracy={a.target}",
+                                    "--set", f"run.storage_path={storage}", "--set", f"run.name={name}"], name)
         results = json.loads((storage / name / "results.json").read_text())
         for r in results["strategies"].values():
             out.append(point(r["summary"], fewer, link, part="workers", straggler=False,
-                             time_to_target_s=r["time_to_target_s"], target=a.target))
+                             time_to_target_s=r["time_to_target_s"], target=a.target, **cpu))
             print(f"    {r['summary']['strategy']}, {workers} workers: {r['summary']['steps_per_s']:.1f} steps/s",
                   flush=True)
     return out
@@ -327,6 +373,7 @@ def main() -> int:
     p.add_argument("--strategies", default=",".join(STRATEGIES))
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--other-workers", default="2,3", help="the workers part: these worker counts, comma-separated")
+    p.add_argument("--hosts", type=int, default=6, help="emulated hosts (master-node and nodes)")
     p.add_argument("--params", type=int, default=250_000)
     p.add_argument("--samples", type=int, default=6000)
     p.add_argument("--features", type=int, default=64)
@@ -360,7 +407,7 @@ def main() -> int:
         points, header = earlier["points"], {"setting": earlier["setting"], "appended": earlier.get("appended", [])}
         header["appended"].append(this)
     started = time.monotonic()
-    with EmulatedCluster(hosts=hosts()) as cluster:
+    with EmulatedCluster(hosts=hosts(a.hosts)) as cluster:
         job = rayup.submit(cluster, rayup.write_config(cluster, "shaped-bench"), nodes=len(cluster.hosts))
         job.wait_for("Ray cluster ready", timeout=240)
         storage = cluster.shared / "runs"
@@ -388,8 +435,9 @@ def main() -> int:
                                         default=str))
         cluster.run("master-node", ["scancel", str(job.job_id)])
         rayup.wait_no_leftovers(cluster, job.job_id)
-    print(table(points, len(hosts())))
-    plots(points, len(hosts()), REPO / "docs" / "images")
+    print(table(points, a.hosts))
+    if a.out.name == "shaped_runs.json":  # the docs' plots are of the cost model's runs only
+        plots(points, a.hosts, REPO / "docs" / "images")
     print(f"{len(points)} runs in {time.monotonic() - started:.0f} s; written to {a.out}")
     return 0
 
