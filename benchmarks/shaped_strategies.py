@@ -17,7 +17,12 @@ rate (every host's link shaped to it, both ways: a switch port of that speed):
 - real: examples/tinygpt (a GPT-style model given by import path) with every strategy in one compare run,
   submitted from examples/: the real-model rows, and the cost model's check on another kind of model;
 - workers: every strategy at 2 and 3 workers (`--other-workers`), for the cost model's check at worker counts it
-  was not fitted on (not in the default parts: `--parts workers --append`).
+  was not fitted on (not in the default parts: `--parts workers --append`). Each of these runs records how busy the
+  machine's cores were while it ran; with `--hosts 8` and a file of their own they answer whether 2 cores can stand
+  for more nodes:
+
+    flock /tmp/raydist-emu.lock .venv/bin/python benchmarks/shaped_strategies.py --parts workers --hosts 8 \
+        --other-workers 4,6 --strategies sync,local_sgd --out docs/data/more_hosts.json
 
 Every run's summary lands in one JSON file: the measured points `raydist plan` fits and validates its cost model on
 (docs/costmodel.md). Tables go to stdout.
@@ -361,8 +366,26 @@ def plots(points: list[dict], hosts: int, directory: Path) -> list[Path]:
     return out
 
 
+def hosts_table(points: list[dict], hosts: int) -> str:
+    """The runs that recorded the machine's CPU (the workers part since `--hosts`): measured against what the cost
+    model fitted on the shipped 6-host runs predicts, beside how busy the 2 cores were while each ran."""
+    from raydist import costmodel as cm
+
+    fit = cm.fit(json.loads((REPO / "docs" / "data" / "shaped_runs.json").read_text())["points"])
+    rows = ["| hosts | link | workers | strategy | steps/s | predicted | measured / predicted | CPU busy, median "
+            "second | seconds at 95%+ busy |", "|---|---|---|---|---|---|---|---|---|"]
+    for p in points:
+        if "cpu_busy_median" not in p:
+            continue
+        predicted = cm.steps_per_s(fit, cm.setting_of(p))
+        rows.append(f"| {hosts} | {p['link_mbit']:g} Mbit/s | {p['workers']} | {p['strategy']} | "
+                    f"{p['steps_per_s']:.1f} | {predicted:.1f} | {p['steps_per_s'] / predicted:.2f} | "
+                    f"{p['cpu_busy_median']:.0%} | {p['cpu_busy_share_over_95']:.0%} |")
+    return "\n".join(rows) if len(rows) > 2 else ""
+
+
 def table(points: list[dict], hosts: int) -> str:
-    return fanin_table(points, hosts) + "\n\n" + strategies_table(points)
+    return "\n\n".join(filter(None, (fanin_table(points, hosts), strategies_table(points), hosts_table(points, hosts))))
 
 
 def main() -> int:

@@ -40,8 +40,24 @@ def one_round(workdir: Path) -> dict:
         suite = suites if suites.tag == "testsuite" else suites.find("testsuite")
         counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
         counts["pytest_s"] = round(float(suite.get("time", 0)), 1)
+        counts.update(where_the_time_goes(suite))
     return {"commit": tested, "wall_s": round(wall, 1), "exit_code": r.returncode, **counts,
             "tail": (r.stdout + r.stderr)[-1500:] if r.returncode else ""}
+
+
+def where_the_time_goes(suite: ET.Element, top: int = 25) -> dict:
+    """From the JUnit report: each module's summed test time (the two xdist workers run modules side by side, so
+    these add up to about twice pytest's wall time), the slowest tests, and the ones that failed."""
+    cases = [(c.get("classname", ""), c.get("name", ""), float(c.get("time", 0)),
+              c.find("failure") is not None or c.find("error") is not None) for c in suite.iter("testcase")]
+    modules: dict[str, float] = {}
+    for cls, _, t, _ in cases:
+        module = cls.split(".")[1] if cls.startswith("tests.") else cls.split(".")[0]
+        modules[module] = modules.get(module, 0.0) + t
+    slowest = sorted(cases, key=lambda c: -c[2])[:top]
+    return {"module_s": {m: round(t, 1) for m, t in sorted(modules.items(), key=lambda kv: -kv[1])},
+            "slowest_s": {f"{c}::{n}": round(t, 1) for c, n, t, _ in slowest},
+            "failed": [f"{c}::{n}" for c, n, _, bad in cases if bad]}
 
 
 def minutes(seconds: float) -> str:

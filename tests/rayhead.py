@@ -46,6 +46,15 @@ class Head:
     token_path: str
     temp_dir: str
 
+    def state(self) -> str:
+        """The tails of this head's start log and dashboard log: what a test that could not reach it prints."""
+        out = []
+        for log in ("ray_start.log", "session_latest/logs/dashboard.log"):
+            path = Path(self.temp_dir, log)
+            text = path.read_text(errors="replace")[-1500:] if path.exists() else "(none)"
+            out.append(f"--- {log}:\n{text}")
+        return "\n".join(out)
+
     def client_env(self, with_token: bool = True) -> dict[str, str]:
         """The environment of a `ray job submit` client: with the token, or without any auth settings."""
         env = clean_env(PATH=f"{VENV_BIN}:{os.environ['PATH']}")

@@ -26,6 +26,14 @@ def test_the_shaped_links_tables_are_the_stored_runs():
         "docs/benchmarks.md's time-to-target table is stale: paste `benchmarks/shaped_strategies.py --report`"
 
 
+@pytest.mark.parametrize("data", ["more_hosts.json", "three_workers.json"])
+def test_the_cores_against_hosts_tables_are_the_stored_runs(data):
+    shaped = load_benchmark("shaped_strategies")
+    stored = json.loads((DATA / data).read_text())
+    assert shaped.hosts_table(stored["points"], stored["hosts"]) in _doc("costmodel.md"), \
+        f"docs/costmodel.md is stale: paste the last table of `benchmarks/shaped_strategies.py --report docs/data/{data}`"
+
+
 def test_the_checkpoint_chaos_lines_are_the_stored_run():
     chaos = load_benchmark("checkpoint_chaos")
     stored = json.loads((DATA / "checkpoint_chaos.json").read_text())

@@ -23,11 +23,14 @@ def head():
 
 
 def _submit(head, env, *job_args, timeout=300):
-    return subprocess.run(
+    proc = subprocess.run(
         [str(VENV_BIN / "ray"), "job", "submit", f"--address={head.dashboard_url}", f"--working-dir={REPO}",
          "--", "python", "jobs/sync.py", *job_args],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
     )
+    if "Failed to connect to Ray" in proc.stderr:  # once seen in a suite run only: keep the head's side of it
+        proc.stderr += "\n" + head.state()
+    return proc
 
 
 def test_submission_with_the_token_trains_on_the_cluster(head, tmp_path):
