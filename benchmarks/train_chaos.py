@@ -91,7 +91,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kills", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--strategy", default="sync", choices=["sync", "local_sgd"])
+    ap.add_argument("--strategy", default="sync", choices=["sync", "local_sgd", "heal"])
     ap.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     stored_file.add_options(ap, "docs/data/train_chaos.json")
     args = ap.parse_args()

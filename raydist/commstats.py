@@ -7,7 +7,6 @@ import time
 from typing import Any, Iterator
 
 import torch
-import torch.distributed as dist
 
 
 def tensor_bytes(module: torch.nn.Module) -> int:
@@ -41,15 +40,6 @@ class CommStats:
 
     def as_dict(self) -> dict[str, float]:
         return {"bytes": self.bytes, "wait_s": self.wait_s}
-
-    def gather(self, world_size: int) -> dict[str, Any]:
-        """Every rank's counts, in rank order, as the summary fields; a collective when a process group is up."""
-        mine = self.as_dict()
-        every = [mine]
-        if dist.is_initialized() and world_size > 1:
-            every = [None] * world_size
-            dist.all_gather_object(every, mine)
-        return per_worker_summary(every)
 
 
 def per_worker_summary(per_worker: list[dict[str, float]]) -> dict[str, Any]:

@@ -37,7 +37,7 @@ class RayTrainContext:
     """Ray Train V2: metrics and checkpoints go through ray.train.report; restore through get_checkpoint, or the
     newest valid checkpoint directory of `run_dir` when Ray's is missing or broken."""
 
-    def __init__(self, async_upload: bool = False, run_dir: str | None = None):
+    def __init__(self, async_upload: bool = False, run_dir: str | None = None, fit_id: str = ""):
         import ray.train
         import ray.train.torch
 
@@ -47,6 +47,8 @@ class RayTrainContext:
         self.device = ray.train.torch.get_device()
         self._async = async_upload
         self._run_dir = run_dir
+        self.fit_id = fit_id
+        """The same on every worker of one `fit()`, across its restarts and replacements."""
 
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None, step: int, on_storage: bool = False) -> None:
         import ray.train

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -46,9 +47,11 @@ def _score(output: torch.Tensor, y: torch.Tensor, loss_path: str) -> tuple[float
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, data: Splits, cfg: Config, ctx: WorkerContext) -> dict[str, float | None]:
-    """Test loss and accuracy over the whole test split: each rank scores a disjoint slice, sums are all-reduced.
-    Accuracy counts argmax hits of class scores (per token for a sequence); None where targets are not classes."""
+def evaluate(model: torch.nn.Module, data: Splits, cfg: Config, ctx: WorkerContext,
+             all_reduce: Callable[[torch.Tensor], None] | None = None) -> dict[str, float | None]:
+    """Test loss and accuracy over the whole test split: each rank scores a disjoint slice, sums are all-reduced
+    (`all_reduce`: the loop's group; else torch.distributed's default one, when up). Accuracy counts argmax hits of
+    class scores (per token for a sequence); None where targets are not classes."""
     model.eval()
     totals = torch.zeros(4, dtype=torch.float64, device=ctx.device)  # loss sum, correct, samples, targets scored
     for x, y in _test_batches(data, ctx):
@@ -61,7 +64,9 @@ def evaluate(model: torch.nn.Module, data: Splits, cfg: Config, ctx: WorkerConte
         if correct is not None:
             totals[1] += correct
             totals[3] += y.numel()
-    if dist.is_initialized():
+    if all_reduce is not None:
+        all_reduce(totals)
+    elif dist.is_initialized():
         dist.all_reduce(totals)
     model.train()
     accuracy = totals[1].item() / totals[3].item() if totals[3].item() else None

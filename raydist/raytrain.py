@@ -4,11 +4,13 @@ the summary read from its final report.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from raydist import registry
@@ -71,7 +73,8 @@ def build_trainer(cfg: Config, spec: registry.StrategySpec):
     os.environ["RAY_TRAIN_COLLECTIVE_TIMEOUT_S"] = str(cfg.faults.collective_timeout_s)
     return TorchTrainer(
         train_loop_per_worker=train_worker,
-        train_loop_config={"config": cfg.to_dict(), "strategy": spec.name},
+        # fit_id: one per fit(), so that workers can tell the group's first start from a replacement's.
+        train_loop_config={"config": cfg.to_dict(), "strategy": spec.name, "fit_id": uuid.uuid4().hex},
         scaling_config=ScalingConfig(
             # A range selects Ray Train's elastic policy: restart from the checkpoint with the workers that fit.
             num_workers=(s.min_workers, s.max_workers) if s.elastic else s.max_workers,
@@ -81,8 +84,8 @@ def build_trainer(cfg: Config, spec: registry.StrategySpec):
         ),
         # The process group's timeout bounds its start-up and every gloo collective (NCCL's too, with its
         # watchdog): a peer that is alive but never joins fails the step instead of hanging it.
-        torch_config=TorchConfig(backend=cfg.scaling.resolved_backend,
-                                 timeout_s=max(1, round(cfg.faults.collective_timeout_s))),
+        torch_config=spec.load("torch_config")(cfg) if spec.torch_config else TorchConfig(
+            backend=cfg.scaling.resolved_backend, timeout_s=max(1, round(cfg.faults.collective_timeout_s))),
         run_config=RunConfig(
             name=cfg.run.name,
             storage_path=cfg.run.storage_dir,
@@ -156,7 +159,16 @@ def summary_of(result, cfg: Config, session: Session, connected: float) -> JobSu
         param_bytes_per_worker=memory.get("param_bytes_per_worker", []),
         stop_reason=m.get("stop_reason"),
         startup_s=startup_seconds(os.path.join(cfg.run.run_dir, METRICS_FILE), connected),
+        **own_fields(session.job, m),
     )
+
+
+def own_fields(job: str, metrics: dict) -> dict:
+    """The summary fields the job's registry entry declares, from rank 0's final report (`Strategy.final_metrics`)."""
+    spec = registry.get(job)
+    if not spec.summary_fields:
+        return {}
+    return {f.name: metrics[f.name] for f in dataclasses.fields(spec.load("summary_fields")) if f.name in metrics}
 
 
 def startup_seconds(metrics_file: str, connected: float) -> dict[str, float] | None:

@@ -43,6 +43,10 @@ class StrategySpec:
     """"module:Class" of its `raydist.costmodel.CostTerms`: the bytes and hops of its step and what is fitted on
     its measured runs; '' when `raydist plan` does not model it."""
 
+    torch_config: str = ""
+    """"module:function" taking (cfg) and returning Ray Train's torch backend config for its workers; '' for the
+    plain `TorchConfig` (one process group over every worker)."""
+
     defaults_file: str = ""
     """A YAML under raydist/ holding only the keys where its job's defaults differ from the dataclass defaults
     (its tuned optimizer, say); '' when none differ."""
@@ -76,6 +80,12 @@ STRATEGIES: dict[str, StrategySpec] = {
                      "gradients and optimizer state; sharded checkpoints", worker="raydist.strategies.fsdp.worker:FSDP",
                      compared=False, section="fsdp", config="raydist.strategies.fsdp.config:FSDPConfig",
                      cost="raydist.strategies.fsdp.cost:FSDPCost"),
+        StrategySpec("heal", "heal (torchft)", "sync DDP that heals in place: a failed worker is replaced while the "
+                     "others keep training, and takes the state from a live peer (torchft)",
+                     worker="raydist.strategies.heal.worker:Heal", check="raydist.strategies.heal.checks:check_heal",
+                     compared=False, section="heal", config="raydist.strategies.heal.config:HealConfig",
+                     summary_fields="raydist.strategies.heal.summary:HealBooks",
+                     torch_config="raydist.strategies.heal.backend:torchft_config"),
     )
 }
 

@@ -118,6 +118,16 @@ class Schedule:
             final=final,
         )
 
+    def steps_done(self) -> dict[str, int]:
+        """The step- and epoch-counted part (times are this process's own clock): what a replacement worker takes
+        from a live peer to see the same things due as it does."""
+        return {"last_checkpoint": self.last_checkpoint, "last_desync_check": self.last_desync_check,
+                "evaluated_epochs": self.evaluated_epochs}
+
+    def take_steps_done(self, done: dict[str, int]) -> None:
+        self.last_checkpoint, self.last_desync_check = done["last_checkpoint"], done["last_desync_check"]
+        self.evaluated_epochs = done["evaluated_epochs"]
+
     # What the caller did: the next due counts from here.
 
     def reported(self, now: float) -> None:

@@ -83,10 +83,11 @@ def start_local(num_cpus: int, logging_level: int = logging.INFO, notice=None) -
     # process's environment, so name our dashboard before it starts.
     dashboard_port = free_port("127.0.0.1")
     os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{dashboard_port}"
+    # RUST_LOG: torchft's lighthouse (the heal strategy) logs every quorum at its default level.
+    env = {"PYTHONWARNINGS": QUIET_WARNINGS, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=True,
              dashboard_host="127.0.0.1", dashboard_port=dashboard_port,
-             _node_ip_address="127.0.0.1", runtime_env={"env_vars": {"PYTHONWARNINGS": QUIET_WARNINGS}},
-             logging_level=logging_level)
+             _node_ip_address="127.0.0.1", runtime_env={"env_vars": env}, logging_level=logging_level)
     if token:
         print(f"[raydist] local Ray: token auth on; the dashboard's token is in {token} (readable by this user "
               f"only, removed when the job ends)", file=notice or sys.stdout, flush=True)

@@ -44,13 +44,22 @@ class Shard:
 
         The caller advances progress.step and progress.micro_in_epoch after each step; the epoch rolls over here,
         after the caller is done with an epoch's last step (and its checkpoint, which so records the epoch's end).
+        A step the caller drops (a fault-tolerant strategy's uncommitted one) leaves progress where it was, and a
+        replacement worker's progress may jump to a peer's: the loader is then re-seated where progress stands.
         """
         per_epoch = self.steps_per_epoch * accum
         while not finished():
             self.sampler.set_epoch(progress.epoch, start=progress.micro_in_epoch * self.loader.batch_size)
             batches = iter(self.loader)
             while not finished() and progress.micro_in_epoch < per_epoch:
-                yield [next(batches) for _ in range(accum)]
+                at = (progress.epoch, progress.micro_in_epoch)
+                try:
+                    group = [next(batches) for _ in range(accum)]
+                except StopIteration:  # dropped steps used up the epoch's batches
+                    break
+                yield group
+                if progress.epoch != at[0] or progress.micro_in_epoch not in (at[1], at[1] + accum):
+                    break  # progress moved under the loader (a peer's state taken)
             if progress.micro_in_epoch >= per_epoch:
                 progress.epoch += 1
                 progress.micro_in_epoch = 0

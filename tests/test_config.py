@@ -63,7 +63,7 @@ def test_bad_overrides_are_refused_by_name(override, message):
         ("async_ps.max_staleness=-2", "async_ps.max_staleness: must be >= 0, or -1 for unbounded (got -2)"),
         ("straggler.worker=2", "straggler.worker: must be below scaling.num_workers=2 (got 2)"),
         ("run.name=a/b", "run.name: must not contain '/'"),
-        ("compare.strategies=sync,bogus", "compare.strategies: unknown strategy 'bogus' (choose from sync, local_sgd, async, fsdp)"),
+        ("compare.strategies=sync,bogus", "compare.strategies: unknown strategy 'bogus' (choose from sync, local_sgd, async, fsdp, heal)"),
     ],
 )
 def test_declared_bounds_and_checks_give_one_message(override, message):

@@ -23,7 +23,8 @@ def train_worker(config: dict[str, Any]) -> None:
 
         quiet_ray_train_logs()
     strategy = registry.get(config["strategy"]).load("worker")
-    ctx = RayTrainContext(async_upload=cfg.checkpoint.async_upload, run_dir=cfg.run.run_dir)
+    ctx = RayTrainContext(async_upload=cfg.checkpoint.async_upload, run_dir=cfg.run.run_dir,
+                          fit_id=config.get("fit_id", ""))
     trainer = Trainer(cfg, ctx, strategy, entered)
     trainer.fit()
     if trainer.aborted and ctx.rank == 0:  # Ray Train keeps metrics only with checkpoints: say it in a file

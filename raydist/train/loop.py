@@ -12,6 +12,7 @@ decisions without clocks of their own. Sync DDP is at a sync point every step; l
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -23,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from raydist.checkpoint import Progress, load_replica, load_state, rng_state, save_replica, save_state, set_rng_state
-from raydist.commstats import CommStats
+from raydist.commstats import CommStats, per_worker_summary
 from raydist.config import Config
 from raydist.errors import RaydistError
 from raydist.context import WorkerContext, new_checkpoint_dir
@@ -74,16 +75,19 @@ class Trainer:
         self.model = build_model(cfg.model, self.data).to(ctx.device)
         self.strategy = strategy(cfg, ctx, self.comm)
         self.forward_model = self.strategy.wrap(self.model)
+        self.coll = self.strategy.collectives()
+        """The group of the loop's own collectives (the strategy's: torch.distributed's default one for most)."""
         self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
         self.shard = worker_shard(self.data.train, cfg, ctx.rank, ctx.world_size, loader_seed=cfg.train.seed)
         self.total_steps = run_length(cfg, self.shard.steps_per_epoch)
         self.scheduler = build_scheduler(self.optimizer, self.total_steps, cfg.schedule)
         self.progress = Progress()
         self.resumed_from = self._restore()
+        self.strategy.share_state(self._live_state, self._take_live_state, self.progress, self.total_steps)
         self.micro_per_epoch = self.shard.steps_per_epoch * cfg.train.grad_accum
-        cadence = Cadence(report_every_s=cfg.train.report_every_s, checkpoint=Every(cfg.checkpoint.every_steps),
-                          desync=Every(cfg.faults.desync_every_steps))
-        self.schedule = Schedule.starting(cadence, self.progress.step, time.perf_counter(), self._epochs_done())
+        self.cadence = Cadence(report_every_s=cfg.train.report_every_s, checkpoint=Every(cfg.checkpoint.every_steps),
+                               desync=Every(cfg.faults.desync_every_steps))
+        self.schedule = Schedule.starting(self.cadence, self.progress.step, time.perf_counter(), self._epochs_done())
         """When to report, evaluate, checkpoint, check for desync and poll for a stop; rank 0's clock decides the
         timed ones for every rank (through the sync point's all-reduce)."""
         self.stop_requests: list[Callable[[], str | None]] = [ctx.stop_request]
@@ -133,14 +137,29 @@ class Trainer:
             reseed(self.cfg.train.seed, rank, self.progress.step)
         return self.progress.step
 
+    def _live_state(self) -> dict[str, Any]:
+        """What a replacement worker takes from a live peer to go on in step with it (`Strategy.share_state`)."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "strategy": self.strategy.state_dict(),
+                "progress": dataclasses.asdict(self.progress), "schedule": self.schedule.steps_done()}
+
+    def _take_live_state(self, state: dict[str, Any]) -> None:
+        """A peer's `_live_state`, taken in the middle of a step: progress is changed in place, where the data
+        iterator reads it."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.strategy.load_state_dict(state["strategy"], same_world=True)
+        for key, value in state["progress"].items():
+            setattr(self.progress, key, value)
+        self.schedule = Schedule.starting(self.cadence, self.progress.step, time.perf_counter(), self._epochs_done())
+        self.schedule.take_steps_done(state["schedule"])  # what is due next, as the peer sees it
+
     def _checkpoint(self, metrics: dict[str, Any]) -> None:
         """Every rank calls it at the same sync point; each writes its own part if the strategy has one, rank 0 the
         rest and the manifest, then all report it to Ray Train together."""
         W = self.ctx.world_size
-        rngs: list[Any] = [rng_state()]
-        if dist.is_initialized() and W > 1:
-            rngs = [None] * W
-            dist.all_gather_object(rngs, rng_state())
+        rngs = self.coll.all_gather_object(rng_state())
         directory = None
         began = time.perf_counter()
         sharded, per_rank = self.strategy.sharded_state, self.strategy.per_rank_state
@@ -150,8 +169,7 @@ class Trainer:
                 self.strategy.save_sharded(directory, self.optimizer)
             else:
                 save_replica(directory, self.ctx.rank, self.model, self.optimizer)
-                if dist.is_initialized() and W > 1:
-                    dist.barrier()  # every replica's file is written before rank 0's manifest
+                self.coll.barrier()  # every replica's file is written before rank 0's manifest
         if self.ctx.rank == 0:
             self.log.flush()  # TensorBoard's points so far on disk before a checkpoint a resume starts after
             directory = directory or new_checkpoint_dir()
@@ -174,18 +192,14 @@ class Trainer:
         if self.ctx.rank == 0:
             shutil.rmtree(path, ignore_errors=True)
             os.makedirs(path)
-        if dist.is_initialized() and self.ctx.world_size > 1:
-            dist.barrier()
+        self.coll.barrier()
         return path
 
-    def _memory(self, W: int) -> dict[str, list[int]]:
+    def _memory(self) -> dict[str, list[int]]:
         """Every rank's peak memory (GPU: allocated by torch; CPU: the process's peak resident set) and the
         parameter bytes it holds, in rank order; a collective when a process group is up."""
         mine = (peak_memory_bytes(str(self.ctx.device)), self.strategy.held_param_bytes())
-        every: list[Any] = [mine]
-        if dist.is_initialized() and W > 1:
-            every = [None] * W
-            dist.all_gather_object(every, mine)
+        every = self.coll.all_gather_object(mine)
         return {"peak_memory_bytes_per_worker": [int(p) for p, _ in every],
                 "param_bytes_per_worker": [int(b) for _, b in every]}
 
@@ -246,6 +260,8 @@ class Trainer:
         last: dict[str, Any] = {}
         for micro_batches in self.shard.steps(self.progress, self.cfg.train.grad_accum, self._finished):
             step = self._train_step(micro_batches)
+            if step is None:
+                continue
             window += torch.stack([step.loss_sum.float(), torch.ones((), device=ctx.device)])
             if first_step:  # where a session's start-up went (wall clock: the driver subtracts its own start)
                 self.log.write({"startup": {"worker_entered": self.entered, "ready": ready, "first_step": time.time()}})
@@ -256,12 +272,17 @@ class Trainer:
                 self.log.write(step.record)
                 self._export(step.record)
                 continue
-            metrics = self._sync_point(step, window)
+            try:
+                metrics = self._sync_point(step, window)
+            except self.strategy.peer_lost as lost:  # nothing was reported; training goes on without the peer
+                print(f"[raydist] {self.strategy.name}: step {self.progress.step}'s report dropped: {lost}", flush=True)
+                continue
             if self.aborted:
                 break
             last = metrics or last
         # A run resumed at its very end takes no step and reports nothing: its last checkpoint already holds the
         # final metrics, which Ray Train returns as the result.
+        self.strategy.close()
         self.log.close()
         self.export.maybe_export(force=True)
         return last
@@ -274,14 +295,18 @@ class Trainer:
         p = self.progress
         return p.epoch + int(p.micro_in_epoch >= self.micro_per_epoch)
 
-    def _train_step(self, micro_batches: list) -> _Step:
-        """Forward, backward, the strategy's hooks and the optimizer: one step on this rank."""
+    def _train_step(self, micro_batches: list) -> _Step | None:
+        """Forward, backward, the strategy's hooks and the optimizer: one step on this rank; None when the strategy
+        did not commit it (its gradients are dropped, and the step is taken again on the next batch)."""
         cfg, p, strategy = self.cfg, self.progress, self.strategy
         t0 = time.perf_counter()
         strategy.measure_local_grad_norm(self.schedule.desync_due(p.step + 1))
         loss_sum = compute_gradients(self.forward_model, micro_batches, cfg, self.ctx.device, strategy.micro_step)
         strategy.after_backward(p.step)
         grad_norm = strategy.clip_grad_norm(cfg.train.grad_clip if cfg.train.grad_clip > 0 else math.inf)
+        if not strategy.commit():
+            strategy.zero_grad(self.optimizer)
+            return None
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self._maybe_inject(p.step + 1)
@@ -348,8 +373,7 @@ class Trainer:
             votes[row] = (local if local is not None else step.grad_norm).double()
             votes[row + 1] = desync.param_checksum(self.model)
         with self.comm.waiting():
-            if dist.is_initialized() and W > 1:
-                dist.all_reduce(votes)
+            self.coll.all_reduce(votes)
         return votes
 
     def _agree_on_stop(self, votes: torch.Tensor, step: _Step) -> bool:
@@ -374,14 +398,16 @@ class Trainer:
                    "samples_per_s": self.speed.window_rate(), "strategy": self.strategy.name}
         window.zero_()
         if due.evaluate:
-            scores = evaluate(self.strategy.eval_model(final=step.at_end), self.data, self.cfg, ctx)
+            model = self.strategy.eval_model(final=step.at_end)
+            scores = evaluate(model, self.data, self.cfg, ctx, self.coll.all_reduce)
             metrics.update(scores)
             self.log.write({"eval_at_step": p.step, "time_s": step.record["time_s"], **scores})
             self.export.observe(test_accuracy=scores.get("test_accuracy"))
             self.schedule.evaluated(self._epochs_done())
         if due.final:
-            metrics.update(comm=self.comm.gather(W), memory=self._memory(W), total_steps=self.total_steps,
-                           world_size=W)
+            metrics.update(comm=per_worker_summary(self.coll.all_gather_object(self.comm.as_dict())),
+                           memory=self._memory(), total_steps=self.total_steps, world_size=W,
+                           **self.strategy.final_metrics(self.coll))
             if not step.at_end:  # a stop
                 metrics["stop_reason"] = self.stop_reason
                 if ctx.rank == 0:

@@ -8,13 +8,15 @@ The base class is the plainest strategy: one model, no communication.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from raydist.checkpoint import Progress
 from raydist.commstats import CommStats
 from raydist.config import Config
 from raydist.context import WorkerContext
+from raydist.train.collectives import Collectives
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -26,6 +28,9 @@ class Strategy:
     name = "base"
     per_rank_state = False
     """True when ranks' models and optimizers differ between sync points: the checkpoint then keeps each rank's."""
+    peer_lost: tuple[type[Exception], ...] = ()
+    """What the loop's collectives raise when a peer fails during a sync point and the others go on without it
+    (a fault-tolerant strategy's): the loop drops that sync point's report and trains on."""
     sharded_state = False
     """True when each rank holds only a shard of the model and optimizer: every rank then writes and reads its
     part of the checkpoint itself (`save_sharded` / `load_sharded`), beside the loop's state file."""
@@ -106,6 +111,28 @@ class Strategy:
     def held_param_bytes(self) -> int:
         """Bytes of parameters this rank holds between steps: the full model, or its shard of a sharded one."""
         return sum(local_tensor(p).numel() * p.element_size() for p in self.model.parameters())
+
+    def collectives(self) -> Collectives:
+        """The group of the loop's own collectives (votes, gathers, evaluation): torch.distributed's default one."""
+        return Collectives(self.world_size, self.ctx.rank)
+
+    def commit(self) -> bool:
+        """Whether this step's gradients may be applied, alike on every rank that took it; a fault-tolerant
+        strategy says no when a peer failed during the step. Runs after clipping, before the optimizer."""
+        return True
+
+    def share_state(self, get: Callable[[], dict[str, Any]], put: Callable[[dict[str, Any]], None],
+                    progress: Progress, total_steps: int) -> None:
+        """The loop's whole state (model, optimizer, scheduler, progress) to read and to replace, its live progress
+        and its step count: for a strategy whose replacement workers take the state from a live peer instead of a
+        checkpoint."""
+
+    def final_metrics(self, coll: Collectives) -> dict[str, Any]:
+        """The strategy's own summary fields (`StrategySpec.summary_fields`), at the run's last sync point."""
+        return {}
+
+    def close(self) -> None:
+        """The loop is done with this worker (the last report is made)."""
 
     def describe(self) -> str:
         """Extra words for the start line, e.g. the averaging period."""

@@ -1,0 +1,20 @@
+"""Heal in place (torchft): sync DDP whose failed workers are replaced while the others keep training.
+
+Locally (starts a Ray instance of its own; CPU workers, gloo):
+    python jobs/heal.py
+On a Ray cluster (e.g. one booted by `sbatch cluster/ray_up.slurm`; `eval "$(raydist env)"` first):
+    ray job submit --working-dir . -- python jobs/heal.py --set scaling.num_workers=3
+Re-running with the same run.name and run.storage_path resumes from the latest checkpoint.
+Writes <run.storage_path>/<run.name>/summary.json (fields: docs/strategies.md) and prints it as its last line.
+"""
+
+import sys
+from pathlib import Path
+
+# Under `ray job submit --working-dir .` the package travels as source, not installed.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from raydist.job import job_main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(job_main("heal", doc=__doc__))

@@ -1,0 +1,112 @@
+"""The heal strategy (torchft through Ray Train): a SIGKILLed worker is replaced while the other keeps training, the
+replacement takes the state from its peer, and the run completes its whole step budget without a checkpoint restart.
+Its books (`HealBook`) and the loop's collectives over a sum-only group are checked on their own."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from jobutil import REPO, clean_env, processes_titled, start_job, wait_for_steps
+from raydist.strategies.heal.worker import HealBook
+from raydist.train.collectives import SumOnlyCollectives
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_failure_and_the_replacements_return_make_one_heal_with_its_steps_and_seconds():
+    clock = Clock()
+    book = HealBook(2, clock)
+    for step in range(1, 4):  # whole
+        clock.t += 0.1
+        assert book.step(True, 2, step) is None
+    clock.t += 0.5
+    news = book.step(False, 2, 3)  # a peer died in this step: not committed
+    assert news and "failed" in news
+    for step in range(4, 7):  # the survivor alone
+        clock.t += 0.1
+        book.step(True, 1, step)
+    clock.t += 2.0
+    news = book.step(True, 2, 7)  # the replacement is in
+    assert news and news.startswith("healed at step 7")
+    [(steps, seconds, stall)] = book.heals
+    assert steps == 3 and seconds == pytest.approx(2.8) and stall == pytest.approx(0.6)
+
+
+def test_a_replica_that_starts_alone_is_not_a_heal():
+    book = HealBook(2, Clock())
+    book.step(True, 1, 1)
+    book.step(True, 2, 2)
+    assert book.heals == []
+
+
+class _Gloo(SumOnlyCollectives):
+    def _sum(self, tensor: torch.Tensor) -> None:
+        dist.all_reduce(tensor)
+
+
+def _gather(rank: int, port: int, out) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    coll = _Gloo(2, rank)
+    out.put((rank, coll.all_gather_object({"rank": rank, "blob": "x" * (10 + 300 * rank)})))
+    coll.barrier()
+    dist.destroy_process_group()
+
+
+def test_objects_are_gathered_in_rank_order_over_a_group_that_only_sums():
+    from raydist.listen_port import free_port
+
+    ctx = mp.get_context("spawn")
+    out = ctx.SimpleQueue()
+    mp.start_processes(_gather, args=(free_port("127.0.0.1"), out), nprocs=2, start_method="spawn")
+    for _ in range(2):
+        rank, every = out.get()
+        assert [e["rank"] for e in every] == [0, 1] and len(every[1]["blob"]) == 310
+
+
+@pytest.mark.parametrize("setting, words", [
+    ("scaling.num_workers=1", "heal needs 2 or more workers"),
+    ("scaling.num_workers=2-3", "heal replaces failed workers in a fixed count"),
+])
+def test_settings_heal_cannot_run_are_refused_before_ray_starts(setting, words):
+    proc = subprocess.run([sys.executable, "jobs/heal.py", "--set", setting], cwd=REPO, env=clean_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], proc.stderr
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_replaced_while_the_other_trains_and_the_run_completes_without_a_restart(tmp_path):
+    proc = start_job("heal", f"run.storage_path={tmp_path}", "run.name=healed", "scaling.max_failures=2",
+                     "train.epochs=6", "checkpoint.every_steps=10", "train.report_every_s=0.5")
+    metrics = tmp_path / "healed" / "metrics.jsonl"
+    try:
+        wait_for_steps(metrics, 40, proc)
+        victim = processes_titled(proc.pid, "ray::RayTrainWorker")[-1]
+        os.kill(victim, signal.SIGKILL)
+        out, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-4000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["status"] == "completed" and summary["steps"] == summary["total_steps"] == 132
+    assert summary["resumed_from_step"] is None  # no checkpoint was read: the group was never restarted
+    assert summary["heals"] == 1 and summary["test_accuracy"] >= 0.9, summary
+    assert len(summary["heal_s"]) == 1 and summary["heal_stall_s"][0] < summary["heal_s"][0], summary
+    assert "Traceback" not in err, err[-3000:]
