@@ -66,7 +66,7 @@ def run(storage: str, name: str, kills: int, seed: int, strategy: str = "sync", 
     if proc.returncode != 0:
         raise SystemExit(f"{name}: exit {proc.returncode}: {err.strip().splitlines()[-1] if err.strip() else ''}")
     summary = json.loads((Path(storage) / name / "summary.json").read_text())
-    return {**summary, "kills": landed, "seconds": time.perf_counter() - started}
+    return {**summary, "kills": landed, "seconds": time.perf_counter() - started, "traceback": "Traceback" in err}
 
 
 def report(stored: dict) -> str:

@@ -60,8 +60,10 @@ def failure_line(error: BaseException, cfg: Config, dead: list[str]) -> str:
 def build_trainer(cfg: Config, spec: registry.StrategySpec):
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
+    from ray.train.torch import TorchTrainer
+
     from raydist.observability.console import ray_train_log_level
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from raydist.train.backend import QuietTorchConfig
 
     s = cfg.scaling
     # Read by Ray Train's controller (it propagates these variables): how long placing a worker group may take,
@@ -84,7 +86,7 @@ def build_trainer(cfg: Config, spec: registry.StrategySpec):
         ),
         # The process group's timeout bounds its start-up and every gloo collective (NCCL's too, with its
         # watchdog): a peer that is alive but never joins fails the step instead of hanging it.
-        torch_config=spec.load("torch_config")(cfg) if spec.torch_config else TorchConfig(
+        torch_config=spec.load("torch_config")(cfg) if spec.torch_config else QuietTorchConfig(
             backend=cfg.scaling.resolved_backend, timeout_s=max(1, round(cfg.faults.collective_timeout_s))),
         run_config=RunConfig(
             name=cfg.run.name,
@@ -159,6 +161,7 @@ def summary_of(result, cfg: Config, session: Session, connected: float) -> JobSu
         param_bytes_per_worker=memory.get("param_bytes_per_worker", []),
         stop_reason=m.get("stop_reason"),
         startup_s=startup_seconds(os.path.join(cfg.run.run_dir, METRICS_FILE), connected),
+        restarts=restarts_of(os.path.join(cfg.run.run_dir, METRICS_FILE), connected),
         **own_fields(session.job, m),
     )
 
@@ -171,16 +174,27 @@ def own_fields(job: str, metrics: dict) -> dict:
     return {f.name: metrics[f.name] for f in dataclasses.fields(spec.load("summary_fields")) if f.name in metrics}
 
 
+def _our_startups(metrics_file: str, connected: float) -> list[dict[str, float]]:
+    """Rank 0's `startup` records written after `connected`: one per start of its training function in this job."""
+    from raydist.observability.metrics import startup_records
+
+    try:
+        return [s for s in startup_records(metrics_file) if s["worker_entered"] >= connected]
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def restarts_of(metrics_file: str, connected: float) -> int:
+    """Times this job's worker group restarted from a checkpoint: rank 0's later starts, less those of a replacement
+    rank 0 that took the state from a live peer (heal)."""
+    return sum(1 for s in _our_startups(metrics_file, connected)[1:] if not s.get("from_peer"))
+
+
 def startup_seconds(metrics_file: str, connected: float) -> dict[str, float] | None:
     """This session's start-up, from rank 0's first `startup` record written after `connected` (a restart writes
     another), in seconds since this process started."""
-    from raydist.observability.metrics import startup_records
-
     began = process_start_time()
-    try:
-        ours = [s for s in startup_records(metrics_file) if s["worker_entered"] >= connected]
-    except (OSError, ValueError, KeyError):
-        return None
+    ours = _our_startups(metrics_file, connected)
     if not ours:
         return None
     s = ours[0]

@@ -116,6 +116,23 @@ def test_metrics_tail_follows_only_what_is_appended(tmp_path):
     ]
 
 
+def test_a_restart_gets_one_line_and_a_heal_replacement_none(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    out = io.StringIO()
+    bar = ProgressBar("sync", stream=out, tty=False, clock=Clock())
+    tail = MetricsTail(str(path), bar)
+    with path.open("a") as f:
+        for record in ({"session_at_step": 0, "total_steps": 100, "world_size": 2}, {"step": 25, "loss": 1.0},
+                       {"session_at_step": 20, "total_steps": 100, "world_size": 2}, {"step": 30, "loss": 1.0},
+                       {"session_at_step": 0, "total_steps": 100, "world_size": 2, "from_peer": True},
+                       {"step": 31, "loss": 1.0}):
+            f.write(json.dumps(record) + "\n")
+    tail.read()
+    restarts = [ln for ln in out.getvalue().splitlines() if "restarted" in ln]
+    assert restarts == ["[raydist] sync: the worker group restarted with 2 workers, from the checkpoint at step 20"]
+    assert bar.step == 31  # the replacement's session record did not send the bar back to step 0
+
+
 class Collect(logging.Handler):
     """Stands for Ray Train's file handlers (not StreamHandlers: the filter leaves them alone)."""
 
@@ -136,8 +153,11 @@ def test_ray_train_info_lines_leave_the_console_but_not_the_log_files():
     root = logging.getLogger()
     console_handler = logging.StreamHandler(shown)
     old_level = root.level
+    ray_logger = logging.getLogger("ray")  # Ray's own console handler; it does not propagate to the root
     root.addHandler(console_handler)
     root.addHandler(kept)
+    ray_logger.addHandler(console_handler)
+    ray_logger.addHandler(kept)
     root.setLevel(logging.INFO)
     try:
         assert console.quiet_ray_train_logs() >= 1
@@ -146,13 +166,20 @@ def test_ray_train_info_lines_leave_the_console_but_not_the_log_files():
                                           "Reporting training result 1: ...", None, None))
         logging.getLogger("raydist.something").info("[raydist] ours")
         by_path.warning("a warning stays")
+        util = logging.getLogger("ray.train.v2._internal.util")  # a survivor's collective after its peer died
+        util.error("Error in training function:\nTraceback ...\nRuntimeError: [gloo] Read error: Connection reset "
+                   "by peer")
+        util.error("Error in training function:\nTraceback ...\nValueError: the user's own bug stays")
     finally:
-        root.removeHandler(console_handler)
-        root.removeHandler(kept)
+        for logger in (root, ray_logger):
+            logger.removeHandler(console_handler)
+            logger.removeHandler(kept)
         root.setLevel(old_level)
     assert "Reporting training result" not in shown.getvalue()
     assert "[raydist] ours" in shown.getvalue() and "a warning stays" in shown.getvalue()
+    assert "Connection reset by peer" not in shown.getvalue() and "the user's own bug stays" in shown.getvalue()
     assert "Reporting training result 1: ..." in kept.messages
+    assert any("Connection reset by peer" in m for m in kept.messages)
     assert console.ray_train_log_level(False) == "WARNING" and console.ray_train_log_level(True) == "INFO"
 
 

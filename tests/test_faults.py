@@ -138,3 +138,5 @@ def test_worker_sigkills_at_random_moments_cost_no_step_and_no_accuracy(tmp_path
     assert hit["kills"] == 2
     assert hit["status"] == "completed" and hit["steps"] == hit["total_steps"] == calm["total_steps"]
     assert abs(hit["test_accuracy"] - calm["test_accuracy"]) <= 0.01, (hit, calm)
+    assert calm["restarts"] == 0 and hit["restarts"] == 2, (hit, calm)  # each kill: one restart from a checkpoint
+    assert not hit["traceback"], "a restart put a traceback on the console (one line says what happened)"

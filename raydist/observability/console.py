@@ -217,6 +217,12 @@ class ProgressBar:
         self._plain_bucket = self._bucket(self.step or 0)
         self._plain_step = self.step
 
+    def say(self, text: str) -> None:
+        """One line of news between the bar's lines (a terminal bar is cleared first and redrawn by the next update)."""
+        with self._lock:
+            self._clear()
+            self._raw(f"[raydist] {self.label}: {text}\n")
+
     def _raw(self, text: str) -> None:
         stream = self.stream._stream if isinstance(self.stream, _Guard) else self.stream
         try:
@@ -273,6 +279,7 @@ class MetricsTail:
         except OSError:
             self._offset = 0
         self._partial = b""
+        self._sessions = 0  # session records this job appended: each after the first is a restart
         self._losses: list[float] = []
         self._at: float | None = None  # time_s of the newest step record
         self._stop = threading.Event()
@@ -303,10 +310,17 @@ class MetricsTail:
                 r = json.loads(raw)
             except ValueError:
                 continue
+            if "session_at_step" in r and r.get("from_peer"):
+                continue  # a heal's replacement rank 0: it takes the step it goes on from in its first step
             if "session_at_step" in r:
                 self._flush(latest)
                 latest = {}
                 self._at = None
+                self._sessions += 1
+                if self._sessions > 1:
+                    at = r["session_at_step"]
+                    self.bar.say(f"the worker group restarted with {r.get('world_size', '?')} workers, "
+                                 + (f"from the checkpoint at step {at}" if at else "from the start"))
                 self.bar.new_session(r["session_at_step"], r.get("total_steps"), r.get("samples_per_step"))
             elif "eval_at_step" in r:
                 latest["test_accuracy"] = r.get("test_accuracy")
@@ -358,9 +372,21 @@ class _RayTrainInfo(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno >= logging.WARNING:
-            return True
+            return not _peer_lost(record)
         ours = record.name.startswith("ray.train") or os.path.abspath(record.pathname).startswith(self._root)
         return not ours
+
+
+# What a surviving worker's collective raises when a peer process died (gloo's TCP pair, NCCL's abort, torch's
+# wrapper): Ray Train restarts the group, and the driver says so in one line (MetricsTail).
+_PEER_LOST_SIGNS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "DistBackendError",
+                    "NCCL communicator was aborted")
+
+
+def _peer_lost(record: logging.LogRecord) -> bool:
+    """Ray Train's "Error in training function" traceback of a survivor whose peer died (kept in the log files)."""
+    message = record.getMessage()
+    return message.startswith("Error in training function") and any(s in message for s in _PEER_LOST_SIGNS)
 
 
 def quiet_ray_train_logs() -> int:
@@ -368,7 +394,7 @@ def quiet_ray_train_logs() -> int:
     left alone, so Ray's log files keep everything). Returns how many handlers it filters."""
     filt = _RayTrainInfo()
     count = 0
-    for logger in (logging.getLogger(), logging.getLogger("ray.train")):
+    for logger in (logging.getLogger(), logging.getLogger("ray"), logging.getLogger("ray.train")):
         for handler in logger.handlers:
             if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
                 if not any(isinstance(f, _RayTrainInfo) for f in handler.filters):

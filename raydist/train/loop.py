@@ -82,11 +82,14 @@ class Trainer:
         self.total_steps = run_length(cfg, self.shard.steps_per_epoch)
         self.scheduler = build_scheduler(self.optimizer, self.total_steps, cfg.schedule)
         self.progress = Progress()
-        self.resumed_from = self._restore()
-        self.strategy.share_state(self._live_state, self._take_live_state, self.progress, self.total_steps)
         self.micro_per_epoch = self.shard.steps_per_epoch * cfg.train.grad_accum
         self.cadence = Cadence(report_every_s=cfg.train.report_every_s, checkpoint=Every(cfg.checkpoint.every_steps),
                                desync=Every(cfg.faults.desync_every_steps))
+        # A replacement that takes the state from a live peer (in its first step) reads no checkpoint.
+        from_peer = self.strategy.share_state(self._live_state, self._take_live_state, lambda: self.progress,
+                                              self.total_steps)
+        self.resumed_from = None if from_peer else self._restore()
+        self.from_peer = from_peer
         self.schedule = Schedule.starting(self.cadence, self.progress.step, time.perf_counter(), self._epochs_done())
         """When to report, evaluate, checkpoint, check for desync and poll for a stop; rank 0's clock decides the
         timed ones for every rank (through the sync point's all-reduce)."""
@@ -254,7 +257,8 @@ class Trainer:
         self._announce()
         # Where this session starts and what a step is worth: the driver's progress bar follows this file.
         self.log.write({"session_at_step": self.progress.step, "total_steps": self.total_steps, "world_size": W,
-                        "samples_per_step": self._global_batch(), "strategy": self.strategy.name})
+                        "samples_per_step": self._global_batch(), "strategy": self.strategy.name,
+                        "from_peer": self.from_peer})
         window = torch.zeros(2, device=ctx.device)  # loss sum and steps since the last report
         ready, first_step = time.time(), True
         last: dict[str, Any] = {}
@@ -264,7 +268,8 @@ class Trainer:
                 continue
             window += torch.stack([step.loss_sum.float(), torch.ones((), device=ctx.device)])
             if first_step:  # where a session's start-up went (wall clock: the driver subtracts its own start)
-                self.log.write({"startup": {"worker_entered": self.entered, "ready": ready, "first_step": time.time()}})
+                self.log.write({"startup": {"worker_entered": self.entered, "ready": ready, "first_step": time.time(),
+                                            "from_peer": self.from_peer}})
                 first_step = False
             self.export.count("samples_per_s", self._global_batch() / W)
             self.export.communication(self.comm.bytes, self.comm.wait_s)

@@ -122,10 +122,12 @@ class Strategy:
         return True
 
     def share_state(self, get: Callable[[], dict[str, Any]], put: Callable[[dict[str, Any]], None],
-                    progress: Progress, total_steps: int) -> None:
+                    progress: Callable[[], Progress], total_steps: int) -> bool:
         """The loop's whole state (model, optimizer, scheduler, progress) to read and to replace, its live progress
         and its step count: for a strategy whose replacement workers take the state from a live peer instead of a
-        checkpoint."""
+        checkpoint. Called before the loop reads a checkpoint; True when `put` was given a peer's state (the loop
+        then reads none)."""
+        return False
 
     def final_metrics(self, coll: Collectives) -> dict[str, Any]:
         """The strategy's own summary fields (`StrategySpec.summary_fields`), at the run's last sync point."""

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-from ray.exceptions import RayActorError, RayTaskError
 from ray.train.v2.torch.torchft_config import TorchftConfig, _TorchftBackend
 
 from raydist.config import Config
+from raydist.train.backend import QuietShutdown
 
 
-class _Backend(_TorchftBackend):
-    def on_shutdown(self, worker_group, backend_config) -> None:
-        # A replaced replica group holds the dead worker: its process group cannot be shut down gracefully, and Ray
-        # would log that with a traceback on the user's console after every heal.
-        try:
-            super().on_shutdown(worker_group, backend_config)
-        except (RayActorError, RayTaskError):
-            pass
+class _Backend(QuietShutdown, _TorchftBackend):
+    pass
 
 
 class HealTorchftConfig(TorchftConfig):
@@ -27,6 +21,8 @@ class HealTorchftConfig(TorchftConfig):
 def torchft_config(cfg: Config) -> TorchftConfig:
     """One replica group per worker, each with a process group of its own; the lighthouse (torchft's quorum
     server) an actor on the node of Ray Train's controller. Ray 2.60 carries this backend but does not export it
-    (ray/train/v2/torch/torchft_config.py). min_replicas=1: one survivor may go on alone."""
-    return HealTorchftConfig(lighthouse_kwargs={"min_replicas": 1}, backend=cfg.scaling.resolved_backend,
+    (ray/train/v2/torch/torchft_config.py). min_replicas=1: one survivor may go on alone; a dead replica leaves
+    the quorum heal.heartbeat_timeout_s after its last heartbeat (torchft's default: 5 s)."""
+    lighthouse = {"min_replicas": 1, "heartbeat_timeout_ms": max(1, round(cfg.heal.heartbeat_timeout_s * 1000))}
+    return HealTorchftConfig(lighthouse_kwargs=lighthouse, backend=cfg.scaling.resolved_backend,
                              timeout_s=max(1, round(cfg.faults.collective_timeout_s)))

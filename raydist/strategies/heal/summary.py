@@ -16,3 +16,6 @@ class HealBooks:
         "heal: for each heal, seconds from the first failed or short quorum to every worker training again", None)
     heal_stall_s: list[float] | None = described(
         "heal: for each heal, seconds the survivors took no step after the failure (the time a kill costs them)", None)
+    joined_from_peer: int | None = described(
+        "heal: workers at the end that started as replacements and took the state from a live peer, reading no "
+        "checkpoint", None)

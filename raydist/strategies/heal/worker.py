@@ -34,14 +34,15 @@ from raydist.train.strategy import Strategy
 class QuorumCollectives(SumOnlyCollectives):
     """The loop's collectives over the current quorum (at sync points: every replica)."""
 
-    def __init__(self, manager, world_size: int, rank: int):
+    def __init__(self, manager: Callable[[], Any], world_size: int, rank: int):
         super().__init__(world_size, rank)
-        self.manager = manager
+        self.manager = manager  # made at the first quorum, after the loop has its collectives
 
     def _sum(self, tensor: torch.Tensor) -> None:
-        self.manager.allreduce(tensor, reduce_op=ReduceOp.SUM).wait()
-        if self.manager.errored():  # torchft swallows the error and leaves the tensor as it was: unusable
-            why = str(self.manager.errored().original_exception).splitlines()[0][:160]
+        manager = self.manager()
+        manager.allreduce(tensor, reduce_op=ReduceOp.SUM).wait()
+        if manager.errored():  # torchft swallows the error and leaves the tensor as it was: unusable
+            why = str(manager.errored().original_exception).splitlines()[0][:160]
             raise PeerLost(f"a peer failed during the sync point's collective ({why})")
 
 
@@ -95,23 +96,27 @@ class Heal(Strategy):
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         if not self.cfg.run.verbose:
             _quiet_torchft()
-        from torchft import Manager
-
         self.model = model
         # One flat gradient buffer, averaged over the quorum after backward: a step is one fault-tolerant all-reduce
         # (torchft's DDP wrapper fails its own assertion when a peer dies mid-step, in torchft 0.2.0).
         _, self.grads = flatten_(model, self.ctx.device)
+        self.grad_bytes = self.grads.numel() * self.grads.element_size()
+        self.book = HealBook(self.world_size)
+        self.end_wait_since: float | None = None
         self._start_together()
+        return model
+
+    def _manager(self):
+        """torchft's Manager of this replica group (its heartbeats start here: the lighthouse waits for a replica
+        that beats but has not asked for a quorum, so it is made just before the first quorum)."""
+        from torchft import Manager
+
         pg, transport = _process_group(self.ctx.device, self.cfg.faults.collective_timeout_s)
-        self.manager = Manager(
+        return Manager(
             pg=pg, load_state_dict=None, state_dict=None, min_replica_size=1, world_size=1, rank=0,
             replica_id=f"raydist_{self.ctx.rank}", timeout=timedelta(seconds=self.cfg.heal.quorum_timeout_s),
             quorum_timeout=timedelta(seconds=self.cfg.heal.quorum_timeout_s), checkpoint_transport=transport,
             hostname=_reachable_hostname())
-        self.grad_bytes = self.grads.numel() * self.grads.element_size()
-        self.book = HealBook(self.world_size)
-        self.end_wait_since: float | None = None
-        return model
 
     def _start_together(self) -> None:
         """The group's first start waits for every worker (Ray Train's barrier), so that none trains alone while
@@ -125,13 +130,21 @@ class Heal(Strategy):
                 marker.touch()
 
     def share_state(self, get: Callable[[], dict[str, Any]], put: Callable[[dict[str, Any]], None],
-                    progress: Progress, total_steps: int) -> None:
+                    progress: Callable[[], Progress], total_steps: int) -> bool:
+        """The first step's quorum (each later one starts in zero_grad): a replica behind the others (a replacement,
+        whose torchft step is 0) is healing, and takes their state in that step. When none is ahead (a fresh start,
+        or every worker restarted) the loop reads the checkpoint, if any, as the other strategies do."""
+        self.manager = self._manager()
         self.manager.register_state_dict_fn("raydist", put, get)
         self.progress, self.last_step = progress, total_steps
-        self.manager.start_quorum()  # the first step's; each later one starts in zero_grad
+        self.manager.start_quorum()
+        self.manager.wait_quorum()
+        # not among the replicas at the quorum's highest step: torchft heals it from one of them in this step
+        self.from_peer = self.manager.participating_rank() is None and not self.manager.errored()
+        return self.from_peer
 
     def collectives(self) -> Collectives:
-        return QuorumCollectives(self.manager, self.world_size, self.ctx.rank)
+        return QuorumCollectives(lambda: self.manager, self.world_size, self.ctx.rank)
 
     def commit(self) -> bool:
         committed = self.manager.should_commit()
@@ -139,7 +152,7 @@ class Heal(Strategy):
         if committed:
             self.comm.add(allreduce_bytes(self.grad_bytes, participants))
         committed = committed and not self._hold_last_step(participants)
-        news = self.book.step(committed, participants, self.progress.step + int(committed))
+        news = self.book.step(committed, participants, self.progress().step + int(committed))
         if news and self.manager.participating_rank() == 0:  # one survivor says it
             print(f"[raydist] heal: {news}", flush=True)
         return committed
@@ -147,7 +160,7 @@ class Heal(Strategy):
     def _hold_last_step(self, participants: int) -> bool:
         """The last step waits (up to heal.end_wait_s) for a replacement: finished survivors would leave it
         nobody to heal from, and it would train the whole run again alone."""
-        if participants == self.world_size or self.progress.step + 1 < self.last_step:
+        if participants == self.world_size or self.progress().step + 1 < self.last_step:
             return False
         self.end_wait_since = self.end_wait_since or time.monotonic()
         holding = time.monotonic() - self.end_wait_since < self.cfg.heal.end_wait_s
@@ -175,9 +188,9 @@ class Heal(Strategy):
 
     def final_metrics(self, coll: Collectives) -> dict[str, Any]:
         """The heals as the replica that saw most of them counts them (a replacement saw none before it came)."""
-        every = coll.all_gather_object(self.book.heals)
-        heals = max(every, key=len)
-        return {"heals": len(heals), "steps_during_heals": [h[0] for h in heals], "heal_s": [h[1] for h in heals],
+        every = coll.all_gather_object((self.book.heals, self.from_peer))
+        heals = max((h for h, _ in every), key=len)
+        return {"heals": len(heals), "joined_from_peer": sum(p for _, p in every), "steps_during_heals": [h[0] for h in heals], "heal_s": [h[1] for h in heals],
                 "heal_stall_s": [h[2] for h in heals]}
 
     def close(self) -> None:
