@@ -12,7 +12,7 @@ class HealConfig:
     """jobs/heal.py: DDP across replica groups through torchft; a failed worker is replaced while the others go on."""
 
     heartbeat_timeout_s: float = opt(
-        1.0, "how long after a replica's last heartbeat (torchft's, every 0.1 s) the lighthouse counts it gone: what "
+        0.5, "how long after a replica's last heartbeat (torchft's, every 0.1 s) the lighthouse counts it gone: what "
         "a kill stalls the survivors; shorter risks leaving a slow live replica out of a step", gt=0)
     quorum_timeout_s: float = opt(
         60.0, "how long a step's quorum (torchft's lighthouse) may take before the step fails; a replacement's first "
