@@ -38,9 +38,9 @@ from jobutil import processes_titled, start_job  # noqa: E402
 
 from raydist.checkpoint import checkpoint_dirs  # noqa: E402
 
-# Long enough for three kills to land on a healing run: a survivor alone steps about twice as fast, so a heal's
-# few seconds cover many steps.
-BASE = ["train.epochs=30", "checkpoint.every_steps=10", "train.report_every_s=0.5"]
+# Long enough for three kills to land on a healing run: a survivor alone steps three to four times as fast here,
+# so the seconds a replacement takes to start cover hundreds of steps.
+BASE = ["train.epochs=100", "checkpoint.every_steps=10", "train.report_every_s=0.5"]
 PATHS = {"restart": "sync", "heal": "heal"}
 
 

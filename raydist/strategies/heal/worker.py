@@ -112,8 +112,10 @@ class Heal(Strategy):
         from torchft import Manager
 
         pg, transport = _process_group(self.ctx.device, self.cfg.faults.collective_timeout_s)
+        # init_sync=False: at step 0 the replicas already agree (one seed, or one checkpoint each reads itself);
+        # torchft's default would make all but one take a peer's state before that peer has read its checkpoint.
         return Manager(
-            pg=pg, load_state_dict=None, state_dict=None, min_replica_size=1, world_size=1, rank=0,
+            pg=pg, load_state_dict=None, state_dict=None, min_replica_size=1, world_size=1, rank=0, init_sync=False,
             replica_id=f"raydist_{self.ctx.rank}", timeout=timedelta(seconds=self.cfg.heal.quorum_timeout_s),
             quorum_timeout=timedelta(seconds=self.cfg.heal.quorum_timeout_s), checkpoint_transport=transport,
             hostname=_reachable_hostname())
