@@ -102,8 +102,11 @@ def run(storage: str, name: str, path: str, kills: int, seed: int, overrides: li
     if proc.returncode != 0:
         raise SystemExit(f"{name}: exit {proc.returncode}: {err.strip().splitlines()[-1] if err.strip() else ''}")
     summary = json.loads((run_dir / "summary.json").read_text())
-    return {**summary, "kills": len(stalls), "seconds": time.perf_counter() - started,
-            "record_stall_s": stalls, "steps_redone": steps_redone(metrics), "traceback": "Traceback" in err}
+    result = {**summary, "kills": len(stalls), "seconds": time.perf_counter() - started,
+              "record_stall_s": stalls, "steps_redone": steps_redone(metrics), "traceback": "Traceback" in err}
+    if result["traceback"] or summary["status"] != "completed":  # what went wrong, kept with the figures
+        result["console_tail"] = (out + err)[-4000:]
+    return result
 
 
 def steps_redone(metrics: Path) -> int:

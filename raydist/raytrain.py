@@ -136,12 +136,19 @@ def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session)
         bar.close(completed=completed and not failure.exists())
     if failure.exists():
         raise RaydistError(f"training failed: {json.loads(failure.read_text())['reason']}")
-    return summary_of(result, cfg, session, connected)
+    return summary_of(result, cfg, session, connected, trainer.train_loop_config["fit_id"])
 
 
-def summary_of(result, cfg: Config, session: Session, connected: float) -> JobSummary:
-    """The job's summary from Ray Train's result: rank 0's final report (`raydist.train.loop`'s metrics)."""
+def summary_of(result, cfg: Config, session: Session, connected: float, fit_id: str = "") -> JobSummary:
+    """The job's summary from rank 0's final report (`raydist.train.loop`'s metrics): Ray Train's result, or the
+    loop's own file of it when that is newer (`raydist.final_result`)."""
+    from raydist.final_result import newer_final_result
+
     m = result.metrics or {}
+    checkpoint = result.checkpoint.path if result.checkpoint else None
+    newer = newer_final_result(cfg.run.run_dir, fit_id, m.get("step")) if fit_id else None
+    if newer:
+        m, checkpoint = newer[0], newer[1] or checkpoint
     comm = m.get("comm") or {}
     memory = m.get("memory") or {}
     total = m.get("total_steps")
@@ -154,7 +161,7 @@ def summary_of(result, cfg: Config, session: Session, connected: float) -> JobSu
         wall_s=round(time.perf_counter() - session.started, 3), train_time_s=m.get("train_time_s"),
         test_accuracy=m.get("test_accuracy"), test_loss=m.get("test_loss"), final_loss=m.get("loss"),
         samples_per_s=m.get("samples_per_s"), steps_per_s=m.get("steps_per_s"),
-        checkpoint=result.checkpoint.path if result.checkpoint else None,
+        checkpoint=checkpoint,
         metrics_file=os.path.join(cfg.run.run_dir, "metrics.jsonl"),
         bytes_per_worker=comm.get("bytes_per_worker", []), wait_s_per_worker=comm.get("wait_s_per_worker", []),
         peak_memory_bytes_per_worker=memory.get("peak_memory_bytes_per_worker", []),

@@ -30,6 +30,7 @@ from raydist.errors import RaydistError
 from raydist.context import WorkerContext, new_checkpoint_dir
 from raydist.data import load_splits
 from raydist.evaluation import evaluate
+from raydist.final_result import write_final_result
 from raydist.observability.metrics import Throughput, progress_line
 from raydist.models import build_model
 from raydist.observability.ray_metrics import Exporter, peak_memory_bytes
@@ -185,6 +186,7 @@ class Trainer:
         self.ctx.report(metrics, directory if self.ctx.rank == 0 else None, self.progress.step,
                         on_storage=sharded or per_rank)
         self.schedule.checkpointed(self.progress.step)
+        self.checkpointed_at = self.progress.step
         self.export.observe(checkpoint_s=time.perf_counter() - began, last_checkpoint_step=self.progress.step)
 
     def _shared_staging_dir(self) -> str:
@@ -290,6 +292,8 @@ class Trainer:
         self.strategy.close()
         self.log.close()
         self.export.maybe_export(force=True)
+        if self.ctx.rank == 0 and last:
+            write_final_result(self.cfg.run.run_dir, self.ctx.fit_id, last, getattr(self, "checkpointed_at", None))
         return last
 
     def _global_batch(self) -> int:

@@ -9,7 +9,16 @@ from raydist.train.backend import QuietShutdown
 
 
 class _Backend(QuietShutdown, _TorchftBackend):
-    pass
+    def _maybe_create_lighthouse_actor(self, backend_config) -> str:
+        """The lighthouse's address with this node's Ray address, not its host name (torchft's `address()`): on a
+        SLURM node that is the interface raydist chose, and another node need not resolve the name. The lighthouse
+        runs on this node (Ray places it beside the controller)."""
+        import ray
+
+        address = super()._maybe_create_lighthouse_actor(backend_config)
+        scheme, _, rest = address.rpartition("//")
+        port = rest.rsplit(":", 1)[1]
+        return f"{scheme}//{_bracketed(ray.util.get_node_ip_address())}:{port}"
 
 
 class HealTorchftConfig(TorchftConfig):
@@ -26,3 +35,7 @@ def torchft_config(cfg: Config) -> TorchftConfig:
     lighthouse = {"min_replicas": 1, "heartbeat_timeout_ms": max(1, round(cfg.heal.heartbeat_timeout_s * 1000))}
     return HealTorchftConfig(lighthouse_kwargs=lighthouse, backend=cfg.scaling.resolved_backend,
                              timeout_s=max(1, round(cfg.faults.collective_timeout_s)))
+
+
+def _bracketed(ip: str) -> str:
+    return f"[{ip}]" if ":" in ip else ip

@@ -13,6 +13,7 @@ quorum its replacement waits for.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -34,12 +35,12 @@ from raydist.train.strategy import Strategy
 class QuorumCollectives(SumOnlyCollectives):
     """The loop's collectives over the current quorum (at sync points: every replica)."""
 
-    def __init__(self, manager: Callable[[], Any], world_size: int, rank: int):
+    def __init__(self, manager, world_size: int, rank: int):
         super().__init__(world_size, rank)
-        self.manager = manager  # made at the first quorum, after the loop has its collectives
+        self.manager = manager
 
     def _sum(self, tensor: torch.Tensor) -> None:
-        manager = self.manager()
+        manager = self.manager
         manager.allreduce(tensor, reduce_op=ReduceOp.SUM).wait()
         if manager.errored():  # torchft swallows the error and leaves the tensor as it was: unusable
             why = str(manager.errored().original_exception).splitlines()[0][:160]
@@ -57,6 +58,7 @@ class HealBook:
         self.world_size, self.clock = world_size, clock
         self.whole_once = False  # a replica that started alone is not healed from a failure
         self.since: float | None = None
+        self.failed_at = 0
         self.steps = 0
         self.stall: float | None = None
         self.last_commit: float | None = None
@@ -71,6 +73,7 @@ class HealBook:
         if short and self.whole_once and self.since is None:
             # from the last step that went through: the failed step's own time is lost too
             self.since, self.steps, self.stall = self.last_commit or now, 0, None
+            self.failed_at = step  # the same on every survivor: the key of this heal in the run's file
             news = f"a worker failed at step {step}; the others go on while it is replaced"
         if self.since is not None and committed and participants < self.world_size:
             self.steps += 1
@@ -103,12 +106,16 @@ class Heal(Strategy):
         self.grad_bytes = self.grads.numel() * self.grads.element_size()
         self.book = HealBook(self.world_size)
         self.end_wait_since: float | None = None
+        self.speaker: bool | None = None
+        self.untold: str | None = None
+        # Heartbeats first: the lighthouse holds a quorum for the replicas that beat, so that after the barrier no
+        # replica starts alone (survivors that were whole before a failure are not held: torchft's fast quorum).
+        self.manager = self._manager()
         self._start_together()
         return model
 
     def _manager(self):
-        """torchft's Manager of this replica group (its heartbeats start here: the lighthouse waits for a replica
-        that beats but has not asked for a quorum, so it is made just before the first quorum)."""
+        """torchft's Manager of this replica group; its heartbeats start here."""
         from torchft import Manager
 
         pg, transport = _process_group(self.ctx.device, self.cfg.faults.collective_timeout_s)
@@ -136,7 +143,6 @@ class Heal(Strategy):
         """The first step's quorum (each later one starts in zero_grad): a replica behind the others (a replacement,
         whose torchft step is 0) is healing, and takes their state in that step. When none is ahead (a fresh start,
         or every worker restarted) the loop reads the checkpoint, if any, as the other strategies do."""
-        self.manager = self._manager()
         self.manager.register_state_dict_fn("raydist", put, get)
         self.progress, self.last_step = progress, total_steps
         self.manager.start_quorum()
@@ -146,7 +152,7 @@ class Heal(Strategy):
         return self.from_peer
 
     def collectives(self) -> Collectives:
-        return QuorumCollectives(lambda: self.manager, self.world_size, self.ctx.rank)
+        return QuorumCollectives(self.manager, self.world_size, self.ctx.rank)
 
     def commit(self) -> bool:
         committed = self.manager.should_commit()
@@ -154,10 +160,33 @@ class Heal(Strategy):
         if committed:
             self.comm.add(allreduce_bytes(self.grad_bytes, participants))
         committed = committed and not self._hold_last_step(participants)
+        healed = len(self.book.heals)
         news = self.book.step(committed, participants, self.progress().step + int(committed))
-        if news and self.manager.participating_rank() == 0:  # one survivor says it
-            print(f"[raydist] heal: {news}", flush=True)
+        self._tell(news, committed and participants < self.world_size)
+        if len(self.book.heals) > healed:  # every survivor writes it down: any of them may die next
+            steps, seconds, stall = self.book.heals[-1]
+            with self._heals_file().open("a") as f:
+                f.write(json.dumps({"at": self.book.failed_at, "steps": steps, "s": seconds, "stall": stall}) + "\n")
         return committed
+
+    def _tell(self, news: str | None, short_commit: bool) -> None:
+        """One survivor says what happened: the first of the survivors' own quorum (known at their first step
+        without the lost worker; until then the failure's line waits)."""
+        if short_commit and self.speaker is None:
+            self.speaker = self.manager.participating_rank() == 0
+            if self.speaker and self.untold:
+                print(f"[raydist] heal: {self.untold}", flush=True)
+        if news and news.startswith("healed"):
+            if self.speaker or (self.speaker is None and self.manager.participating_rank() == 0):
+                print(f"[raydist] heal: {news}", flush=True)
+            self.speaker, self.untold = None, None
+        elif news:
+            self.untold = news
+
+    def _heals_file(self) -> Path:
+        """This run's heals, on the storage every worker shares: a book in memory dies with its worker, and any
+        worker may be the next to die."""
+        return Path(self.cfg.run.run_dir) / f".heals-{self.ctx.fit_id}.jsonl"
 
     def _hold_last_step(self, participants: int) -> bool:
         """The last step waits (up to heal.end_wait_s) for a replacement: finished survivors would leave it
@@ -189,11 +218,14 @@ class Heal(Strategy):
         return self.model
 
     def final_metrics(self, coll: Collectives) -> dict[str, Any]:
-        """The heals as the replica that saw most of them counts them (a replacement saw none before it came)."""
-        every = coll.all_gather_object((self.book.heals, self.from_peer))
-        heals = max((h for h, _ in every), key=len)
-        return {"heals": len(heals), "joined_from_peer": sum(p for _, p in every), "steps_during_heals": [h[0] for h in heals], "heal_s": [h[1] for h in heals],
-                "heal_stall_s": [h[2] for h in heals]}
+        """The heals of this run as the survivors wrote them down, and how many workers now alive took a peer's
+        state."""
+        joined = sum(coll.all_gather_object(int(self.from_peer)))
+        path = self._heals_file()
+        lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        heals = list({h["at"]: h for h in reversed(lines)}.values())[::-1]  # each heal once, as first written
+        return {"heals": len(heals), "joined_from_peer": joined, "steps_during_heals": [h["steps"] for h in heals],
+                "heal_s": [h["s"] for h in heals], "heal_stall_s": [h["stall"] for h in heals]}
 
     def close(self) -> None:
         self.manager.shutdown(wait=False)
