@@ -85,6 +85,14 @@ def test_the_training_chaos_lines_are_the_stored_runs():
     assert chaos.ok(stored) and stored["disturbed"]["kills"] == 5 and stored["commit"]
 
 
+def test_the_heal_against_restart_lines_are_the_stored_runs():
+    bench = load_benchmark("heal_vs_restart")
+    stored = json.loads((DATA / "heal_vs_restart.json").read_text())
+    assert bench.report(stored) in _doc("faults.md"), \
+        "docs/faults.md's heal against restart lines are stale: paste `benchmarks/heal_vs_restart.py --report`"
+    assert bench.ok(stored) and stored["kills"] == 2 and len(stored["rounds"]) == 2 and stored["commit"]
+
+
 def test_the_parameter_server_chaos_tables_are_the_stored_runs():
     chaos = load_benchmark("ps_chaos")
     stored = json.loads((DATA / "ps_chaos.json").read_text())
