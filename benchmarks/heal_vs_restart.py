@@ -25,6 +25,7 @@ import json
 import os
 import random
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -155,12 +156,17 @@ def report(stored: dict) -> str:
         stalls = [s for r in rows for s in r["stall_s"]]
         during = [s for r in rows for s in r["steps_during_recovery"]]
         lines.append(
-            f"{path}: wall time lost per kill {stored_file.spread([r['lost_s_per_kill'] for r in rows])} s; survivors "
+            f"{path}: wall time per kill against the undisturbed run {_signed([r['lost_s_per_kill'] for r in rows])} s; "
+            f"survivors "
             f"stalled {stored_file.spread(stalls)} s per kill; steps during recovery {stored_file.spread(during, 0)}; "
             f"steps done again {stored_file.spread([r['steps_redone'] for r in rows], 0)}; checkpoint restarts "
             f"{stored_file.spread([r['checkpoint_restarts'] for r in rows], 0)}; completed "
             f"{sum(r['completed'] for r in rows)}/{len(rows)}; accuracy {_accuracies(rows)}")
     return "\n".join(lines) + "\n"
+
+
+def _signed(values: list[float]) -> str:
+    return f"{statistics.median(values):+.1f} ({min(values):+.1f} to {max(values):+.1f})"
 
 
 def _accuracies(rows: list[dict]) -> str:
