@@ -161,7 +161,8 @@ def report(stored: dict) -> str:
             f"stalled {stored_file.spread(stalls)} s per kill; steps during recovery {stored_file.spread(during, 0)}; "
             f"steps done again {stored_file.spread([r['steps_redone'] for r in rows], 0)}; checkpoint restarts "
             f"{stored_file.spread([r['checkpoint_restarts'] for r in rows], 0)}; completed "
-            f"{sum(r['completed'] for r in rows)}/{len(rows)}; accuracy {_accuracies(rows)}")
+            f"{sum(r['completed'] for r in rows)}/{len(rows)}; accuracy {_accuracies(rows)}; undisturbed "
+            f"{stored_file.spread([r[path]['undisturbed']['steps_per_s'] for r in stored['rounds']])} steps/s")
     return "\n".join(lines) + "\n"
 
 

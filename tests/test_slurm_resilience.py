@@ -1,7 +1,8 @@
 """Surviving the allocation on real SLURM daemons (emulated hosts): the time-limit warning checkpoints every run,
 batch mode requeues and resumes at the exact step, failures stop requeueing at the cap, a requeue SLURM refuses
 ends the job with one line, a lost node makes an
-elastic run continue on fewer workers and a fixed-size run fail within its bound, naming the node.
+elastic run continue on fewer workers and a fixed-size run fail within its bound, naming the node, and a healing
+run (jobs/heal.py) replaces one node's killed training process while the other trains on.
 
 The scenarios themselves (how the warning is sent, how a node is lost) are in tests/cluster/resilience.py, which
 tests/cluster/bench_resilience.py runs for the stored figures.
@@ -171,6 +172,41 @@ def test_fixed_size_run_fails_within_its_bound_naming_the_dead_node(slurm_cluste
     assert took < 150, took  # bound 15 s + Ray start and a restart; without it Ray retried forever
 
 
+def _training_worker_pids(cluster, host: str, job_id: int) -> list[str]:
+    """PIDs on `host` of job `job_id`'s Ray Train workers (Ray titles them 'ray::RayTrainWorker...')."""
+    pids = rayup.tagged_pids(cluster, host, job_id)
+    probe = ("import sys\nfor p in sys.argv[1:]:\n    try: cmd = open(f'/proc/{p}/cmdline', 'rb').read()\n"
+             "    except OSError: continue\n    if cmd.startswith(b'ray::RayTrainWorker'): print(p)")
+    return cluster.run(host, ["python3", "-c", probe, *pids], check=True).stdout.split() if pids else []
+
+
+def test_heal_replaces_a_killed_training_process_on_one_node_while_the_others_train(slurm_cluster,
+                                                                                    cluster_losing_node02):
+    """jobs/heal.py over the cluster's nodes, each on its own interface: one node's training process SIGKILLed
+    mid-run (a worker node's, when one holds a worker); the other goes on, Ray Train replaces it, the replacement
+    takes the state from its peer, and the run completes without a restart. Two workers: node02's Ray may be gone
+    by now (the tests above kill it)."""
+    job = cluster_losing_node02
+    runs = slurm_cluster.shared / "runs"
+    sets = " ".join(f"--set {o}" for o in ("scaling.num_workers=2", f"run.storage_path={runs}", "run.name=healed",
+                                             "train.epochs=20", "checkpoint.every_steps=20"))
+    proc = slurm_cluster.popen("master-node", f"ray job submit --working-dir . -- python jobs/heal.py {sets}",
+                               env=job.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 240
+    while not trained_past(runs / "healed", 25):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-4000:]
+        time.sleep(0.1)
+    found = {h: _training_worker_pids(slurm_cluster, h, job.job_id) for h in ("node02", "node01", "master-node")}
+    host, victims = next((h, pids) for h, pids in found.items() if pids)
+    slurm_cluster.run(host, ["kill", "-9", victims[0]])
+    out = proc.communicate(timeout=400)[0]
+    assert proc.returncode == 0, out[-5000:]
+    result = rayup.job_json(out)
+    assert result["status"] == "completed" and result["steps"] == result["total_steps"], result
+    assert result["restarts"] == 0 and result["heals"] == 1 and result["joined_from_peer"] == 1, result
+    assert "[raydist] heal: healed at step" in out and "Traceback" not in out, out[-5000:]
+
+
 def test_interactive_cluster_stops_submitted_runs_at_the_warning_and_names_their_resume_command(
         slurm_cluster, cluster_losing_node02):
     # Last on this cluster: the warning ends it. (node02 is gone by now; two workers fit on the other hosts.)
@@ -194,36 +230,3 @@ def test_interactive_cluster_stops_submitted_runs_at_the_warning_and_names_their
     assert (storage / "interactive" / f"checkpoint_step{result['steps']:08d}").is_dir()
     assert rayup.wait_no_leftovers(slurm_cluster, job.job_id) == {}
 
-
-def _training_worker_pids(cluster, host: str, job_id: int) -> list[str]:
-    """PIDs on `host` of job `job_id`'s Ray Train workers (Ray titles them 'ray::RayTrainWorker...')."""
-    pids = rayup.tagged_pids(cluster, host, job_id)
-    probe = ("import sys\nfor p in sys.argv[1:]:\n    try: cmd = open(f'/proc/{p}/cmdline', 'rb').read()\n"
-             "    except OSError: continue\n    if cmd.startswith(b'ray::RayTrainWorker'): print(p)")
-    return cluster.run(host, ["python3", "-c", probe, *pids], check=True).stdout.split() if pids else []
-
-
-def test_heal_replaces_a_killed_training_process_on_one_node_while_the_others_train(slurm_cluster,
-                                                                                    cluster_losing_node02):
-    """jobs/heal.py over the cluster's nodes, each on its own interface: one node's training process (node03's)
-    SIGKILLed mid-run; the other goes on, Ray Train replaces it, the replacement takes the state from its peer, and the run
-    completes without a restart. Two workers: node02's Ray is gone by now (the tests above kill it)."""
-    job = cluster_losing_node02
-    runs = slurm_cluster.shared / "runs"
-    sets = " ".join(f"--set {o}" for o in ("scaling.num_workers=2", f"run.storage_path={runs}", "run.name=healed",
-                                             "train.epochs=20", "checkpoint.every_steps=20"))
-    proc = slurm_cluster.popen("master-node", f"ray job submit --working-dir . -- python jobs/heal.py {sets}",
-                               env=job.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 240
-    while not trained_past(runs / "healed", 25):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-4000:]
-        time.sleep(0.1)
-    found = {h: _training_worker_pids(slurm_cluster, h, job.job_id) for h in ("node03", "node02", "node01")}
-    host, victims = next((h, pids) for h, pids in found.items() if pids)
-    slurm_cluster.run(host, ["kill", "-9", victims[0]])
-    out = proc.communicate(timeout=400)[0]
-    assert proc.returncode == 0, out[-5000:]
-    result = rayup.job_json(out)
-    assert result["status"] == "completed" and result["steps"] == result["total_steps"], result
-    assert result["restarts"] == 0 and result["heals"] == 1 and result["joined_from_peer"] == 1, result
-    assert "[raydist] heal: healed at step" in out and "Traceback" not in out, out[-5000:]
