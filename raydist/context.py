@@ -16,6 +16,8 @@ class WorkerContext(Protocol):
     rank: int
     world_size: int
     device: torch.device
+    fit_id: str
+    """The same on every worker of one run of the runtime (Ray Train's fit), across restarts; '' where there is none."""
 
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None, step: int, on_storage: bool = False) -> None:
         """Hand metrics (and a directory to persist as a checkpoint) to the runtime; every rank calls it together.
@@ -118,6 +120,7 @@ class TorchrunContext:
         self.world_size = dist.get_world_size()
         self.device = torch.device("cpu")
         self.run_dir = run_dir
+        self.fit_id = ""
         self.last_metrics: dict[str, Any] = {}
         self.last_checkpoint: str | None = None
 

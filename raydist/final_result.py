@@ -1,7 +1,7 @@
 """Rank 0's last report of a fit, as a file in the run directory: the driver's summary comes from it when Ray
 Train's result holds an older one. Ray Train returns the metrics of the newest checkpoint it consolidated from every
-worker's report; when a heal's replacement joins at the run's last step, that final round can be lost while a
-replica group is replaced (Ray 2.60), and the result would be a report from mid-run."""
+worker's report; with Ray 2.60, a run whose heal replacement joined at its last step was seen to return a report
+from mid-run (the final round lost while the replica group was replaced), and its summary said "stopped"."""
 
 from __future__ import annotations
 

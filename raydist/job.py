@@ -44,7 +44,12 @@ def parse_job_args(job: str, argv: list[str] | None, doc: str | None = None) -> 
 
 def run_job(job: str, cfg: Config, started: float | None = None) -> Any:
     """Run `job` (a registry name) on `cfg`; writes its summary.json and returns the summary. A run that completed
-    with this very config is reported again without starting Ray (raydist.finished)."""
+    with this very config is reported again without starting Ray (raydist.finished). A strategy that cannot run
+    here runs as its registry fallback, after one line saying why."""
+    job, why = registry.runnable(job, cfg)
+    if why:
+        print(f"[raydist] {why}: training with {job}, which restarts from checkpoints, instead", file=sys.stderr,
+              flush=True)
     check_before_ray(job, cfg)
     summary = finished.completed_summary(job, cfg)
     if summary is not None:

@@ -47,6 +47,12 @@ class StrategySpec:
     """"module:function" taking (cfg) and returning Ray Train's torch backend config for its workers; '' for the
     plain `TorchConfig` (one process group over every worker)."""
 
+    fallback: str = ""
+    """The entry its job runs as, after one line saying why, where `unfit` finds this one cannot run (a missing
+    library, a setting it does not support); '' when it has none."""
+    unfit: str = ""
+    """"module:function" taking (cfg) and returning why it cannot run here (then `fallback` runs), or None."""
+
     defaults_file: str = ""
     """A YAML under raydist/ holding only the keys where its job's defaults differ from the dataclass defaults
     (its tuned optimizer, say); '' when none differ."""
@@ -85,7 +91,8 @@ STRATEGIES: dict[str, StrategySpec] = {
                      worker="raydist.strategies.heal.worker:Heal", check="raydist.strategies.heal.checks:check_heal",
                      compared=False, section="heal", config="raydist.strategies.heal.config:HealConfig",
                      summary_fields="raydist.strategies.heal.summary:HealBooks",
-                     torch_config="raydist.strategies.heal.backend:torchft_config"),
+                     torch_config="raydist.strategies.heal.backend:torchft_config",
+                     fallback="sync", unfit="raydist.strategies.heal.checks:why_not_heal"),
     )
 }
 
@@ -95,6 +102,13 @@ OTHER_JOBS: dict[str, StrategySpec] = {
                             driver="raydist.compare.runner:run", check="raydist.compare.checks:check_compare",
                             section="compare", config="raydist.compare.config:CompareConfig"),
 }
+
+
+def runnable(name: str, cfg: Any) -> tuple[str, str | None]:
+    """The entry to run for `name` on `cfg`: itself, or its fallback with the reason (`StrategySpec.unfit`)."""
+    spec = get(name)
+    why = spec.load("unfit")(cfg) if spec.unfit else None
+    return (spec.fallback, why) if why and spec.fallback else (name, None)
 
 
 def get(name: str) -> StrategySpec:

@@ -72,7 +72,10 @@ def test_every_part_a_registry_entry_names_is_where_it_says(name):
         assert dataclasses.is_dataclass(spec.load("summary_fields"))
     if spec.cost:
         assert issubclass(spec.load("cost"), CostTerms)
-    parts = [spec.worker, spec.config, spec.cost, spec.summary_fields]
+    if spec.torch_config or spec.unfit:
+        assert all(callable(spec.load(what)) for what in ("torch_config", "unfit") if getattr(spec, what))
+    assert (spec.fallback in registry.names() and spec.fallback != name) if spec.unfit else not spec.fallback
+    parts = [spec.worker, spec.config, spec.cost, spec.summary_fields, spec.torch_config, spec.unfit]
     assert all(p.startswith("raydist.strategies.") for p in parts if p), "a strategy's parts live in its folder"
 
 

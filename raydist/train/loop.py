@@ -91,6 +91,7 @@ class Trainer:
                                               self.total_steps)
         self.resumed_from = None if from_peer else self._restore()
         self.from_peer = from_peer
+        self.checkpointed_at: int | None = None  # the step of this session's newest checkpoint
         self.schedule = Schedule.starting(self.cadence, self.progress.step, time.perf_counter(), self._epochs_done())
         """When to report, evaluate, checkpoint, check for desync and poll for a stop; rank 0's clock decides the
         timed ones for every rank (through the sync point's all-reduce)."""
@@ -292,8 +293,8 @@ class Trainer:
         self.strategy.close()
         self.log.close()
         self.export.maybe_export(force=True)
-        if self.ctx.rank == 0 and last:
-            write_final_result(self.cfg.run.run_dir, self.ctx.fit_id, last, getattr(self, "checkpointed_at", None))
+        if self.ctx.rank == 0 and last and self.ctx.fit_id:
+            write_final_result(self.cfg.run.run_dir, self.ctx.fit_id, last, self.checkpointed_at)
         return last
 
     def _global_batch(self) -> int:

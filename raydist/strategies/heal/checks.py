@@ -1,24 +1,39 @@
-"""What the heal strategy refuses before Ray starts (its registry entry's `check`)."""
+"""Where the heal strategy cannot run (its registry entry's `unfit`: the job then runs as sync, after one line
+saying why), and what it checks before Ray starts (its `check`)."""
 
 from __future__ import annotations
 
 import importlib.util
 
 from raydist.config import Config
-from raydist.errors import ConfigError, UsageError
 from raydist.preflight import check_loop
+
+# Ray Train's torchft backend (Ray 2.60); an older Ray has none.
+_RAY_TORCHFT = "ray.train.v2.torch.torchft_config"
+
+
+def why_not_heal(cfg: Config) -> str | None:
+    """Why healing cannot work on this install or config, or None: torchft and Ray Train's torchft backend
+    importable, and a fixed count of two or more workers (one goes on while another is replaced)."""
+    if importlib.util.find_spec("torchft") is None:
+        return "torchft is not installed (pip install 'raydist[heal]')"
+    if _find(_RAY_TORCHFT) is None:
+        return "this Ray has no torchft backend for Ray Train (Ray 2.60 has)"
+    s = cfg.scaling
+    if s.elastic:
+        return f"scaling.num_workers={s.num_workers} is a range, and Ray Train's torchft backend does not resize"
+    if s.max_workers < 2:
+        return f"scaling.num_workers={s.num_workers}: with one worker there is no peer to heal from"
+    return None
+
+
+def _find(module: str):
+    try:
+        return importlib.util.find_spec(module)
+    except ModuleNotFoundError:  # a parent package is missing
+        return None
 
 
 def check_heal(cfg: Config, data=None) -> None:
-    """torchft importable, and at least two workers in a fixed count: healing replaces one while another goes on."""
-    if importlib.util.find_spec("torchft") is None:
-        raise UsageError("the heal strategy needs torchft: pip install torchft (or use sync, which restarts from "
-                         "checkpoints)")
-    s = cfg.scaling
-    if s.elastic:
-        raise ConfigError(f"scaling.num_workers={s.num_workers}: heal replaces failed workers in a fixed count; "
-                          f"give one count (Ray Train's torchft backend does not resize)")
-    if s.max_workers < 2:
-        raise ConfigError(f"scaling.num_workers={s.num_workers}: heal needs 2 or more workers (one goes on while "
-                          f"another is replaced); with one, use sync")
+    """As the loop strategies (it runs only where `why_not_heal` found nothing)."""
     check_loop(cfg, data)
