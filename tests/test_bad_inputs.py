@@ -165,7 +165,7 @@ CASES = [
          "model.args: are model.factory's arguments: set model.factory"),
     # -- compare: each strategy's checks, before the first one runs
     Case("compare: unknown strategy", "python jobs/compare.py --set compare.strategies=sync,bogus", 2,
-         "compare.strategies: unknown strategy 'bogus' (choose from sync, local_sgd, async, fsdp)"),
+         "compare.strategies: unknown strategy 'bogus' (choose from sync, local_sgd, async, fsdp, heal)"),
     Case("compare: output dir cannot be created", "python jobs/compare.py --set compare.output_dir=/proc/forbidden", 2,
          "compare.output_dir: cannot write /proc/forbidden: No such file or directory"),
     Case("compare: a setting one strategy refuses", "python jobs/compare.py --set async_ps.num_servers=1000000", 2,
@@ -176,15 +176,15 @@ CASES = [
     Case("usage: flag without its value", "python jobs/sync.py --config", 2,
          "jobs/sync.py: argument --config: expected one argument"),
     Case("usage: no job", "python -m raydist.job", 2,
-         "usage: python -m raydist.job JOB [--config FILE] [--set KEY=VALUE]... (JOB: sync, local_sgd, async, fsdp, compare)"),
+         "usage: python -m raydist.job JOB [--config FILE] [--set KEY=VALUE]... (JOB: sync, local_sgd, async, fsdp, heal, compare)"),
     Case("usage: unknown job", "python -m raydist.job fedavg", 2,
-         "unknown job 'fedavg' (choose from sync, local_sgd, async, fsdp, compare)"),
+         "unknown job 'fedavg' (choose from sync, local_sgd, async, fsdp, heal, compare)"),
     Case("usage: raydist without a command", "raydist", 2, "raydist: the following arguments are required: command"),
     Case("usage: raydist, unknown command", "raydist bogus", 2,
          "raydist: argument command: invalid choice: 'bogus' (choose from 'config', 'slurm', 'status', 'env', 'doctor', "
          "'top', 'prometheus-config', 'plan', 'launch')"),
     Case("usage: raydist config show, unknown job", "raydist config show --job fedavg", 2,
-         "raydist config show: argument --job: invalid choice: 'fedavg' (choose from 'sync', 'local_sgd', 'async', 'fsdp', "
+         "raydist config show: argument --job: invalid choice: 'fedavg' (choose from 'sync', 'local_sgd', 'async', 'fsdp', 'heal', "
          "'compare')"),
     Case("usage: raydist config show, unknown key", "raydist config show --set train.epochz=3", 2,
          "unknown key 'train.epochz' (did you mean 'train.epochs'?)"),
