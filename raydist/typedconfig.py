@@ -200,6 +200,8 @@ def _coerce(value: Any, typ: Any, key: str) -> Any:
     """Check `value` against a field's type; numbers written as strings (YAML reads '1e-3' as a string) convert."""
     if get_origin(typ) is Literal:
         choices = get_args(typ)
+        if isinstance(value, bool):  # YAML 1.1 reads off/on/no/yes as booleans: `mixed_precision: off` means "off"
+            value = next((c for c in choices if isinstance(c, str) and yaml.safe_load(c) is value), value)
         check(value in choices, key, f"must be one of {', '.join(map(str, choices))} (got {value!r})")
         return value
     if typ is bool:

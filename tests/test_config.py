@@ -29,6 +29,16 @@ def test_overrides_and_files_merge_in_order(tmp_path):
     assert cfg.scaling.resolved_backend == "nccl"
 
 
+def test_a_choice_yaml_reads_as_a_boolean_is_taken_as_written(tmp_path):
+    # YAML 1.1 reads `off` as false: `--set train.mixed_precision=off` was refused before (found on a GPU machine)
+    assert load_config(job_defaults("sync"), [], ["train.mixed_precision=off"]).train.mixed_precision == "off"
+    f = tmp_path / "fp32.yaml"
+    f.write_text("train:\n  mixed_precision: off\n")
+    assert load_config(job_defaults("sync"), [f]).train.mixed_precision == "off"
+    with pytest.raises(ConfigError, match="train.mixed_precision: must be one of auto, bf16, off"):
+        load_config(job_defaults("sync"), [], ["train.mixed_precision=on"])
+
+
 def test_round_trip_through_dict_is_identity():
     cfg = load_config(job_defaults("sync"), [], ["train.seed=7"])
     assert Config.from_dict(cfg.to_dict()) == cfg
