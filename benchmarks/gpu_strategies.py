@@ -76,6 +76,12 @@ def gpu() -> str:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
 
 
+def first(rs: list[dict]) -> str:
+    """The first step's time from the job's start; '-' for async, whose servers and workers are not a Ray Train run."""
+    starts = [r["startup_s"]["first_step"] for r in rs if r["startup_s"]]
+    return stored_file.spread(starts) if starts else "-"
+
+
 def report(stored: dict) -> str:
     runs = {case: [r[case] for r in stored["rounds"]] for case in CASES}
     s = stored_file.spread
@@ -85,7 +91,7 @@ def report(stored: dict) -> str:
                         ("async", "async (parameter server)")):
         rs = runs[case]
         mem = [b / 2**20 for r in rs for b in r["peak_memory_bytes_per_worker"]]
-        rows.append(f"| {label} | {s([r['steps_per_s'] for r in rs])} | {s([r['startup_s']['first_step'] for r in rs])} "
+        rows.append(f"| {label} | {s([r['steps_per_s'] for r in rs])} | {first(rs)} "
                     f"| {s(mem) if mem else '-'} | {s([r['test_accuracy'] for r in rs], 3)} |")
     return ("\n".join(rows) + f"\n\n{stored['gpu']}, {len(stored['rounds'])} rounds, median (min-max). NCCL, two "
             f"ranks on one GPU: {stored['nccl_two_ranks_one_gpu']}\n")

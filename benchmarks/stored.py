@@ -88,5 +88,5 @@ def cli(parser, stored_as: str, report, measure) -> None:
         return
     stamped = stamp()
     result = measure(args)
+    save(args.out, result, stamped)  # before the report: a report that fails must not lose the rounds
     print(report(result), end="", flush=True)
-    save(args.out, result, stamped)
