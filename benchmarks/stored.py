@@ -27,10 +27,11 @@ def machine() -> dict:
 
 def commit() -> str:
     """HEAD, with '-dirty' when a tracked file that could change a measurement differs from it (docs cannot)."""
-    r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    if r.returncode != 0 and os.environ.get("RAYDIST_COMMIT"):
-        # a copy of the tree without .git (the lent GPU machine): the commit it was copied from, given by the caller
+    if os.environ.get("RAYDIST_COMMIT"):
+        # a copy of the tree (the lent GPU machine, whose .git may be older than the tree): the commit it was copied
+        # from, clean, as the caller says
         return os.environ["RAYDIST_COMMIT"] + "-copy"
+    r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
     changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
                              text=True).stdout.splitlines()
     dirty = [ln for ln in changed if not (ln[3:].startswith("docs/") or ln[3:].endswith(".md"))]

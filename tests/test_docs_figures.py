@@ -159,3 +159,10 @@ def test_every_stored_result_is_listed_with_its_benchmark_and_names_a_commit():
         stem = path.stem.removesuffix("_large")
         assert path.name in table or f"`{stem}*.json`" in table, f"{path.name} is not in docs/benchmarks.md's table"
         assert commits(json.loads(path.read_text())), f"{path.name} names no commit"
+
+
+def test_the_gpu_table_is_the_stored_run():
+    stored = json.loads((DATA / "gpu_strategies.json").read_text())
+    assert load_benchmark("gpu_strategies").report(stored) in _doc("gpu.md"), \
+        "docs/gpu.md is stale: paste `benchmarks/gpu_strategies.py --report docs/data/gpu_strategies.json`"
+    assert stored["gpu"].startswith("NVIDIA") and "+cu" in stored["machine"]["torch"]
