@@ -19,7 +19,27 @@ class QuietShutdown:
             pass
 
 
-class _Backend(QuietShutdown, _TorchBackend):
+def _pickle_torch_version_as_str() -> None:
+    """In a worker: `torch.__version__` (a TorchVersion, a str subclass) pickles as a plain str from now on."""
+    import copyreg
+
+    from torch.torch_version import TorchVersion
+
+    copyreg.pickle(TorchVersion, lambda v: (str, (str(v),)))
+
+
+class PlainVersions:
+    """Ray Train 2.60 sends rank 0's `torch.__version__` to its controller and state actor (the run's framework
+    versions). Unpickling a TorchVersion imports torch: the state actor, which needs no torch, spent 2.5 s of CPU on
+    it while the workers started (seen in its `-X importtime` log) and held 380 MB. Registered on the workers
+    before Ray Train asks (its backend callback runs before its state callback), the version arrives as a str."""
+
+    def on_start(self, worker_group, backend_config) -> None:
+        worker_group.execute(_pickle_torch_version_as_str)
+        super().on_start(worker_group, backend_config)
+
+
+class _Backend(PlainVersions, QuietShutdown, _TorchBackend):
     pass
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from ray.train.v2.torch.torchft_config import TorchftConfig, _TorchftBackend
 
 from raydist.config import Config
-from raydist.train.backend import QuietShutdown
+from raydist.train.backend import PlainVersions, QuietShutdown
 
 
-class _Backend(QuietShutdown, _TorchftBackend):
+class _Backend(PlainVersions, QuietShutdown, _TorchftBackend):
     def _maybe_create_lighthouse_actor(self, backend_config) -> str:
         """The lighthouse's address with this node's Ray address, not its host name (torchft's `address()`): on a
         SLURM node that is the interface raydist chose, and another node need not resolve the name. The lighthouse
