@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from boardutil import config_texts, read_board, scalar_steps
-from jobutil import run_job, summary
+from jobutil import REPO, clean_env, run_job, summary
 from raydist.observability.metrics import read_steps
 
 pytestmark = pytest.mark.slow
@@ -90,3 +93,14 @@ def test_stopped_run_resumes_at_the_next_step_with_identical_losses(tmp_path):
         assert sorted(config_texts(board)) == scalar_steps(board, "run/world_size") == sessions, name
     for event in read_board(tmp_path / "resumed").Scalars("train/loss"):
         assert event.value == pytest.approx(b[event.step]["loss"], rel=1e-6)
+
+
+def test_the_driver_starts_the_autoscaling_coordinator_that_ray_train_waits_for():
+    # raydist.raytrain.start_autoscaling_coordinator goes through Ray's own get-or-create and says nothing when it
+    # cannot: a Ray release that renames it would lose the 1.7 s silently (docs/benchmarks.md). This fails instead.
+    code = ("import ray; ray.init(num_cpus=1, include_dashboard=False, logging_level='ERROR');"
+            "from raydist.raytrain import start_autoscaling_coordinator; start_autoscaling_coordinator();"
+            "ray.get_actor('AutoscalingCoordinator', namespace='AutoscalingCoordinator'); print('started')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=clean_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("started"), proc.stderr[-2000:]

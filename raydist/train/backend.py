@@ -1,11 +1,24 @@
-"""Ray Train's torch backend as the loop strategies use it: quiet when a worker group with a dead worker is shut
-down."""
+"""Ray Train's torch backend as the loop strategies use it, without torch in Ray Train's controller.
+
+Ray's own `TorchConfig` lives in a module that imports torch, and Ray Train unpickles the backend config in its
+controller: 1.2 s of the controller's set-up, on the path to the first step (its `-X importtime` log), for a
+process that never touches a tensor. `QuietTorchConfig` is the same configuration in a module without torch: the
+controller orchestrates, and what needs torch runs on the workers, through Ray's own worker-side functions
+(`ray.train.torch.config`), imported there. Only `init_method="env"`, the default, and gloo or NCCL: the backends
+raydist offers. Quiet on the shutdown of a group with a dead worker, and with `torch.__version__` sent as a str.
+"""
 
 from __future__ import annotations
 
-from ray.exceptions import RayActorError, RayTaskError
-from ray.train.torch import TorchConfig
-from ray.train.torch.config import _TorchBackend
+import os
+from dataclasses import dataclass
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.train.backend import Backend, BackendConfig
+
+# Ray's TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S (raydist.session sets it); Ray's default when unset.
+SHUTDOWN_TIMEOUT_VAR, SHUTDOWN_TIMEOUT_DEFAULT_S = "TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S", 30
 
 
 class QuietShutdown:
@@ -39,11 +52,88 @@ class PlainVersions:
         super().on_start(worker_group, backend_config)
 
 
+# ---- on the workers: Ray's own torch set-up, imported there ----------------------------------------------------
+
+
+def _address_and_port() -> tuple[str, int]:
+    from ray.train._internal.utils import get_address_and_port
+
+    return get_address_and_port()
+
+
+def _torch_environment(addr: str, port: int) -> None:
+    """MASTER_ADDR/PORT, then what torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, ...), before the process group."""
+    from ray.train.torch.config import _set_torch_distributed_env_vars
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = addr, str(port)
+    _set_torch_distributed_env_vars()
+
+
+def _init_process_group(backend: str, rank: int, world_size: int, timeout_s: int) -> None:
+    from ray.train.torch.config import _setup_torch_process_group
+
+    _setup_torch_process_group(backend=backend, world_rank=rank, world_size=world_size, init_method="env://",
+                               timeout_s=timeout_s)
+
+
+def _shutdown(destroy_process_group: bool) -> None:
+    from ray.train.torch.config import _shutdown_torch
+
+    _shutdown_torch(destroy_process_group=destroy_process_group)
+
+
+# ---- in the controller --------------------------------------------------------------------------------------------
+
+
+class _TorchBackend(Backend):
+    """What Ray's `_TorchBackend` does for a Ray Train V2 worker group, gloo or NCCL, `env://`."""
+
+    def on_start(self, worker_group, backend_config: "QuietTorchConfig") -> None:
+        backend = backend_config.backend or (
+            "nccl" if worker_group.get_resources_per_worker().get("GPU", 0) > 0 else "gloo")
+        addr, port = worker_group.execute_single(0, _address_and_port)
+        worker_group.execute(_torch_environment, addr, port)
+        n = len(worker_group)
+        ray.get([worker_group.execute_single_async(i, _init_process_group, backend, i, n, backend_config.timeout_s)
+                 for i in range(n)])
+
+    def on_shutdown(self, worker_group, backend_config) -> None:
+        futures = worker_group.execute_async(_shutdown, len(worker_group) > 1)
+        try:
+            ray.get(futures, timeout=int(os.environ.get(SHUTDOWN_TIMEOUT_VAR, SHUTDOWN_TIMEOUT_DEFAULT_S)))
+        except GetTimeoutError:
+            pass  # as Ray's: the group is torn down either way
+
+
 class _Backend(PlainVersions, QuietShutdown, _TorchBackend):
     pass
 
 
-class QuietTorchConfig(TorchConfig):
+@dataclass
+class QuietTorchConfig(BackendConfig):
+    """`ray.train.torch.TorchConfig`'s fields, for TorchTrainer(torch_config=...)."""
+
+    backend: str | None = None
+    init_method: str = "env"
+    timeout_s: int = 1800
+
+    def __post_init__(self) -> None:
+        if self.init_method != "env":  # a bug, not user input: raydist never sets it
+            raise ValueError(f"QuietTorchConfig supports init_method='env' only, not {self.init_method!r}")
+
     @property
     def backend_cls(self):
         return _Backend
+
+    @property
+    def train_func_context(self):
+        # Read in the driver, which has torch; the context manager runs on the workers (it sets the CUDA device).
+        from ray.train.torch.config import TorchConfigContextManager
+
+        return TorchConfigContextManager
+
+    @property
+    def framework(self):
+        from ray.train.v2._internal.util import TrainingFramework
+
+        return TrainingFramework.TORCH
