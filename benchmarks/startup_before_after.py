@@ -81,8 +81,8 @@ def report(stored: dict) -> str:
     gain = [r["before"]["first_step_s"] - r["after"]["first_step_s"] for r in rows]
     out += ["", f"The first step came {spread(gain)} s sooner (before minus after, paired by round; median, min-max of "
                 f"{len(rows)} rounds), {statistics.median(gain) / statistics.median(r['before']['first_step_s'] for r in rows):.0%} "
-                f"of the before median. Before: {stored['before_commit'][:7]}; after: {stored['commit'][:7]}; "
-                f"{stored['machine']['cpus']} CPUs, {stored['date']}."]
+                f"of the before median. Before: {stored['before_commit'][:7]}; after: {stored.get('commit', 'this tree')[:7]}"
+                f"; {stored.get('machine', {}).get('cpus', '?')} CPUs, {stored.get('date', 'today')}."]
     return "\n".join(out) + "\n"
 
 
