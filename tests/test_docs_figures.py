@@ -166,3 +166,9 @@ def test_the_gpu_table_is_the_stored_run():
     assert load_benchmark("gpu_strategies").report(stored) in _doc("gpu.md"), \
         "docs/gpu.md is stale: paste `benchmarks/gpu_strategies.py --report docs/data/gpu_strategies.json`"
     assert stored["gpu"].startswith("NVIDIA") and "+cu" in stored["machine"]["torch"]
+
+
+def test_the_start_up_before_and_after_table_is_the_stored_run():
+    stored = json.loads((DATA / "startup_before_after.json").read_text())
+    assert load_benchmark("startup_before_after").report(stored) in _doc("benchmarks.md"), \
+        "docs/benchmarks.md is stale: paste `benchmarks/startup_before_after.py --report`"
