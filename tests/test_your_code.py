@@ -26,16 +26,17 @@ def job(name: str, storage, *overrides: str, timeout: float = 400) -> subprocess
 
 @pytest.mark.slow
 def test_compare_trains_your_model_with_every_strategy(tmp_path):
-    out = summary(job("compare", tmp_path, "compare.strategies=sync,local_sgd,async,fsdp",
+    out = summary(job("compare", tmp_path, "compare.strategies=sync,local_sgd,async,fsdp,heal",
                       f"compare.output_dir={tmp_path / 'cmp'}", timeout=900))
     results = json.loads((tmp_path / "cmp" / "results.json").read_text())["strategies"]
-    assert list(results) == ["sync", "local_sgd", "async", "fsdp"]
+    assert list(results) == ["sync", "local_sgd", "async", "fsdp", "heal"]
     for name, r in results.items():
         s = r["summary"]
         assert s["status"] == "completed" and s["run_name"] == name, s
         assert s["test_accuracy"] > 1 / 64, (name, s["test_accuracy"])  # per-token accuracy, above chance
     table = (tmp_path / "cmp" / "results.md").read_text()
-    assert all(label in table for label in ("sync DDP", "local SGD", "async PS", "FSDP"))
+    assert all(label in table for label in ("sync DDP", "local SGD", "async PS", "FSDP", "heal (torchft)"))
+    assert results["heal"]["summary"]["heals"] == 0  # torchft's quorum trained your model; nothing failed
     assert (tmp_path / "cmp" / "plot.png").stat().st_size > 0 and set(out["test_accuracy"]) == set(results)
 
 
