@@ -109,7 +109,7 @@ def start_autoscaling_coordinator() -> None:
     """Start Ray's autoscaling coordinator now, through Ray's own get-or-create (a detached named actor), so that it
     starts beside the controller instead of after it. Ray Train 2.60's controller asks it for resources at start and
     waits up to 5 s for the answer, on the path to the first step: a fresh process importing Ray Data. Started here,
-    the first step came 1.7 s sooner on 2 cores (docs/benchmarks.md); on a slow start (the GPU machine's first run)
+    it is up by then (docs/benchmarks.md has the before and after); on a slow start (the GPU machine's first run)
     the 5 s ran out and Ray printed a traceback. A Ray without this function starts it the old way."""
     try:
         from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
