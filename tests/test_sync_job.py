@@ -97,7 +97,7 @@ def test_stopped_run_resumes_at_the_next_step_with_identical_losses(tmp_path):
 
 def test_the_driver_starts_the_autoscaling_coordinator_that_ray_train_waits_for():
     # raydist.raytrain.start_autoscaling_coordinator goes through Ray's own get-or-create and says nothing when it
-    # cannot: a Ray release that renames it would lose the 1.7 s silently (docs/benchmarks.md). This fails instead.
+    # cannot: a Ray release that renames it would lose the speed-up silently (docs/benchmarks.md). This fails instead.
     code = ("import ray; ray.init(num_cpus=1, include_dashboard=False, logging_level='ERROR');"
             "from raydist.raytrain import start_autoscaling_coordinator; start_autoscaling_coordinator();"
             "ray.get_actor('AutoscalingCoordinator', namespace='AutoscalingCoordinator'); print('started')")
