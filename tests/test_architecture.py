@@ -134,3 +134,22 @@ def test_no_function_takes_seven_positional_parameters():
                 if len(positional) >= 7:
                     many.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}: {len(positional)}")
     assert not many, "\n".join(many)
+
+
+def test_ray_trains_controller_needs_no_torch_for_raydists_backend_config():
+    # The controller unpickles the config: importing torch there cost 1.2 s of every start (docs/benchmarks.md).
+    import subprocess
+    import sys
+
+    code = ("import sys, pickle; from raydist.train.backend import QuietTorchConfig;"
+            "pickle.loads(pickle.dumps(QuietTorchConfig(backend='gloo'))); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
+def test_raydists_backend_config_shows_the_dashboard_what_rays_torch_config_shows():
+    from ray.train.torch import TorchConfig
+
+    from raydist.train.backend import QuietTorchConfig
+
+    assert QuietTorchConfig(backend="gloo", timeout_s=7).to_dict() == TorchConfig(backend="gloo", timeout_s=7).to_dict()

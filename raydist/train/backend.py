@@ -111,15 +111,14 @@ class _Backend(PlainVersions, QuietShutdown, _TorchBackend):
 
 @dataclass
 class QuietTorchConfig(BackendConfig):
-    """`ray.train.torch.TorchConfig`'s fields, for TorchTrainer(torch_config=...)."""
+    """`ray.train.torch.TorchConfig` with `init_method="env"`, for TorchTrainer(torch_config=...)."""
 
     backend: str | None = None
-    init_method: str = "env"
     timeout_s: int = 1800
 
-    def __post_init__(self) -> None:
-        if self.init_method != "env":  # a bug, not user input: raydist never sets it
-            raise ValueError(f"QuietTorchConfig supports init_method='env' only, not {self.init_method!r}")
+    def to_dict(self) -> dict:
+        # what the dashboard's run settings show, as for Ray's TorchConfig (the base class gives {})
+        return {"backend": self.backend, "init_method": "env", "timeout_s": self.timeout_s}
 
     @property
     def backend_cls(self):
