@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "tests"))
 import stored as stored_file  # noqa: E402
-from jobutil import clean_env  # noqa: E402
+from jobutil import clean_env, tinygpt_job  # noqa: E402
 
 COMMON = ["scaling.use_gpu=true", "scaling.num_workers=1", "train.max_steps=200", "run.tensorboard=false"]
 CASES = {  # case: (strategy, overrides)
@@ -50,10 +50,7 @@ if __name__ == "__main__":
 
 def run_case(storage: str, name: str, case: str) -> dict:
     strategy, overrides = CASES[case]
-    args = [sys.executable, "-m", "raydist.job", strategy, "--config", "tinygpt/tinygpt.yaml"]
-    for o in [f"run.storage_path={storage}", f"run.name={name}", *COMMON, *overrides]:
-        args += ["--set", o]
-    done = subprocess.run(args, cwd=REPO / "examples", env=clean_env(), capture_output=True, text=True, timeout=600)
+    done = tinygpt_job(strategy, f"run.storage_path={storage}", f"run.name={name}", *COMMON, *overrides)
     if done.returncode != 0:
         raise SystemExit(f"{name}: exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}")
     summary = json.loads((Path(storage) / name / "summary.json").read_text())

@@ -25,6 +25,16 @@ def run_job(job: str, *overrides: str, env: dict[str, str] | None = None, timeou
     return subprocess.run(args, cwd=REPO, env=env or clean_env(), capture_output=True, text=True, timeout=timeout)
 
 
+def tinygpt_job(job: str, *overrides: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """A job on examples/tinygpt, a model raydist has never seen, given by import path and run from examples/, as a
+    user runs one from their project."""
+    args = [sys.executable, "-m", "raydist.job", job, "--config", "tinygpt/tinygpt.yaml"]
+    for o in overrides:
+        args += ["--set", o]
+    return subprocess.run(args, cwd=REPO / "examples", env=clean_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
 def summary(proc: subprocess.CompletedProcess) -> dict:
     """The job's summary.json, which must equal its closing JSON line; fails with the job's output tail otherwise."""
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"

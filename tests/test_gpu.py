@@ -11,20 +11,16 @@ import sys
 import pytest
 import torch
 
-from jobutil import REPO, clean_env, summary
+from jobutil import REPO, clean_env, summary, tinygpt_job
 from raydist import registry
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU that torch can use")
 
-EXAMPLES = REPO / "examples"
 GPU = ["scaling.use_gpu=true", "scaling.num_workers=1", "train.max_steps=120", "train.report_every_s=0.5"]
 
 
 def job(name: str, storage, *overrides: str) -> subprocess.CompletedProcess:
-    args = [sys.executable, "-m", "raydist.job", name, "--config", "tinygpt/tinygpt.yaml"]
-    for o in [*GPU, f"run.storage_path={storage}", *overrides]:
-        args += ["--set", o]
-    return subprocess.run(args, cwd=EXAMPLES, env=clean_env(), capture_output=True, text=True, timeout=600)
+    return tinygpt_job(name, *GPU, f"run.storage_path={storage}", *overrides)
 
 
 @pytest.mark.parametrize("strategy", registry.names())

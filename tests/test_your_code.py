@@ -10,18 +10,14 @@ import sys
 
 import pytest
 
-from jobutil import REPO, clean_env, summary
+from jobutil import REPO, clean_env, summary, tinygpt_job
 
 EXAMPLES = REPO / "examples"
-CONFIG = "tinygpt/tinygpt.yaml"
 SHORT = ["train.max_steps=16", "train.report_every_s=0.2"]
 
 
 def job(name: str, storage, *overrides: str, timeout: float = 400) -> subprocess.CompletedProcess:
-    args = [sys.executable, "-m", "raydist.job", name, "--config", CONFIG]
-    for o in [*SHORT, f"run.storage_path={storage}", *overrides]:
-        args += ["--set", o]
-    return subprocess.run(args, cwd=EXAMPLES, env=clean_env(), capture_output=True, text=True, timeout=timeout)
+    return tinygpt_job(name, *SHORT, f"run.storage_path={storage}", *overrides, timeout=timeout)
 
 
 @pytest.mark.slow
