@@ -166,9 +166,10 @@ def test_a_stopped_rank_is_named_with_every_ranks_stack_within_the_bound(work):
     assert re.fullmatch(rf"raydist: error: hang: rank 1 on \S+ \(pid {pid}\) printed nothing and reported no step for "
                         rf"\d+ s \(hang_timeout_s=20\) \(its process was stopped\); every rank's stack is in {stacks}",
                         line), line
-    # Detected within the bound, plus the launcher's poll (0.2 s), the silence of the step before it stopped and
-    # the dumps (0.04 s each with py-spy here) and the shutdown; measured 8-9 s on 2 loaded cores.
-    assert bound <= took < bound + 8, took
+    # Not before the bound, and once: before a second bound could pass. What comes after the bound (the launcher's
+    # poll, the dumps, the shutdown) took 8-9 s on 2 loaded cores, and 9.5 s once with the SLURM tests beside it,
+    # so a tighter upper limit tests the machine's load, not the launcher.
+    assert bound <= took < 2 * bound, took
     for rank in (0, 1):
         text = (stacks / f"rank{rank}.txt").read_text()
         assert "ddp_train.py" in text and "main" in text, text  # the script's own frames
