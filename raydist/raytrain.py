@@ -43,18 +43,37 @@ def hung_worker(error: BaseException, cfg: Config) -> str | None:
     return None
 
 
-def failure_line(error: BaseException, cfg: Config, dead: list[str]) -> str:
-    """The one line a failed Ray Train run ends with; a worker group that no longer fits names the dead nodes, a
+def failure_line(error: BaseException, cfg: Config, dead: list[str], lost: list[str] = ()) -> str:
+    """The one line a failed Ray Train run ends with; a worker group that no longer fits names the dead nodes (`lost`:
+    those that died during the run, where a replica group that could not be replaced on its node says so), a
     worker that stopped answering is named by rank and node."""
     reason = hung_worker(error, cfg) or last_error_line(error)
-    if dead and "startup timed out" in reason:
+    if dead and "startup timed out" in reason or lost:
         s = cfg.scaling
         want = f"{s.min_workers} to {s.max_workers}" if s.elastic else str(s.max_workers)
-        return (f"training failed: {want} workers no longer fit the cluster after node(s) died: {'; '.join(dead)} "
-                f"(waited scaling.node_loss_timeout_s={s.node_loss_timeout_s:g} s; a range such as "
+        waited = f"waited scaling.node_loss_timeout_s={s.node_loss_timeout_s:g} s; " if not lost else ""
+        return (f"training failed: {want} workers no longer fit the cluster after node(s) died: "
+                f"{'; '.join(lost or dead)} ({waited}a range such as "
                 f"scaling.num_workers={max(1, s.min_workers - 1 if s.elastic else s.max_workers - 1)}-{s.max_workers} "
                 f"continues on fewer)")
     return f"training failed: {reason}" + (f"; dead node(s): {'; '.join(dead)}" if dead else "")
+
+
+def refit_after_node_loss(cfg: Config, lost: list[str], unplaced: bool, refits: int) -> str | None:
+    """Whether a failed run starts again, and the line saying so. Ray Train 2.60 replaces a failed replica group
+    (heal) only in place, on its own node, and its elastic resize does not apply to replica groups: when the node is
+    gone the replacement fails. An elastic run then starts again on the workers that fit, from its latest
+    checkpoint, as an elastic sync run does. `lost`: the nodes that died since the run started; `unplaced`: Ray
+    Train's controller failed (a worker group it could not place or replace). Ray may count a lost node's CPUs for a while
+    longer (its autoscaling coordinator looks every 20 s): a start that then times out is tried again. Each start
+    counts against scaling.max_failures."""
+    s = cfg.scaling
+    if not (lost and unplaced and s.elastic) or (s.max_failures != -1 and refits >= s.max_failures):
+        return None
+    if refits:  # the start before this one timed out: Ray still counted the lost node's CPUs
+        return f"[raydist] the workers did not fit yet; starting again (scaling.max_failures={s.max_failures})"
+    return (f"[raydist] node(s) died: {'; '.join(lost)}; their replica cannot be replaced in place: starting again "
+            f"on the {s.min_workers} to {s.max_workers} workers that fit, from the latest checkpoint")
 
 
 def build_trainer(cfg: Config, spec: registry.StrategySpec):
@@ -66,6 +85,8 @@ def build_trainer(cfg: Config, spec: registry.StrategySpec):
     from raydist.train.backend import QuietTorchConfig
 
     s = cfg.scaling
+    torch_config = spec.load("torch_config")(cfg) if spec.torch_config else QuietTorchConfig(
+        backend=cfg.scaling.resolved_backend, timeout_s=max(1, round(cfg.faults.collective_timeout_s)))
     # Read by Ray Train's controller (it propagates these variables): how long placing a worker group may take,
     # how long a worker may leave a health check unanswered (a SIGSTOPped or frozen process answers none; a rank
     # merely waiting in a collective still does, from its actor's own thread), and how long Ray Train's own
@@ -86,8 +107,7 @@ def build_trainer(cfg: Config, spec: registry.StrategySpec):
         ),
         # The process group's timeout bounds its start-up and every gloo collective (NCCL's too, with its
         # watchdog): a peer that is alive but never joins fails the step instead of hanging it.
-        torch_config=spec.load("torch_config")(cfg) if spec.torch_config else QuietTorchConfig(
-            backend=cfg.scaling.resolved_backend, timeout_s=max(1, round(cfg.faults.collective_timeout_s))),
+        torch_config=torch_config,
         run_config=RunConfig(
             name=cfg.run.name,
             storage_path=cfg.run.storage_dir,
@@ -95,14 +115,22 @@ def build_trainer(cfg: Config, spec: registry.StrategySpec):
             # A worker group that cannot be placed again (a lost node) is a controller failure; Ray's default
             # retries those forever. A fixed count gets none: the start timeout (scaling.node_loss_timeout_s) is
             # the bound. An elastic run gets a few, because Ray may still count a lost node as alive (until its
-            # heartbeats time out) and first try, in vain, to place as many workers as before.
-            failure_config=FailureConfig(max_failures=s.max_failures, max_preemption_failures=s.max_preemptions,
-                                         controller_failure_limit=ELASTIC_PLACEMENT_RETRIES if s.elastic else 0),
+            # heartbeats time out) and first try, in vain, to place as many workers as before. A backend that
+            # replaces replica groups in place gets none either: Ray would retry the replacement on the lost node's
+            # slot, and wait for it for ever (`refit_after_node_loss` starts such a run again instead).
+            failure_config=FailureConfig(
+                max_failures=s.max_failures, max_preemption_failures=s.max_preemptions,
+                controller_failure_limit=ELASTIC_PLACEMENT_RETRIES if s.elastic and not in_place(torch_config) else 0),
             # Ray Train's INFO lines (worker group started, checkpoint created, ...) stay in its log files; on the
             # console only with run.verbose.
             logging_config=LoggingConfig(log_level=ray_train_log_level(cfg.run.verbose)),
         ),
     )
+
+
+def in_place(torch_config) -> bool:
+    """Whether Ray Train replaces a failed replica group of this backend alone, leaving the others running."""
+    return bool(getattr(torch_config.backend_cls, "has_replica_groups", False))
 
 
 def start_autoscaling_coordinator() -> None:
@@ -123,20 +151,58 @@ def start_autoscaling_coordinator() -> None:
 
 def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session) -> JobSummary:
     """Run a loop strategy on Ray Train; its summary comes from the final checkpoint's report."""
-    from raydist.checkpoint import set_aside_broken_snapshot
-    from raydist.cluster_watch import NodeWatcher, dead_nodes
-    from raydist.observability.console import MetricsTail, ProgressBar, start_line
-    from raydist.observability.ray_metrics import Exporter
+    from raydist.cluster_watch import dead_nodes
 
     # run_job checked the config (check_before_ray); connect checks what a named cluster can hold.
     session.ray = connect(cfg)
     connected = time.time()
     start_autoscaling_coordinator()
-    trainer = build_trainer(cfg, spec)
+    failure = Path(cfg.run.run_dir) / FAILURE_FILE
+    dead_before, refits = set(dead_nodes()), 0
+    while True:
+        trainer = build_trainer(cfg, spec)
+        try:
+            result = _fit(trainer, cfg, spec, failure)
+            break
+        except Exception as e:  # TrainingFailedError, and the controller's own failures, which arrive as other types
+            from ray.train import ControllerError
+
+            # a replacement refused for a node whose raylet stopped answering: Ray marks it dead within seconds
+            wait_s = cfg.scaling.node_loss_timeout_s if "cannot be replaced in place" in str(e) else 0
+            lost = _newly_dead(dead_before, wait_s) if in_place(trainer.backend_config) else []
+            dead = dead_nodes()
+            again = refit_after_node_loss(cfg, lost, isinstance(e, ControllerError), refits)
+            if again is None:
+                raise RaydistError(failure_line(e, cfg, dead, lost)) from None
+            print(again, flush=True)
+            refits += 1
+    if failure.exists():
+        raise RaydistError(f"training failed: {json.loads(failure.read_text())['reason']}")
+    return summary_of(result, cfg, session, connected, trainer.train_loop_config["fit_id"])
+
+
+def _newly_dead(before: set[str], wait_s: float) -> list[str]:
+    """The nodes Ray counts dead that it did not in `before`, waiting up to `wait_s` for one."""
+    from raydist.cluster_watch import dead_nodes
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        lost = [n for n in dead_nodes() if n not in before]
+        if lost or time.monotonic() >= deadline:
+            return lost
+        time.sleep(0.5)
+
+
+def _fit(trainer, cfg: Config, spec: registry.StrategySpec, failure: Path):
+    """One `trainer.fit()`, with the console's progress bar and the driver's node watcher around it."""
+    from raydist.checkpoint import set_aside_broken_snapshot
+    from raydist.cluster_watch import NodeWatcher
+    from raydist.observability.console import MetricsTail, ProgressBar, start_line
+    from raydist.observability.ray_metrics import Exporter
+
     moved = set_aside_broken_snapshot(cfg.run.run_dir)  # Ray would refuse to start on a truncated snapshot
     if moved:
         print(moved, flush=True)
-    failure = Path(cfg.run.run_dir) / FAILURE_FILE
     failure.unlink(missing_ok=True)  # an earlier session's
     print(start_line(spec.name, cfg.run.run_dir), file=sys.stderr, flush=True)
     bar = ProgressBar(spec.name, export=Exporter(cfg.run.name, spec.name, "driver", 0))
@@ -146,14 +212,10 @@ def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session)
         with NodeWatcher():
             result = trainer.fit()
         completed = True
-    except Exception as e:  # TrainingFailedError, and the controller's own failures, which arrive as other types
-        raise RaydistError(failure_line(e, cfg, dead_nodes())) from None
     finally:
         tail.stop()
         bar.close(completed=completed and not failure.exists())
-    if failure.exists():
-        raise RaydistError(f"training failed: {json.loads(failure.read_text())['reason']}")
-    return summary_of(result, cfg, session, connected, trainer.train_loop_config["fit_id"])
+    return result
 
 
 def summary_of(result, cfg: Config, session: Session, connected: float, fit_id: str = "") -> JobSummary:

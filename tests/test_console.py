@@ -183,6 +183,31 @@ def test_ray_train_info_lines_leave_the_console_but_not_the_log_files():
     assert console.ray_train_log_level(False) == "WARNING" and console.ray_train_log_level(True) == "INFO"
 
 
+def test_the_controllers_placement_tracebacks_leave_the_console_but_not_the_log_files():
+    """quiet_controller_logs, as unpickling raydist's torch backend runs it in Ray Train's controller: before Ray
+    Train has made its console handlers, so the filter goes on them at the controller logger's first record."""
+    import pickle
+
+    from raydist.train.backend import QuietTorchConfig
+
+    controller = logging.getLogger(console.CONTROLLER_LOGGER)
+    ray_train = logging.getLogger("ray.train")
+    shown, kept = io.StringIO(), Collect()
+    pickle.loads(pickle.dumps(QuietTorchConfig(backend="gloo").backend_cls()))  # what the controller does
+    handler = logging.StreamHandler(shown)  # made after: as Ray Train's LoggingManager does at the controller's start
+    ray_train.addHandler(handler)
+    ray_train.addHandler(kept)
+    try:
+        controller.error("Error in control loop iteration: The worker group startup timed out\nTraceback ...")
+        controller.warning("a warning stays")
+    finally:
+        ray_train.removeHandler(handler)
+        ray_train.removeHandler(kept)
+        controller.filters.clear()
+    assert "Error in control loop" not in shown.getvalue() and "a warning stays" in shown.getvalue()
+    assert any(m.startswith("Error in control loop iteration") for m in kept.messages)
+
+
 def test_verbose_flag_sets_the_config_key():
     from raydist.job import parse_job_args
 

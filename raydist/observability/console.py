@@ -389,15 +389,43 @@ def _peer_lost(record: logging.LogRecord) -> bool:
     return message.startswith("Error in training function") and any(s in message for s in _PEER_LOST_SIGNS)
 
 
-def quiet_ray_train_logs() -> int:
+class _ControllerErrors(logging.Filter):
+    """Drops Ray Train's controller's "Error in control loop iteration" traceback: a worker group it could not place
+    or replace (a lost node), which it retries or fails the run on. The driver says in one line what happens
+    next (it starts the run again, or names the dead node and exits 1)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Error in control loop iteration")
+
+
+class _OnFirstRecord(logging.Filter):
+    """On the controller's logger: puts `_ControllerErrors` on the console handlers at its first record (they do not
+    exist yet where this is installed), and lets every record through, to the log files too."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        quiet_ray_train_logs(_ControllerErrors())
+        return True
+
+
+CONTROLLER_LOGGER = "ray.train.v2._internal.execution.controller.controller"
+
+
+def quiet_controller_logs() -> None:
+    """In Ray Train's controller: its control-loop tracebacks stay in Ray's log files, off the console."""
+    logger = logging.getLogger(CONTROLLER_LOGGER)
+    if not any(isinstance(f, _OnFirstRecord) for f in logger.filters):
+        logger.addFilter(_OnFirstRecord())
+
+
+def quiet_ray_train_logs(filt: logging.Filter | None = None) -> int:
     """In a Ray Train worker: put the filter on the console handlers Ray Train configured (file handlers are
     left alone, so Ray's log files keep everything). Returns how many handlers it filters."""
-    filt = _RayTrainInfo()
+    filt = filt or _RayTrainInfo()
     count = 0
     for logger in (logging.getLogger(), logging.getLogger("ray"), logging.getLogger("ray.train")):
         for handler in logger.handlers:
             if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
-                if not any(isinstance(f, _RayTrainInfo) for f in handler.filters):
+                if not any(isinstance(f, type(filt)) for f in handler.filters):
                     handler.addFilter(filt)
                     count += 1
     return count

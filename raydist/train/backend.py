@@ -32,6 +32,22 @@ class QuietShutdown:
             pass
 
 
+class QuietController:
+    """Ray Train's controller logs a worker group it could not place or replace with a traceback on the user's
+    console; raydist's driver says in one line what happens next (`quiet_controller_logs`). The backend travels
+    to the controller pickled, before its first worker group: unpickling it there quiets that line."""
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_quiet_controller": True}  # a state at all, so that __setstate__ runs
+
+    def __setstate__(self, state: dict) -> None:
+        from raydist.observability.console import quiet_controller_logs
+
+        state.pop("_quiet_controller", None)
+        self.__dict__.update(state)
+        quiet_controller_logs()
+
+
 def _pickle_torch_version_as_str() -> None:
     """In a worker: `torch.__version__` (a TorchVersion, a str subclass) pickles as a plain str from now on."""
     import copyreg
@@ -105,7 +121,7 @@ class _TorchBackend(Backend):
             pass  # as Ray's: the group is torn down either way
 
 
-class _Backend(PlainVersions, QuietShutdown, _TorchBackend):
+class _Backend(QuietController, PlainVersions, QuietShutdown, _TorchBackend):
     pass
 
 

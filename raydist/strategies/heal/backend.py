@@ -2,26 +2,60 @@
 
 from __future__ import annotations
 
-from ray.train.v2.torch.torchft_config import TorchftConfig, _TorchftBackend
+import socket
+
+from ray.train.v2._internal.execution.worker_group import ReplicaGroup
+from ray.train.v2.torch.torchft_config import LighthouseServerActor, TorchftConfig, _TorchftBackend
 
 from raydist.config import Config
-from raydist.train.backend import PlainVersions, QuietShutdown
+from raydist.train.backend import PlainVersions, QuietController, QuietShutdown
 
 
-class _Backend(PlainVersions, QuietShutdown, _TorchftBackend):
+class ReplicaNodeLost(RuntimeError):
+    """A failed replica group's node is gone: Ray Train cannot replace the group in place."""
+
+
+class _Backend(QuietController, PlainVersions, QuietShutdown, _TorchftBackend):
+    def on_shutdown(self, group, backend_config) -> None:
+        """Ray Train shuts a failed replica group down right before it starts the replacement on the group's own
+        slot, and waits for that worker without a limit: when the slot's node is gone and no other node has room,
+        for ever. A node that is gone refuses the replacement here; Ray Train's controller then fails the run, and
+        raydist starts it again on the workers that fit (an elastic range) or ends it naming the node
+        (`raydist.raytrain`)."""
+        if isinstance(group, ReplicaGroup):
+            lost = _dead_nodes_of(group)
+            if lost:
+                raise ReplicaNodeLost(f"the failed replica's node {', '.join(lost)} is gone: it cannot be replaced "
+                                      f"in place")
+        super().on_shutdown(group, backend_config)
+
     def _maybe_create_lighthouse_actor(self, backend_config) -> str:
-        """The lighthouse's address with this node's Ray address, not its host name (torchft's `address()`): on a
-        SLURM node that is the interface raydist chose, and another node need not resolve the name. The lighthouse
-        runs on this node (Ray places it beside the controller)."""
+        """Ray's lighthouse (torchft's quorum server) on this node, as Ray's backend places it, but taking no CPU:
+        Ray's asks for one, and where the workers hold every CPU of the controller's node (or it has none, as a
+        head started with --num-cpus=0) it never starts. Its address has this node's Ray address, not its host
+        name (torchft's `address()`): on a SLURM node that is the interface raydist chose, and another node need
+        not resolve the name. It logs at heal's RUST_LOG (on a cluster, the job's environment has none)."""
         import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        address = super()._maybe_create_lighthouse_actor(backend_config)
+        if self.lighthouse_actor is None:
+            here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+            kwargs = {"bind": "[::]:0"} | backend_config.lighthouse_kwargs
+            quiet = {"env_vars": {"RUST_LOG": backend_config.rust_log}}
+            self.lighthouse_actor = LighthouseServerActor.options(
+                num_cpus=0, scheduling_strategy=here, runtime_env=quiet).remote(lighthouse_kwargs=kwargs)
+        address = ray.get(self.lighthouse_actor.address.remote())  # read again: the actor may have restarted
         scheme, _, rest = address.rpartition("//")
         port = rest.rsplit(":", 1)[1]
         return f"{scheme}//{_bracketed(ray.util.get_node_ip_address())}:{port}"
 
 
 class HealTorchftConfig(TorchftConfig):
+    def __init__(self, lighthouse_kwargs, rust_log: str = "warn", **kwargs):
+        super().__init__(lighthouse_kwargs, **kwargs)
+        self.rust_log = rust_log
+        """The lighthouse's RUST_LOG: at torchft's default it logs every quorum (ten a second per replica)."""
+
     @property
     def backend_cls(self):
         return _Backend
@@ -33,9 +67,34 @@ def torchft_config(cfg: Config) -> TorchftConfig:
     (ray/train/v2/torch/torchft_config.py). min_replicas=1: one survivor may go on alone; a dead replica leaves
     the quorum heal.heartbeat_timeout_s after its last heartbeat (torchft's default: 5 s)."""
     lighthouse = {"min_replicas": 1, "heartbeat_timeout_ms": max(1, round(cfg.heal.heartbeat_timeout_s * 1000))}
-    return HealTorchftConfig(lighthouse_kwargs=lighthouse, backend=cfg.scaling.resolved_backend,
+    return HealTorchftConfig(lighthouse_kwargs=lighthouse, rust_log="info" if cfg.run.verbose else "warn",
+                             backend=cfg.scaling.resolved_backend,
                              timeout_s=max(1, round(cfg.faults.collective_timeout_s)))
 
 
 def _bracketed(ip: str) -> str:
     return f"[{ip}]" if ":" in ip else ip
+
+
+def _dead_nodes_of(group, probe_s: float = 2.0) -> list[str]:
+    """Host names (with addresses) of the group's workers whose node is gone: Ray no longer counts it alive, or its
+    raylet does not answer. Ray learns of a dead node only after several missed health checks (seconds), and a
+    replacement sent to the node's slot in that time may never be placed, so the raylet is asked directly."""
+    import ray
+
+    nodes = {n["NodeID"]: n for n in ray.nodes()}
+    lost = set()
+    for w in group.get_workers():
+        node = nodes.get(w.metadata.node_id)
+        if node is None or not node["Alive"] or not _answers(node["NodeManagerAddress"], node["NodeManagerPort"],
+                                                             probe_s):
+            lost.add(f"{w.metadata.hostname} ({w.metadata.node_ip})")
+    return sorted(lost)
+
+
+def _answers(address: str, port: int, timeout_s: float) -> bool:
+    try:
+        socket.create_connection((address, port), timeout=timeout_s).close()
+        return True
+    except OSError:
+        return False

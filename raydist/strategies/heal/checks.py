@@ -14,14 +14,12 @@ _RAY_TORCHFT = "ray.train.v2.torch.torchft_config"
 
 def why_not_heal(cfg: Config) -> str | None:
     """Why healing cannot work on this install or config, or None: torchft and Ray Train's torchft backend
-    importable, and a fixed count of two or more workers (one goes on while another is replaced)."""
+    importable, and two or more workers (one goes on while another is replaced)."""
     if importlib.util.find_spec("torchft") is None:
         return "torchft is not installed (pip install 'raydist[heal]')"
     if _find(_RAY_TORCHFT) is None:
         return "this Ray has no torchft backend for Ray Train (Ray 2.60 has)"
     s = cfg.scaling
-    if s.elastic:
-        return f"scaling.num_workers={s.num_workers} is a range, and Ray Train's torchft backend does not resize"
     if s.max_workers < 2:
         return f"scaling.num_workers={s.num_workers}: with one worker there is no peer to heal from"
     return None
