@@ -11,6 +11,8 @@ raydist offers. Quiet on the shutdown of a group with a dead worker, and with `t
 from __future__ import annotations
 
 import os
+import re
+import warnings
 from dataclasses import dataclass
 
 import ray
@@ -32,10 +34,16 @@ class QuietShutdown:
             pass
 
 
+# Ray Data's deprecation that Ray Train's controller trips over (raydist.session.QUIET_WARNINGS skips it locally)
+DEPRECATION_SKIPPED = "`ExecutionOptions.exclude_resources` is deprecated"
+
+
 class QuietController:
     """Ray Train's controller logs a worker group it could not place or replace with a traceback on the user's
-    console; raydist's driver says in one line what happens next (`quiet_controller_logs`). The backend travels
-    to the controller pickled, before its first worker group: unpickling it there quiets that line."""
+    console; raydist's driver says in one line what happens next (`quiet_controller_logs`). And at its start it
+    trips over Ray Data's own deprecation (two lines of Ray's business; the embedded instance's processes skip it
+    through PYTHONWARNINGS, a cluster's do not). The backend travels to the controller pickled, before the
+    controller starts: unpickling it there quiets both."""
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_quiet_controller": True}  # a state at all, so that __setstate__ runs
@@ -46,6 +54,7 @@ class QuietController:
         state.pop("_quiet_controller", None)
         self.__dict__.update(state)
         quiet_controller_logs()
+        warnings.filterwarnings("ignore", message=re.escape(DEPRECATION_SKIPPED))
 
 
 def _pickle_torch_version_as_str() -> None:
