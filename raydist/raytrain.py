@@ -48,7 +48,7 @@ def failure_line(error: BaseException, cfg: Config, dead: list[str], lost: list[
     those that died during the run, where a replica group that could not be replaced on its node says so), a
     worker that stopped answering is named by rank and node."""
     reason = hung_worker(error, cfg) or last_error_line(error)
-    if dead and "startup timed out" in reason or lost:
+    if (dead and "startup timed out" in reason) or lost:
         s = cfg.scaling
         want = f"{s.min_workers} to {s.max_workers}" if s.elastic else str(s.max_workers)
         waited = f"waited scaling.node_loss_timeout_s={s.node_loss_timeout_s:g} s; " if not lost else ""

@@ -158,7 +158,7 @@ def test_an_elastic_heal_run_that_loses_a_node_continues_on_the_workers_that_fit
         run_dir = tmp_path / "lost"
         proc = subprocess.Popen(
             [sys.executable, "jobs/heal.py", *(a for o in ("scaling.num_workers=2-3", f"run.storage_path={tmp_path}",
-             "run.name=lost", "train.epochs=8", "checkpoint.every_steps=20", "scaling.node_loss_timeout_s=10",
+             "run.name=lost", "train.epochs=8", "checkpoint.every_steps=20", "scaling.node_loss_timeout_s=20",
              "scaling.max_failures=4") for a in ("--set", o))],
             cwd=REPO, env=clean_env(RAY_ADDRESS=cluster.address), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True)
@@ -173,13 +173,17 @@ def test_an_elastic_heal_run_that_loses_a_node_continues_on_the_workers_that_fit
             proc.kill()
         cluster.shutdown()
     assert proc.returncode == 0, out[-5000:]
-    summary = json.loads(out.strip().splitlines()[-1])
+    # the file, not the last line: the test cluster's own processes may print after it (Ray's warning that it
+    # sees other Ray instances on this machine, when the SLURM tests run beside this one)
+    summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["strategy"] == "heal" and summary["status"] == "completed", summary
     assert summary["workers"] == 2 and summary["steps"] == summary["total_steps"], summary
     assert summary["resumed_from_step"] is not None and summary["resumed_from_step"] >= 20, summary
     said = [ln for ln in out.splitlines() if "their replica cannot be replaced in place" in ln]
     assert said and said[0].startswith("[raydist] node(s) died:"), out[-5000:]
-    assert "Traceback" not in out and "torchft::lighthouse" not in out, out[-5000:]
+    at = out.find("Traceback")
+    assert at < 0, out[max(0, at - 1500):at + 3500]
+    assert "torchft::lighthouse" not in out, out[-5000:]
 
 
 def test_an_elastic_in_place_run_that_lost_a_node_starts_again_within_its_failure_budget():

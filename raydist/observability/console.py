@@ -378,9 +378,12 @@ class _RayTrainInfo(logging.Filter):
 
 
 # What a surviving worker's collective raises when a peer process died (gloo's TCP pair, NCCL's abort, torch's
-# wrapper): Ray Train restarts the group, and the driver says so in one line (MetricsTail).
+# wrapper), and what a heal worker's torchft Manager raises when its group is being torn down around it (the
+# lighthouse, Ray Train's controller's actor, gone first): Ray Train restarts the group or ends the run, and the
+# driver says so in one line (MetricsTail, or the run's failure line).
 _PEER_LOST_SIGNS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "DistBackendError",
-                    "NCCL communicator was aborted")
+                    "NCCL communicator was aborted", "Failed to connect to lighthouse", "lighthouse quorum failed",
+                    "Failed to send heartbeat to lighthouse")
 
 
 def _peer_lost(record: logging.LogRecord) -> bool:
