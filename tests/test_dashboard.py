@@ -43,6 +43,8 @@ def _get(head, path: str, token: str | None):
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode(errors="replace")
+    except TimeoutError as e:  # a busy 2-core machine (the SLURM tests beside this): the caller's deadline decides
+        return None, f"no answer in 20 s ({e})"
 
 
 @pytest.fixture(scope="module")
