@@ -1,6 +1,7 @@
 """The heal strategy (torchft through Ray Train): a SIGKILLed worker is replaced while the other keeps training, the
-replacement takes the state from its peer, and the run completes its whole step budget without a checkpoint restart.
-Its books (`HealBook`) and the loop's collectives over a sum-only group are checked on their own."""
+replacement takes the state from its peer, and the run completes its whole step budget without a checkpoint restart;
+an elastic heal run that loses a node starts again on the workers that fit. Its books (`HealBook`), the restart
+policy and the loop's collectives over a sum-only group are checked on their own."""
 
 from __future__ import annotations
 
