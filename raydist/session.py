@@ -93,7 +93,8 @@ def start_local(num_cpus: int, logging_level: int = logging.INFO, notice=None) -
               f"only, removed when the job ends)", file=notice or sys.stdout, flush=True)
 
 
-QUIET_WARNINGS = "ignore:`ExecutionOptions.exclude_resources` is deprecated"
+DEPRECATION_SKIPPED = "`ExecutionOptions.exclude_resources` is deprecated"
+QUIET_WARNINGS = f"ignore:{DEPRECATION_SKIPPED}"
 """Ray Train's controller trips over Ray Data's own deprecation at every start once state tracking is on: two lines
 of Ray's business on the user's console. The embedded instance's processes skip that one warning."""
 

@@ -34,10 +34,6 @@ class QuietShutdown:
             pass
 
 
-# Ray Data's deprecation that Ray Train's controller trips over (raydist.session.QUIET_WARNINGS skips it locally)
-DEPRECATION_SKIPPED = "`ExecutionOptions.exclude_resources` is deprecated"
-
-
 class QuietController:
     """Ray Train's controller logs a worker group it could not place or replace with a traceback on the user's
     console; raydist's driver says in one line what happens next (`quiet_controller_logs`). And at its start it
@@ -50,6 +46,7 @@ class QuietController:
 
     def __setstate__(self, state: dict) -> None:
         from raydist.observability.console import quiet_controller_logs
+        from raydist.session import DEPRECATION_SKIPPED
 
         state.pop("_quiet_controller", None)
         self.__dict__.update(state)
