@@ -83,6 +83,10 @@ def start_local(num_cpus: int, logging_level: int = logging.INFO, notice=None) -
     # process's environment, so name our dashboard before it starts.
     dashboard_port = free_port("127.0.0.1")
     os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{dashboard_port}"
+    # Ray Train's PreemptionWatcher turns a node drain into get_preemption_info(); nothing drains the one node of
+    # an embedded instance (raydist never drains a head; its stop key covers a single node), so the watcher would
+    # only be one more Ray process to start on the path to the first step (Ray Train reads this at fit()).
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     # RUST_LOG: torchft's lighthouse (the heal strategy) logs every quorum at its default level.
     env = {"PYTHONWARNINGS": QUIET_WARNINGS, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=True,

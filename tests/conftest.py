@@ -1,5 +1,6 @@
 """Shared pytest set-up."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -22,3 +23,24 @@ def pytest_collection_modifyitems(config, items):
         names = getattr(item, "fixturenames", ())
         group = "slurm" if "slurm_cluster" in names else "compare" if "compared" in names else item.module.__name__
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.fixture(autouse=True)
+def _shared_ray(request):
+    if request.node.get_closest_marker("shared_ray") is None or os.environ.get("RAYDIST_TESTS_EMBEDDED") == "1":
+        yield
+        return
+    import jobutil
+    import sharedray
+
+    jobutil.SHARED_RAY.update(sharedray.job_env())
+    try:
+        yield
+    finally:
+        jobutil.SHARED_RAY.clear()
+
+
+def pytest_sessionfinish(session):
+    import sharedray
+
+    sharedray.stop()

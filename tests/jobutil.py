@@ -11,9 +11,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+SHARED_RAY: dict[str, str] = {}
+"""Set (by conftest) while a test marked `shared_ray` runs: what joins its jobs to the shared head (sharedray.py)."""
+
+
 def clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without anything that would point a job at somebody else's Ray."""
+    """This process's environment without anything that would point a job at somebody else's Ray; in a test marked
+    `shared_ray`, pointing it at the shared head instead."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(SHARED_RAY)
     env.update(extra)
     return env
 
@@ -57,6 +63,16 @@ def refusal(job: str, *args: str, timeout: float = 120, started: bool = False, c
     assert proc.returncode == code and quiet and len(lines) == 1, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
     assert lines[0].startswith("raydist: error:"), lines[0]
     return lines[0]
+
+
+def ray_root(job: subprocess.Popen) -> int:
+    """The process under which `job`'s Ray processes run: the job itself (its embedded instance), or the shared
+    head (a test marked `shared_ray`, which runs one job at a time on it)."""
+    if SHARED_RAY:
+        import sharedray
+
+        return sharedray.head().pid
+    return job.pid
 
 
 def processes_titled(root: int, prefix: str) -> list[int]:

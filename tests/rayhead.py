@@ -45,6 +45,8 @@ class Head:
     dashboard_url: str
     token_path: str
     temp_dir: str
+    pid: int = 0
+    """`ray start --block`'s: the head's Ray processes (raylet, workers) are its descendants."""
 
     def state(self) -> str:
         """The tails of this head's start log and dashboard log: what a test that could not reach it prints."""
@@ -113,7 +115,7 @@ def ray_head(num_cpus: int = 2, num_gpus: int | None = None, stop_wait_s: float 
     ]
     log = open(os.path.join(temp_dir, "ray_start.log"), "w")
     proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    head = Head(f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dash}", token_path, temp_dir)
+    head = Head(f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dash}", token_path, temp_dir, proc.pid)
     try:
         _wait_for_dashboard(head, proc, deadline=time.time() + 90)
         yield head

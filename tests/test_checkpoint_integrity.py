@@ -159,6 +159,7 @@ def test_a_writer_killed_at_random_moments_never_leaves_resume_a_partial_checkpo
 
 
 @pytest.mark.slow
+@pytest.mark.shared_ray
 def test_sync_run_resumes_from_the_previous_valid_checkpoint_when_the_latest_and_the_snapshot_are_torn(tmp_path):
     from jobutil import run_job, summary
 

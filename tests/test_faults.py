@@ -57,6 +57,7 @@ def test_gradient_norm_spread_only_warns_and_only_when_asked():
 
 
 @pytest.mark.slow
+@pytest.mark.shared_ray
 def test_a_perturbed_rank_is_named_within_n_steps_and_the_run_fails_without_a_checkpoint_past_it(tmp_path):
     """Sync DDP: rank 1 nudges one weight after step 3; the check every 2 steps names rank 1 at step 4, the job
     exits 1 with that one line, and the newest checkpoint is the good one from step 2."""
@@ -75,6 +76,7 @@ def test_a_perturbed_rank_is_named_within_n_steps_and_the_run_fails_without_a_ch
 
 
 @pytest.mark.slow
+@pytest.mark.shared_ray
 def test_restart_on_desync_resumes_from_the_last_checkpoint_and_completes(tmp_path):
     """Local SGD in its synchronous warm-up (replicas must agree every step): with on_desync=restart the workers
     restart from step 2's checkpoint, the perturbation is not repeated, and the run completes."""
@@ -90,10 +92,11 @@ def test_restart_on_desync_resumes_from_the_last_checkpoint_and_completes(tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.shared_ray
 def test_a_stopped_worker_fails_the_run_within_the_bound_naming_its_rank_and_node(tmp_path):
     """SIGSTOP one training worker mid-run: within faults.hang_timeout_s (plus Ray's teardown) the job exits 1
     with one line naming that worker's rank, node and pid, instead of hanging in the next all-reduce."""
-    from jobutil import processes_titled, start_job, wait_for_steps
+    from jobutil import processes_titled, ray_root, start_job, wait_for_steps
 
     proc = start_job("sync", f"run.storage_path={tmp_path}", "run.name=r", "train.max_steps=1000000",
                      "checkpoint.every_steps=100000", f"faults.hang_timeout_s={HANG_TIMEOUT_S}",
@@ -101,7 +104,7 @@ def test_a_stopped_worker_fails_the_run_within_the_bound_naming_its_rank_and_nod
     victim = None
     try:
         wait_for_steps(tmp_path / "r" / "metrics.jsonl", 20, proc)
-        workers = processes_titled(proc.pid, "ray::RayTrainWorker")
+        workers = processes_titled(ray_root(proc), "ray::RayTrainWorker")
         assert len(workers) == 2, workers
         victim = workers[-1]
         os.kill(victim, signal.SIGSTOP)
@@ -126,6 +129,7 @@ def test_a_stopped_worker_fails_the_run_within_the_bound_naming_its_rank_and_nod
 
 
 @pytest.mark.slow
+@pytest.mark.shared_ray
 def test_worker_sigkills_at_random_moments_cost_no_step_and_no_accuracy(tmp_path):
     """benchmarks/train_chaos.py, short: two SIGKILLs of random training workers; Ray Train restarts the group
     from the last checkpoint each time and the run completes every step with the undisturbed run's accuracy."""
@@ -139,4 +143,5 @@ def test_worker_sigkills_at_random_moments_cost_no_step_and_no_accuracy(tmp_path
     assert hit["status"] == "completed" and hit["steps"] == hit["total_steps"] == calm["total_steps"]
     assert abs(hit["test_accuracy"] - calm["test_accuracy"]) <= 0.01, (hit, calm)
     assert calm["restarts"] == 0 and hit["restarts"] == 2, (hit, calm)  # each kill: one restart from a checkpoint
-    assert not hit["traceback"], "a restart put a traceback on the console (one line says what happened)"
+    assert not hit["traceback"], \
+        f"a restart put a traceback on the console (one line says what happened):\n{hit.get('traceback_context')}"

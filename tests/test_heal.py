@@ -103,6 +103,7 @@ def test_without_torchft_heal_falls_back_to_sync(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.shared_ray
 def test_a_single_worker_heal_job_trains_as_sync_after_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "jobs/heal.py", "--set", "scaling.num_workers=1", "--set",
                            "train.max_steps=20", "--set", f"run.storage_path={tmp_path}"], cwd=REPO, env=clean_env(),
@@ -117,6 +118,7 @@ def test_a_single_worker_heal_job_trains_as_sync_after_one_line(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.shared_ray
 def test_a_killed_worker_is_replaced_while_the_other_trains_and_the_run_completes_without_a_restart(tmp_path):
     """benchmarks/heal_vs_restart.py, short: heal with one SIGKILL of a random worker."""
     from jobutil import load_benchmark

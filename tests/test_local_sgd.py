@@ -80,6 +80,7 @@ def test_bad_local_sgd_config_is_one_line_and_exit_2(override, names):
 
 
 @pytest.mark.slow
+@pytest.mark.shared_ray
 def test_stopped_local_sgd_run_resumes_with_identical_losses(tmp_path):
     """Stopped between two averagings (each rank's own model and optimizer in the checkpoint), resumed, it matches
     an uninterrupted run loss for loss; ring averaging makes every sync point exchange, dropout draws randoms.

@@ -40,6 +40,7 @@ def test_job_yamls_hold_only_what_differs_from_the_defaults():
 
 
 @pytest.mark.slow
+@pytest.mark.shared_ray
 def test_a_training_failure_is_one_line_and_exit_1(tmp_path):
     from jobutil import run_job
 

@@ -18,6 +18,7 @@ def test_only_the_named_worker_sleeps_in_proportion_to_its_own_step_time():
 
 
 @pytest.mark.slow
+@pytest.mark.shared_ray
 def test_a_3x_straggler_holds_sync_ddp_back_but_not_the_async_ps(tmp_path):
     # Read from what the runs did, not from their speed: on a machine shared with other tests, samples/s ratios
     # between runs measure the other tests (a side-by-side speed comparison is benchmarks/ and compare's job).

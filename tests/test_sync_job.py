@@ -58,6 +58,7 @@ def test_two_workers_reach_the_accuracy_threshold_on_digits(tmp_path):
     assert "local Ray" not in again.stdout + again.stderr and len(again.stdout.splitlines()) == 1, again
 
 
+@pytest.mark.shared_ray
 def test_stopped_run_resumes_at_the_next_step_with_identical_losses(tmp_path):
     common = [f"run.storage_path={tmp_path}", "train.epochs=2", "checkpoint.every_steps=10",
               "model.dropout=0.2",  # dropout draws random numbers: resuming must restore each rank's RNG

@@ -21,6 +21,7 @@ def job(name: str, storage, *overrides: str, timeout: float = 400) -> subprocess
 
 
 @pytest.mark.slow
+@pytest.mark.shared_ray
 def test_compare_trains_your_model_with_every_strategy(tmp_path):
     out = summary(job("compare", tmp_path, "compare.strategies=sync,local_sgd,async,fsdp,heal",
                       f"compare.output_dir={tmp_path / 'cmp'}", timeout=900))
@@ -38,6 +39,7 @@ def test_compare_trains_your_model_with_every_strategy(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["sync", "local_sgd", "async", "fsdp"])
+@pytest.mark.shared_ray
 def test_your_model_resumes_at_the_exact_step(tmp_path, strategy):
     stopped = summary(job(strategy, tmp_path, "train.stop_at_step=8"))
     assert stopped["status"] == "stopped" and stopped["run_name"] == f"{strategy}-tinygpt", stopped
@@ -63,6 +65,7 @@ TIMING = {"wall_s", "train_time_s", "samples_per_s", "steps_per_s", "startup_s",
 
 
 @pytest.mark.slow
+@pytest.mark.shared_ray
 def test_the_python_api_returns_what_the_job_script_returns(tmp_path):
     by_script = summary(job("local_sgd", tmp_path, "run.name=script"))
     proc = subprocess.run([sys.executable, "-c", API_RUN, str(tmp_path)], cwd=EXAMPLES, env=clean_env(),
@@ -114,6 +117,7 @@ def mse(output, target):
 
 
 @pytest.mark.slow
+@pytest.mark.shared_ray
 def test_a_regression_with_its_own_loss_trains_and_reports_no_accuracy(tmp_path):
     (tmp_path / "regress.py").write_text(REGRESSION)
     args = [sys.executable, "-m", "raydist.job", "sync", "--set", "model.factory=regress:make_model",

@@ -51,10 +51,12 @@ class _Backend(QuietController, PlainVersions, QuietShutdown, _TorchftBackend):
 
 
 class HealTorchftConfig(TorchftConfig):
-    def __init__(self, lighthouse_kwargs, rust_log: str = "warn", **kwargs):
+    def __init__(self, lighthouse_kwargs, rust_log: str = "off", **kwargs):
         super().__init__(lighthouse_kwargs, **kwargs)
         self.rust_log = rust_log
-        """The lighthouse's RUST_LOG: at torchft's default it logs every quorum (ten a second per replica)."""
+        """The lighthouse's RUST_LOG: at torchft's default it logs every quorum (ten a second per replica), and at
+        any level that shows errors, "failed to send quorum channel closed" for each replica that leaves (a killed
+        worker, a lost node), which raydist reports itself in one line."""
 
     @property
     def backend_cls(self):
@@ -67,7 +69,7 @@ def torchft_config(cfg: Config) -> TorchftConfig:
     (ray/train/v2/torch/torchft_config.py). min_replicas=1: one survivor may go on alone; a dead replica leaves
     the quorum heal.heartbeat_timeout_s after its last heartbeat (torchft's default: 5 s)."""
     lighthouse = {"min_replicas": 1, "heartbeat_timeout_ms": max(1, round(cfg.heal.heartbeat_timeout_s * 1000))}
-    return HealTorchftConfig(lighthouse_kwargs=lighthouse, rust_log="info" if cfg.run.verbose else "warn",
+    return HealTorchftConfig(lighthouse_kwargs=lighthouse, rust_log="info" if cfg.run.verbose else "off",
                              backend=cfg.scaling.resolved_backend,
                              timeout_s=max(1, round(cfg.faults.collective_timeout_s)))
 

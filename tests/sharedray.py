@@ -1,0 +1,40 @@
+"""One Ray head per pytest process, shared by the tests marked `shared_ray`: their jobs join it as a user's job
+joins a running cluster, instead of each starting (and stopping) an embedded instance of its own.
+
+The suite is CPU-bound on 2 cores, and an embedded instance's own processes (GCS, raylet, the dashboard and its
+modules, agents) are about a third of a short job's CPU time. Tests of what only the embedded instance does (its
+token, `make run`) and tests that signal a job's Ray processes (found among the job's descendants) are not marked
+and keep their own instance.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from rayhead import Head, ray_head
+
+_stack: contextlib.ExitStack | None = None
+_head: Head | None = None
+CPUS = 8
+"""Logical CPUs: room for every marked test's job (an embedded instance declares what its job needs)."""
+
+
+def head() -> Head:
+    global _stack, _head
+    if _head is None:
+        _stack = contextlib.ExitStack()
+        _head = _stack.enter_context(ray_head(num_cpus=CPUS))
+    return _head
+
+
+def job_env() -> dict[str, str]:
+    """What a job's environment adds to join the shared head (its token, as `raydist env` prints it)."""
+    h = head()
+    return {"RAY_ADDRESS": h.gcs_address, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": h.token_path}
+
+
+def stop() -> None:
+    global _stack, _head
+    if _stack is not None:
+        _stack.close()
+    _stack = _head = None
