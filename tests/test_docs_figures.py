@@ -51,6 +51,13 @@ def test_the_suite_time_readme_and_testing_md_quote_is_the_stored_run():
         assert line in doc.read_text(), f"{doc.name} is stale: paste `benchmarks/suite_time.py --report`"
 
 
+def test_the_shared_head_lines_are_the_stored_rounds():
+    stored = json.loads((DATA / "shared_head.json").read_text())
+    assert load_benchmark("shared_head").report(stored) in _doc("testing.md"), \
+        "docs/testing.md's shared-head lines are stale: paste `benchmarks/shared_head.py --report`"
+    assert len(stored["rounds"]) >= 3 and stored["machine"]["cpus"] and stored["commit"]
+
+
 def test_the_sync_against_torchrun_tables_and_readmes_make_run_figure_are_the_stored_rounds():
     bench = load_benchmark("sync_vs_torchrun")
     stored = json.loads((DATA / "sync_vs_torchrun.json").read_text())

@@ -187,6 +187,7 @@ def test_an_elastic_heal_run_that_loses_a_node_continues_on_the_workers_that_fit
     at = out.find("Traceback")
     assert at < 0, out[max(0, at - 1500):at + 3500]
     assert "torchft::lighthouse" not in out, out[-5000:]
+    assert (run_dir / "lighthouse.log").exists()  # where torchft's log went instead
 
 
 def test_an_elastic_in_place_run_that_lost_a_node_starts_again_within_its_failure_budget():

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import socket
 
+import ray
 from ray.train.v2._internal.execution.worker_group import ReplicaGroup
-from ray.train.v2.torch.torchft_config import LighthouseServerActor, TorchftConfig, _TorchftBackend
+from ray.train.v2.torch.torchft_config import TorchftConfig, _TorchftBackend
 
 from raydist.config import Config
 from raydist.train.backend import PlainVersions, QuietController, QuietShutdown
+
+
+LIGHTHOUSE_LOG = "lighthouse.log"
 
 
 class ReplicaNodeLost(RuntimeError):
@@ -34,29 +39,55 @@ class _Backend(QuietController, PlainVersions, QuietShutdown, _TorchftBackend):
         Ray's asks for one, and where the workers hold every CPU of the controller's node (or it has none, as a
         head started with --num-cpus=0) it never starts. Its address has this node's Ray address, not its host
         name (torchft's `address()`): on a SLURM node that is the interface raydist chose, and another node need
-        not resolve the name. It logs at heal's RUST_LOG (on a cluster, the job's environment has none)."""
-        import ray
+        not resolve the name. Its log goes to the backend config's `log_path` (see `Lighthouse`)."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         if self.lighthouse_actor is None:
             here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
             kwargs = {"bind": "[::]:0"} | backend_config.lighthouse_kwargs
-            quiet = {"env_vars": {"RUST_LOG": backend_config.rust_log}}
-            self.lighthouse_actor = LighthouseServerActor.options(
-                num_cpus=0, scheduling_strategy=here, runtime_env=quiet).remote(lighthouse_kwargs=kwargs)
+            level = {"env_vars": {"RUST_LOG": backend_config.rust_log}}
+            self.lighthouse_actor = LighthouseActor.options(
+                num_cpus=0, scheduling_strategy=here, runtime_env=level,
+            ).remote(lighthouse_kwargs=kwargs, log_path=backend_config.log_path)
         address = ray.get(self.lighthouse_actor.address.remote())  # read again: the actor may have restarted
         scheme, _, rest = address.rpartition("//")
         port = rest.rsplit(":", 1)[1]
         return f"{scheme}//{_bracketed(ray.util.get_node_ip_address())}:{port}"
 
 
+class Lighthouse:
+    """Ray's LighthouseServerActor (torchft's quorum server), with torchft's log in a file of its own. torchft logs
+    to the process's stderr, which Ray copies to the driver's console: at its default level every quorum (ten a
+    second per replica), and at every level the error "failed to send quorum channel closed" for each replica that
+    leaves (a killed worker, a lost node), which raydist reports itself in one line. torchft knows no level "off"."""
+
+    def __init__(self, lighthouse_kwargs: dict, log_path: str | None = None):
+        if log_path:  # before torchft sets up its logging, on import
+            try:
+                fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            except OSError:  # a run directory this node cannot write: the log stays Ray's
+                fd = None
+            if fd is not None:
+                os.dup2(fd, 2)
+                os.close(fd)
+        from torchft.coordination import LighthouseServer
+
+        self.lighthouse = LighthouseServer(**lighthouse_kwargs)
+
+    def address(self) -> str:
+        return self.lighthouse.address()
+
+
+LighthouseActor = ray.remote(Lighthouse)
+
+
 class HealTorchftConfig(TorchftConfig):
-    def __init__(self, lighthouse_kwargs, rust_log: str = "off", **kwargs):
+    def __init__(self, lighthouse_kwargs, rust_log: str = "warn", log_path: str | None = None, **kwargs):
         super().__init__(lighthouse_kwargs, **kwargs)
         self.rust_log = rust_log
-        """The lighthouse's RUST_LOG: at torchft's default it logs every quorum (ten a second per replica), and at
-        any level that shows errors, "failed to send quorum channel closed" for each replica that leaves (a killed
-        worker, a lost node), which raydist reports itself in one line."""
+        """The lighthouse's RUST_LOG (torchft reads error, warn, info, debug or trace)."""
+        self.log_path = log_path
+        """Where the lighthouse's log goes (the run directory's lighthouse.log); None: to Ray, and so the console."""
 
     @property
     def backend_cls(self):
@@ -69,7 +100,10 @@ def torchft_config(cfg: Config) -> TorchftConfig:
     (ray/train/v2/torch/torchft_config.py). min_replicas=1: one survivor may go on alone; a dead replica leaves
     the quorum heal.heartbeat_timeout_s after its last heartbeat (torchft's default: 5 s)."""
     lighthouse = {"min_replicas": 1, "heartbeat_timeout_ms": max(1, round(cfg.heal.heartbeat_timeout_s * 1000))}
-    return HealTorchftConfig(lighthouse_kwargs=lighthouse, rust_log="info" if cfg.run.verbose else "off",
+    # run.verbose: its log on the console, every quorum included; else warnings and errors in the run directory
+    verbose = cfg.run.verbose
+    return HealTorchftConfig(lighthouse_kwargs=lighthouse, rust_log="info" if verbose else "warn",
+                             log_path=None if verbose else os.path.join(cfg.run.run_dir, LIGHTHOUSE_LOG),
                              backend=cfg.scaling.resolved_backend,
                              timeout_s=max(1, round(cfg.faults.collective_timeout_s)))
 

@@ -1,0 +1,92 @@
+"""What a short job costs on its own embedded Ray instance against the same job on a running Ray head: the reason
+the tests marked `shared_ray` share one head (docs/testing.md).
+
+    .venv/bin/python benchmarks/shared_head.py --rounds 3 --out docs/data/shared_head.json
+    .venv/bin/python benchmarks/shared_head.py --report docs/data/shared_head.json   # docs/testing.md's line
+
+Starts one head (tests/rayhead.py: `ray start --head`, token auth, loopback) and then, per round, runs
+`jobs/sync.py` for one epoch once on the head and once on an embedded instance of its own, alternating which goes
+first. Per run: the command's wall time and the CPU time the whole machine spent meanwhile (/proc/stat: every
+process, Ray's daemons included, which a per-process count would miss as they come and go). Run it on an otherwise
+idle machine: the CPU count is the machine's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "benchmarks"))
+import stored as stored_file  # noqa: E402
+from jobutil import clean_env  # noqa: E402
+from rayhead import ray_head  # noqa: E402
+from stored import spread  # noqa: E402
+
+JOB = ["--set", "train.epochs=1", "--set", "run.tensorboard=false"]
+
+
+def busy_cpu_s() -> float:
+    """Seconds of CPU the machine has spent, all cores, idle and I/O wait excluded."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / 100
+
+
+def one_run(storage: str, name: str, env: dict[str, str]) -> dict:
+    cpu, t = busy_cpu_s(), time.perf_counter()
+    proc = subprocess.run([sys.executable, "jobs/sync.py", "--set", f"run.storage_path={storage}", "--set",
+                           f"run.name={name}", *JOB], cwd=REPO, env=env, capture_output=True, text=True)
+    wall, cpu = time.perf_counter() - t, busy_cpu_s() - cpu
+    if proc.returncode != 0:
+        raise SystemExit(f"{name}: exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
+    summary = json.loads((Path(storage) / name / "summary.json").read_text())
+    return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "first_step_s": summary["startup_s"]["first_step"]}
+
+
+def report(stored: dict) -> str:
+    runs = stored["rounds"]
+    lines = []
+    for where in ("embedded", "head"):
+        lines.append(f"{where}: whole command {spread([r[where]['wall_s'] for r in runs])} s, machine CPU "
+                     f"{spread([r[where]['cpu_s'] for r in runs])} s, first step {spread([r[where]['first_step_s'] for r in runs])} s")
+    ratio = [r["head"]["cpu_s"] / r["embedded"]["cpu_s"] for r in runs]
+    wall = [r["head"]["wall_s"] / r["embedded"]["wall_s"] for r in runs]
+    lines.append(f"on the head, per round: {spread(ratio, 2)} of the CPU time, {spread(wall, 2)} of the wall time "
+                 f"({len(runs)} rounds, {stored['machine'].get('cpus', '?')} CPUs, {stored['date']}, "
+                 f"commit {stored['commit'][:7]})")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    stored_file.add_options(ap, "docs/data/shared_head.json")
+    args = ap.parse_args()
+    if stored_file.print_report(args.report, report):
+        return
+    stamped = stored_file.stamp()
+    with ray_head(num_cpus=8) as head:
+        on_head = clean_env(RAY_ADDRESS=head.gcs_address, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=head.token_path)
+
+        def one_round(storage: str, i: int) -> dict:
+            order = [("head", on_head), ("embedded", clean_env())]
+            done = {where: one_run(storage, f"{where}{i}", env) for where, env in order[::1 if i % 2 else -1]}
+            print(json.dumps({"round": i, **done}), flush=True)
+            return done
+
+        # The head's first job starts its detached actors (Ray Train's state actor, the autoscaling coordinator),
+        # which later jobs reuse: not counted, as only the first of a test session's jobs pays it.
+        one_run(str(Path(head.temp_dir) / "warm"), "warm", on_head)
+        runs = stored_file.rounds(args.rounds, "rd-shared-head-", one_round)
+    stored = {"job": JOB, "rounds": runs}
+    print(report({**stored, **stamped}), end="")
+    stored_file.save(args.out, stored, stamped)
+
+
+if __name__ == "__main__":
+    main()
