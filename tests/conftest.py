@@ -40,7 +40,10 @@ def _shared_ray(request):
         jobutil.SHARED_RAY.clear()
 
 
-def pytest_sessionfinish(session):
-    import sharedray
+def pytest_runtest_teardown(item, nextitem):
+    """The shared head lives while its module's tests run: an idle head still takes CPU (its dashboard, agents and
+    GCS), which the tests beside it, on 2 cores, would pay for the rest of the session."""
+    if nextitem is None or nextitem.module is not item.module:
+        import sharedray
 
-    sharedray.stop()
+        sharedray.stop()

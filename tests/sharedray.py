@@ -1,5 +1,6 @@
-"""One Ray head per pytest process, shared by the tests marked `shared_ray`: their jobs join it as a user's job
-joins a running cluster, instead of each starting (and stopping) an embedded instance of its own.
+"""One Ray head per test module, shared by its tests marked `shared_ray`: their jobs join it as a user's job joins a
+running cluster, instead of each starting (and stopping) an embedded instance of its own. Started at the first
+such test, stopped after the module's last test (conftest.py).
 
 The suite is CPU-bound on 2 cores, and an embedded instance's own processes (GCS, raylet, the dashboard and its
 modules, agents) are about a third of a short job's CPU time. Tests of what only the embedded instance does (its
