@@ -3,9 +3,9 @@ running cluster, instead of each starting (and stopping) an embedded instance of
 such test, stopped after the module's last test (conftest.py).
 
 The suite is CPU-bound on 2 cores, and an embedded instance's own processes (GCS, raylet, the dashboard and its
-modules, agents) are about a third of a short job's CPU time. Tests of what only the embedded instance does (its
-token, `make run`) and tests that signal a job's Ray processes (found among the job's descendants) are not marked
-and keep their own instance.
+modules, agents) are a large part of a short job's CPU time (benchmarks/shared_head.py). Not marked, and so on an
+instance of their own: what only the embedded instance does (its token, `make run`), tests that run two jobs at
+once (the Ray processes a test signals are found under the head: `jobutil.ray_root`) and `raydist launch`.
 """
 
 from __future__ import annotations
