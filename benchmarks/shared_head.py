@@ -71,7 +71,7 @@ def main() -> None:
         return
     stamped = stored_file.stamp()
     with ray_head(num_cpus=8) as head:
-        on_head = clean_env(RAY_ADDRESS=head.gcs_address, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=head.token_path)
+        on_head = clean_env(**head.job_env())
 
         def one_round(storage: str, i: int) -> dict:
             order = [("head", on_head), ("embedded", clean_env())]

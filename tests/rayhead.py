@@ -57,6 +57,10 @@ class Head:
             out.append(f"--- {log}:\n{text}")
         return "\n".join(out)
 
+    def job_env(self) -> dict[str, str]:
+        """What a job's environment adds to join this head (its address and token, as `raydist env` prints them)."""
+        return {"RAY_ADDRESS": self.gcs_address, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": self.token_path}
+
     def client_env(self, with_token: bool = True) -> dict[str, str]:
         """The environment of a `ray job submit` client: with the token, or without any auth settings."""
         env = clean_env(PATH=f"{VENV_BIN}:{os.environ['PATH']}")

@@ -29,9 +29,7 @@ def head() -> Head:
 
 
 def job_env() -> dict[str, str]:
-    """What a job's environment adds to join the shared head (its token, as `raydist env` prints it)."""
-    h = head()
-    return {"RAY_ADDRESS": h.gcs_address, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": h.token_path}
+    return head().job_env()
 
 
 def stop() -> None:
