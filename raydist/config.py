@@ -117,6 +117,12 @@ class ScalingConfig(WorkerRange):
         "workers when nodes are lost and grows back to MAX when they return (sync, local_sgd)",
         parse=worker_count, shown="N or MIN-MAX")
     use_gpu: bool = opt(False, "one GPU per worker")
+    engine: Literal["ray_train", "launch"] = opt(
+        "ray_train", "what starts and watches the workers: ray_train, Ray Train's TorchTrainer (a controller, its "
+        "helper actors and one actor per worker); launch, one plain process per worker started by raydist launch's "
+        "agents, as torchrun would (docs/launch.md: the whole group restarts from the newest checkpoint after a "
+        "failure, a hang is named with every rank's stack, the stop signal at the time limit), with fewer "
+        "processes to start before the first step (docs/benchmarks.md). launch runs sync, local_sgd and fsdp")
     backend: Literal["auto", "nccl", "gloo"] = opt("auto", "torch.distributed backend; auto: nccl with GPUs, gloo without")
     cpus_per_worker: float = opt(1.0, "Ray CPUs reserved per worker", gt=0)
     max_failures: int = opt(

@@ -1,4 +1,5 @@
-"""Where a worker runs: under Ray Train (the product) or plain torchrun (the benchmark baseline), behind one interface."""
+"""Where a worker runs: under Ray Train, as a process of `raydist launch` (scaling.engine), or plain torchrun (the
+benchmark baseline), behind one interface."""
 
 from __future__ import annotations
 
@@ -142,6 +143,81 @@ class TorchrunContext:
 
     def stop_request(self) -> str | None:
         return None
+
+
+class LaunchedContext:
+    """A rank started by `raydist launch`'s agents (scaling.engine=launch): torch.distributed from the torchrun-style
+    environment the launcher gives every rank; checkpoints published in the run directory by rank 0, the newest
+    `checkpoint.keep` kept; the launcher's stop signal (the SLURM time limit, a drained node, an interrupt) becomes
+    this rank's stop request, which rank 0's poll turns into a checkpoint and a stop for every rank."""
+
+    def __init__(self, cfg: Any, fit_id: str, stop_signal: str = "SIGTERM"):
+        import datetime
+        import signal
+
+        self.cfg, self.run_dir, self.fit_id = cfg, cfg.run.run_dir, fit_id
+        self._stop_why: str | None = None
+        signal.signal(signal.Signals[stop_signal], self._note_stop)
+        if cfg.scaling.use_gpu:
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(self.device)
+        else:
+            self.device = torch.device("cpu")
+        dist.init_process_group(cfg.scaling.resolved_backend,
+                                timeout=datetime.timedelta(seconds=cfg.faults.collective_timeout_s))
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+
+    def _note_stop(self, signum: int, _frame: Any) -> None:
+        import signal
+
+        self._stop_why = f"raydist launch sent {signal.Signals(signum).name} (a time limit, a drained node, a stop)"
+
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None, step: int, on_storage: bool = False) -> None:
+        from raydist import hook
+
+        hook.report(step=step, loss=metrics.get("loss"))  # raydist top, and progress for the launcher's hang check
+        if checkpoint_dir is not None:
+            self._publish(metrics, checkpoint_dir, step, on_storage)
+        dist.barrier()  # as Ray Train's report: no rank runs ahead of a checkpoint being published
+
+    def _publish(self, metrics: dict[str, Any], checkpoint_dir: str, step: int, on_storage: bool) -> None:
+        import json
+
+        from raydist.atomic import write_json_atomic
+        from raydist.checkpoint import checkpoint_dirs, publish_dir
+
+        name = f"checkpoint_step{step:08d}"
+        staging = checkpoint_dir
+        if not on_storage:  # a temp directory, maybe on another filesystem: onto the run's storage first
+            staging = os.path.join(self.run_dir, f".staging-{name}")
+            shutil.rmtree(staging, ignore_errors=True)
+            shutil.move(checkpoint_dir, staging)
+        # The report's metrics travel with the checkpoint (as Ray Train keeps them): a run resumed at its very end
+        # takes no step, and its summary comes from here.
+        write_json_atomic(os.path.join(staging, REPORT_FILE), json.loads(json.dumps(metrics, default=str)))
+        publish_dir(staging, os.path.join(self.run_dir, name))
+        for _, old in checkpoint_dirs(self.run_dir)[self.cfg.checkpoint.keep:]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def latest_checkpoint(self) -> Iterator[str | None]:
+        from raydist.checkpoint import STATE_FILE, resume_choice, skipped_line
+
+        found, skipped = resume_choice(None, self.run_dir, STATE_FILE)
+        if skipped and self.rank == 0:
+            print(skipped_line(skipped, found), flush=True)
+        yield found
+
+    def preemption(self) -> str | None:
+        return None  # the launcher watches for drains and sends the stop signal: stop_request has it
+
+    def stop_request(self) -> str | None:
+        return self._stop_why
+
+
+REPORT_FILE = "report.json"
+"""The metrics rank 0 reported with a checkpoint, in its directory (scaling.engine=launch)."""
 
 
 def new_checkpoint_dir() -> str:

@@ -59,7 +59,7 @@ def run_job(job: str, cfg: Config, started: float | None = None) -> Any:
         prepare_ray_environment()
         session = Session(job=job, started=time.perf_counter() if started is None else started)
         spec = registry.get(job)
-        summary = spec.load("driver")(cfg, spec, session)
+        summary = spec.load_driver(cfg.scaling.engine)(cfg, spec, session)
         summary.write()
         finished.record(job, cfg)
     if os.environ.get(RESULT_ENV):  # batch mode reads the job's status there, a reported run's too

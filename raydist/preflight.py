@@ -165,10 +165,20 @@ def check_before_ray(job: str, cfg: Config, reach: bool = True) -> None:
     if not address:
         check_local_gpus(cfg)
     spec = registry.get(job)
+    check_engine(spec, cfg)
     if spec.check:
         spec.load("check")(cfg)
     if spec.worker:
         check_checkpoint_kind(spec, cfg.run.run_dir)
+
+
+def check_engine(spec: registry.StrategySpec, cfg: Config) -> None:
+    """scaling.engine=launch runs only the strategies whose workers need nothing but one process group."""
+    if cfg.scaling.engine != "launch" or spec.runs_as_processes or spec.name in registry.OTHER_JOBS:
+        return
+    fits = ", ".join(s.name for s in registry.STRATEGIES.values() if s.runs_as_processes)
+    raise UsageError(f"scaling.engine=launch runs {fits}; {spec.name} needs Ray Train or actors of its own: "
+                     f"use scaling.engine=ray_train")
 
 
 def check_ray_target(address: str, reach: bool = True) -> None:

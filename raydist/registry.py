@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 PACKAGE_DIR = Path(__file__).parent
+RAY_TRAIN_DRIVER = "raydist.raytrain:fit_on_ray_train"
+LAUNCH_DRIVER = "raydist.launcher.jobs:fit_as_processes"
+"""The driver of every loop strategy under `scaling.engine=launch` (one plain process per worker)."""
 
 
 @dataclass(frozen=True)
@@ -26,7 +29,7 @@ class StrategySpec:
     """One line for `--help` and the docs."""
     worker: str = ""
     """"module:Class" of a `raydist.train.Strategy` run by the shared loop on Ray Train workers; '' when `driver` does it all."""
-    driver: str = "raydist.raytrain:fit_on_ray_train"
+    driver: str = RAY_TRAIN_DRIVER
     """"module:function" taking (cfg, spec, session) and returning a `JobSummary`."""
     check: str = "raydist.preflight:check_loop"
     """"module:function" taking (cfg): what only this job can check before Ray starts (raises a UsageError,
@@ -58,12 +61,30 @@ class StrategySpec:
     (its tuned optimizer, say); '' when none differ."""
 
     @property
+    def runs_as_processes(self) -> bool:
+        """Whether `scaling.engine=launch` can run it: a loop strategy on the shared driver whose workers need one
+        plain process group (no backend of their own, such as heal's replica groups, and no actors of its own)."""
+        return bool(self.worker) and not self.torch_config and self.driver == RAY_TRAIN_DRIVER
+
+    def driver_for(self, engine: str) -> str:
+        """The "module:function" that runs it with `scaling.engine`: its own driver, or the launch engine's."""
+        return LAUNCH_DRIVER if engine == "launch" and self.runs_as_processes else self.driver
+
+    @property
     def defaults(self) -> Path | None:
         return PACKAGE_DIR / self.defaults_file if self.defaults_file else None
 
     def load(self, what: str) -> Any:
-        module, _, attribute = getattr(self, what).partition(":")
-        return getattr(importlib.import_module(module), attribute)
+        return load_path(getattr(self, what))
+
+    def load_driver(self, engine: str) -> Any:
+        return load_path(self.driver_for(engine))
+
+
+def load_path(path: str) -> Any:
+    """The object a "module:attribute" path names."""
+    module, _, attribute = path.partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 STRATEGIES: dict[str, StrategySpec] = {

@@ -85,8 +85,11 @@ class LaunchRun:
     """One `raydist launch`: runs the group until it completes, fails, or is stopped; returns its summary."""
 
     def __init__(self, cfg: LaunchConfig, command: list[str], cwd: str, started: float,
-                 connect: Callable[[LaunchConfig], str]):
+                 connect: Callable[[LaunchConfig], str], *, label: str = "launch", hand_over: bool = True):
+        """`label`: the run's strategy in the dashboard's run list; `hand_over`: write summary.json and
+        $RAYDIST_RESULT_FILE (a job on the launch engine writes its own summary instead)."""
         self.cfg, self.command, self.cwd, self.started, self.connect = cfg, command, cwd, started, connect
+        self.label, self.hand_over = label, hand_over
         self.restarts = 0
         self.failures: list[str] = []
         self.interrupts = Interrupts()
@@ -151,7 +154,7 @@ class LaunchRun:
 
         c = self.cfg
         return TrainView(RunDescription(
-            name=c.name, strategy="launch", num_workers=c.max_workers, cpus_per_worker=c.cpus_per_worker,
+            name=c.name, strategy=self.label, num_workers=c.max_workers, cpus_per_worker=c.cpus_per_worker,
             use_gpu=c.use_gpu, max_failures=c.max_restarts, storage_dir=c.storage_dir,
             config={"command": self.command, **to_dict(c)}, backend={"command": " ".join(self.command)}))
 
@@ -316,9 +319,10 @@ class LaunchRun:
             self.view.end(error=RaydistError(decision.reason))
         else:
             self.view.end(stop_reason=decision.reason if status == "stopped" else None)
-        summary.write()
-        if os.environ.get(RESULT_ENV):
-            write_json_atomic(Path(os.environ[RESULT_ENV]), summary.to_dict())
+        if self.hand_over:
+            summary.write()
+            if os.environ.get(RESULT_ENV):
+                write_json_atomic(Path(os.environ[RESULT_ENV]), summary.to_dict())
         return summary
 
     def _startup(self) -> dict[str, float]:
