@@ -53,7 +53,12 @@ def run(cmd: list[str], run_dir: Path | None) -> dict:
     return result
 
 
-def one_round(i: int, workers: int, overrides: list[str], tmp: str) -> dict:
+SIDES = ("ray", "launch", "torchrun")
+"""jobs/sync.py on Ray Train (scaling.engine=ray_train, `make run`'s), the same job on scaling.engine=launch, and the
+loop under torchrun."""
+
+
+def one_round(i: int, workers: int, overrides: list[str], tmp: str, sides: tuple[str, ...] = SIDES) -> dict:
     from train_startup_split import split
 
     py = sys.executable
@@ -61,37 +66,88 @@ def one_round(i: int, workers: int, overrides: list[str], tmp: str) -> dict:
     for o in overrides:
         common += ["--set", o]
     runs = {"ray": [py, "jobs/sync.py", *common, "--set", f"run.name=ray{i}"],
+            "launch": [py, "jobs/sync.py", *common, "--set", "scaling.engine=launch", "--set", f"run.name=launch{i}"],
             "torchrun": [py, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={workers}",
                          "benchmarks/torchrun_sync.py", *common, "--set", f"run.name=torchrun{i}"]}
     got = {}
-    # Alternate which goes first, so a drift in the machine's load does not favour one side.
-    for side in (("ray", "torchrun") if i % 2 == 0 else ("torchrun", "ray")):
+    # Rotate which goes first, so a drift in the machine's load does not favour one side.
+    for side in sides[i % len(sides):] + sides[:i % len(sides)]:
         got[side] = run(runs[side], Path(tmp) / f"{side}{i}")
         if side == "ray":
             got["train_split"] = {k: round(v, 2) for k, v in split(str(Path(SESSION).resolve())).items()}
     again = run(runs["ray"], None)
     ray, tr = got["ray"], got["torchrun"]
-    return {"round": i, "steps": ray["steps"],
-            "ray_first_step_s": ray["first_step_s"], "torchrun_first_step_s": tr["first_step_s"],
-            "ray_command_s": ray["command_s"], "torchrun_command_s": tr["command_s"],
-            "ray_loop_steps_per_s": ray["steps_per_s"], "torchrun_loop_steps_per_s": tr["steps_per_s"],
-            "ray_startup_s": ray.get("startup_s"), "ray_train_split_s": got["train_split"],
-            # the completed run's own summary again (its wall_s is the first run's), not a second training
-            "again_command_s": again["command_s"], "again_reported": again["wall_s"] == ray["wall_s"]}
+    row = {"round": i, "steps": ray["steps"],
+           "ray_first_step_s": ray["first_step_s"], "torchrun_first_step_s": tr["first_step_s"],
+           "ray_command_s": ray["command_s"], "torchrun_command_s": tr["command_s"],
+           "ray_loop_steps_per_s": ray["steps_per_s"], "torchrun_loop_steps_per_s": tr["steps_per_s"],
+           "ray_startup_s": ray.get("startup_s"), "ray_train_split_s": got["train_split"],
+           # the completed run's own summary again (its wall_s is the first run's), not a second training
+           "again_command_s": again["command_s"], "again_reported": again["wall_s"] == ray["wall_s"]}
+    if "launch" in got:
+        la = got["launch"]
+        row.update({"launch_first_step_s": la["first_step_s"], "launch_command_s": la["command_s"],
+                    "launch_loop_steps_per_s": la["steps_per_s"], "launch_startup_s": la.get("startup_s")})
+    return row
+
+
+def _ratio(rows: list[dict], a: str, b: str) -> float:
+    return round(statistics.median(r[a] / r[b] for r in rows), 2)
 
 
 def summarize(rows: list[dict]) -> dict:
-    def ratio(a: str, b: str) -> float:
-        return round(statistics.median(r[a] / r[b] for r in rows), 2)
-
-    return {"first_step_ratio": ratio("ray_first_step_s", "torchrun_first_step_s"),
-            "command_ratio": ratio("ray_command_s", "torchrun_command_s"),
-            "loop_ratio": ratio("ray_loop_steps_per_s", "torchrun_loop_steps_per_s")}
+    out = {"first_step_ratio": _ratio(rows, "ray_first_step_s", "torchrun_first_step_s"),
+           "command_ratio": _ratio(rows, "ray_command_s", "torchrun_command_s"),
+           "loop_ratio": _ratio(rows, "ray_loop_steps_per_s", "torchrun_loop_steps_per_s")}
+    if "launch_first_step_s" in rows[0]:
+        out.update({"launch_first_step_ratio": _ratio(rows, "launch_first_step_s", "torchrun_first_step_s"),
+                    "launch_command_ratio": _ratio(rows, "launch_command_s", "torchrun_command_s"),
+                    "launch_loop_ratio": _ratio(rows, "launch_loop_steps_per_s", "torchrun_loop_steps_per_s")})
+    return out
 
 
 def report(stored: dict) -> str:
-    """docs/benchmarks.md's two tables: the rounds side by side, then where Ray's seconds go (median, min-max)."""
+    """docs/benchmarks.md's tables: the rounds side by side, then where the seconds go (median, min-max)."""
     rows = stored["rounds"]
+    out = rounds_table(rows) if "launch_first_step_s" in rows[0] else old_rounds_table(rows)
+    loop = [r["ray_loop_steps_per_s"] / r["torchrun_loop_steps_per_s"] for r in rows]
+    out += ["", f"The training loop's own steps/s (set-up excluded), Ray Train over torchrun: {spread(loop, 2)}"
+            + (f"; launch over torchrun: {spread([r['launch_loop_steps_per_s'] / r['torchrun_loop_steps_per_s'] for r in rows], 2)}."
+               if "launch_first_step_s" in rows[0] else ".")]
+    launch = "launch_startup_s" in rows[0]
+    out += ["", "| seconds since the job's start, until | " + ("scaling.engine=ray_train | scaling.engine=launch |"
+                                                             if launch else "s, median (min-max) |"),
+            "|---|---|" + ("---|" if launch else "")]
+    for key in ("connect", "workers", "ready", "first_step"):
+        cells = [spread([r["ray_startup_s"][key] for r in rows])]
+        if launch:
+            cells.append(spread([r["launch_startup_s"][key] for r in rows]))
+        out.append(f"| `{key}` | " + " | ".join(cells) + " |")
+    out += ["", "| Ray Train's step, between `connect` and `workers` | s, median (min-max) |", "|---|---|"]
+    for key in rows[0]["ray_train_split_s"]:
+        out.append(f"| {key} | {spread([r['ray_train_split_s'][key] for r in rows])} |")
+    return "\n".join(out) + "\n"
+
+
+def rounds_table(rows: list[dict]) -> list[str]:
+    """Each round: the first step and the whole command of each side, and each engine's ratio to torchrun."""
+    out = ["| round | first step: ray_train | launch | torchrun | ratio: ray_train | launch | whole command: "
+           "ray_train | launch | torchrun | ratio: ray_train | launch | the completed run again |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        cells = []
+        for what in ("first_step_s", "command_s"):
+            ray, la, tr = r[f"ray_{what}"], r[f"launch_{what}"], r[f"torchrun_{what}"]
+            cells += [f"{ray:.1f} s", f"{la:.1f} s", f"{tr:.1f} s", f"{ray / tr:.2f}", f"{la / tr:.2f}"]
+        out.append(f"| {r['round'] + 1} | " + " | ".join(cells) + f" | {r['again_command_s']:.1f} s |")
+    s = summarize(rows)
+    out.append(f"| median | | | | {s['first_step_ratio']:.2f} | {s['launch_first_step_ratio']:.2f} | | | | "
+               f"{s['command_ratio']:.2f} | {s['launch_command_ratio']:.2f} | |")
+    return out
+
+
+def old_rounds_table(rows: list[dict]) -> list[str]:
+    """Rounds stored before the launch engine: Ray Train and torchrun only."""
     out = ["| round | first step: Ray | torchrun | ratio | whole command: Ray | torchrun | ratio | the completed "
            "run again |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -101,15 +157,7 @@ def report(stored: dict) -> str:
                    f"{r['again_command_s']:.1f} s |")
     s = summarize(rows)
     out.append(f"| median | | | {s['first_step_ratio']:.2f} | | | {s['command_ratio']:.2f} | |")
-    loop = [r["ray_loop_steps_per_s"] / r["torchrun_loop_steps_per_s"] for r in rows]
-    out += ["", f"The training loop's own steps/s (set-up excluded), Ray over torchrun: {spread(loop, 2)}."]
-    out += ["", "| seconds since the job's start, until | s, median (min-max) |", "|---|---|"]
-    for key in ("connect", "workers", "ready", "first_step"):
-        out.append(f"| `{key}` | {spread([r['ray_startup_s'][key] for r in rows])} |")
-    out += ["", "| Ray Train's step, between `connect` and `workers` | s, median (min-max) |", "|---|---|"]
-    for key in rows[0]["ray_train_split_s"]:
-        out.append(f"| {key} | {spread([r['ray_train_split_s'][key] for r in rows])} |")
-    return "\n".join(out) + "\n"
+    return out
 
 
 def make_run_line(stored: dict) -> str:
