@@ -51,6 +51,11 @@ def report(step: int | None = None, loss: float | None = None, **values: float) 
         pass
 
 
+def active() -> bool:
+    """Whether this process runs under `raydist launch` (its reports reach the launcher)."""
+    return bool(_path)
+
+
 def read(path: str) -> dict[str, float]:
     """The latest values a rank reported (the launcher's side); {} before its first report."""
     try:

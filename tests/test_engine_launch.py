@@ -4,14 +4,20 @@ the losses of an uninterrupted run, survives a killed rank, and refuses the stra
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
 import signal
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from jobutil import refusal, run_job, start_job, summary, wait_for_steps
+from jobutil import REPO, clean_env, refusal, run_job, summary, wait_for_steps
 from raydist.observability.metrics import read_steps
 
 pytestmark = pytest.mark.slow
@@ -19,27 +25,33 @@ pytestmark = pytest.mark.slow
 ENGINE = "scaling.engine=launch"
 
 
-def ranks_of(job_pid: int) -> list[int]:
-    """The job's rank processes (descendants of its embedded Ray running raydist.train.launched), by rank order of
-    start: only what this test started is ever signalled."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-    found, todo = [], [job_pid]
-    while todo:
-        pid = todo.pop()
-        todo += children.get(pid, [])
-        try:
-            if b"raydist.train.launched" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-        except OSError:
-            continue
-    return sorted(found)
+def rank_pid(run_dir: Path, rank: int, start: int) -> int:
+    """The pid of `rank`'s process in start `start`, from the header the launcher writes to its log."""
+    log = run_dir / "logs" / f"rank{rank}.log"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        m = re.search(rf"=== raydist launch: start {start}, rank {rank} on \S+ \(pid (\d+)\)",
+                      log.read_text() if log.exists() else "")
+        if m:
+            return int(m.group(1))
+        time.sleep(0.2)
+    raise AssertionError(f"no start {start} header in {log}")
+
+
+def top_workers(temp_dir: Path, run: str, job: subprocess.Popen, timeout: float = 90) -> list[dict]:
+    """`raydist top --once --json` on the job's embedded instance, once both workers show the loop's metrics."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = subprocess.run([sys.executable, "-m", "raydist.cli", "top", "--once", "--json", "--temp-dir",
+                            str(temp_dir / "ray")], cwd=REPO, env=clean_env(), capture_output=True, text=True,
+                           timeout=60)
+        runs = {x["run"]: x for x in json.loads(r.stdout)["runs"]} if r.returncode == 0 else {}
+        workers = runs.get(run, {}).get("processes", [])
+        if len(workers) == 2 and all("samples_per_s" in w and "comm_wait_share" in w for w in workers):
+            assert runs[run]["strategy"] == "sync", runs[run]
+            return workers
+        assert job.poll() is None and time.monotonic() < deadline, (r.stdout[-2000:], r.stderr[-2000:])
+        time.sleep(1)
 
 
 def test_sync_learns_and_a_stopped_run_resumes_with_identical_losses(tmp_path):
@@ -71,26 +83,36 @@ def test_sync_learns_and_a_stopped_run_resumes_with_identical_losses(tmp_path):
 
 
 def test_a_killed_rank_restarts_the_group_from_the_checkpoint_and_a_stop_signal_checkpoints(tmp_path):
+    temp = Path(tempfile.mkdtemp(prefix="re-", dir="/tmp"))  # short: Ray's socket paths live under it
     common = [f"run.storage_path={tmp_path}", ENGINE, "train.epochs=60", "checkpoint.every_steps=20",
               "run.name=chaos"]
-    job = start_job("sync", *common)
-    metrics = tmp_path / "chaos" / "metrics.jsonl"
-    wait_for_steps(metrics, 30, job)
-    victim = ranks_of(job.pid)[-1]
-    os.kill(victim, signal.SIGKILL)
-    time.sleep(1)
-    wait_for_steps(metrics, sum(1 for _ in metrics.open()) + 30, job)  # training again after the restart
-    job.send_signal(signal.SIGTERM)  # as Ctrl-C or a batch script's own stop: the ranks checkpoint and stop
-    out, err = job.communicate(timeout=180)
-    assert job.returncode == 0, err[-3000:]
-    assert f"(pid {victim}) was killed by signal 9" in err and "restarting every rank (1 of at most 3)" in err, err
-    result = summary(type("P", (), {"returncode": 0, "stdout": out, "stderr": err})())
+    job = subprocess.Popen([sys.executable, str(REPO / "jobs" / "sync.py"), *sum((["--set", o] for o in common), [])],
+                           cwd=REPO, env=clean_env(TMPDIR=str(temp)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        run_dir = tmp_path / "chaos"
+        wait_for_steps(run_dir / "metrics.jsonl", 30, job)
+        # `raydist top` shows every worker with the loop's own metrics, which its agent exports for it
+        for w in top_workers(temp, "chaos", job):
+            assert w["step"] >= 1 and w["samples_per_s"] > 0 and 0 <= w["comm_wait_share"] <= 1, w
+        victim = rank_pid(run_dir, 1, start=1)
+        os.kill(victim, signal.SIGKILL)
+        rank_pid(run_dir, 1, start=2)
+        wait_for_steps(run_dir / "metrics.jsonl", sum(1 for _ in (run_dir / "metrics.jsonl").open()) + 30, job)
+        job.send_signal(signal.SIGTERM)  # as Ctrl-C or a batch script's own stop: the ranks checkpoint and stop
+        out, err = job.communicate(timeout=180)
+    finally:
+        if job.poll() is None:
+            job.kill()
+        shutil.rmtree(temp, ignore_errors=True)
+    assert f"rank 1 on vm (pid {victim}) was killed by signal 9" in err.replace(os.uname().nodename, "vm"), err
+    assert "restarting every rank (1 of at most 3)" in err, err
+    result = summary(subprocess.CompletedProcess(job.args, job.returncode, out, err))
     assert result["status"] == "stopped" and result["restarts"] == 1, result
     assert result["stop_reason"].startswith("raydist launch sent SIGTERM"), result
     assert result["checkpoint"].endswith(f"checkpoint_step{result['steps']:08d}")
-    assert ranks_of(job.pid) == []
 
-    resumed = summary(run_job("sync", *common, "train.epochs=60", "train.stop_at_step=" + str(result["steps"] + 5)))
+    resumed = summary(run_job("sync", *common, f"train.stop_at_step={result['steps'] + 5}"))
     assert resumed["resumed_from_step"] == result["steps"] and resumed["steps"] == result["steps"] + 5
 
 

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from raydist.hook import STATUS_ENV, read
+from raydist.observability.ray_metrics import export_relayed
 
 MAX_BUFFERED_LINES = 20000  # between two polls (0.2 s); past it the oldest are lost to the console and the log
 STACK_DUMP_TIMEOUT_S = 20
@@ -77,8 +78,8 @@ def _descendants(pid: int) -> list[int]:
 class RankAgent:
     """Runs one rank's process and answers the driver's polls."""
 
-    def __init__(self, run: str, index: int):
-        self.run, self.index = run, index
+    def __init__(self, run: str, index: int, label: str = "launch"):
+        self.run, self.index, self.label = run, index, label  # label: the metrics' strategy tag
         self.proc: subprocess.Popen | None = None
         self.lines: collections.deque[str] = collections.deque(maxlen=MAX_BUFFERED_LINES)
         self.last_active = time.monotonic()
@@ -142,7 +143,7 @@ class RankAgent:
     def _exporter(self) -> None:
         from raydist.observability.ray_metrics import Exporter
 
-        self.exporter = Exporter(self.run, "launch", "worker", self.rank)
+        self.exporter = Exporter(self.run, self.label, "worker", self.rank, own_memory=False)
         self._cpu_mark: tuple[float, float] | None = None
 
     def poll(self) -> dict[str, Any]:
@@ -194,6 +195,7 @@ class RankAgent:
             self.exporter.observe(cpu_share=max(share, 0.0))
         if self._cpu_mark is None or now - self._cpu_mark[0] >= 1.0:
             self._cpu_mark = (now, polled["cpu_s"])
+        export_relayed(self.exporter, s)  # a rank of scaling.engine=launch hands over all of the loop's metrics
         self.exporter.observe(step=s.get("step"), loss=s.get("loss"), restarts=self.restarts,
                               rss_bytes=polled["rss_bytes"] or None)
         self.exporter.maybe_export()

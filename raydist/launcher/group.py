@@ -102,7 +102,7 @@ class Group:
         agents = [actor.options(
             num_cpus=self.cfg.cpus_per_worker, num_gpus=1 if self.cfg.use_gpu else 0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i // per_bundle),
-            **self.view.options("rank", i)).remote(self.cfg.name, i) for i in range(self.n)]
+            **self.view.options("rank", i)).remote(self.cfg.name, i, self.view.desc.strategy) for i in range(self.n)]
         where = ray.get([a.where.remote() for a in agents], timeout=self.cfg.start_timeout_s)
         # The address Ray's node uses (its interface, chosen at bring-up), not whatever the hostname resolves to.
         ips = {n["NodeID"]: "127.0.0.1" if self.loopback else n["NodeManagerAddress"] for n in ray.nodes()}

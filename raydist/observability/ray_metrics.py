@@ -89,14 +89,25 @@ def node_name() -> str:
 
 class Exporter:
     """The latest values of one process, handed to Ray at most every EXPORT_EVERY_S (a Gauge.set costs a few
-    microseconds; a step of a small model is a millisecond). Outside a Ray worker it does nothing."""
+    microseconds; a step of a small model is a millisecond). Outside a Ray worker it does nothing, unless under
+    `raydist launch` (then it relays)."""
 
     def __init__(self, run: str, strategy: str, role: str, rank: int, *, device: str = "cpu",
-                 every_s: float = EXPORT_EVERY_S, clock: Callable[[], float] = time.monotonic, enabled: bool | None = None):
+                 every_s: float = EXPORT_EVERY_S, clock: Callable[[], float] = time.monotonic, enabled: bool | None = None,
+                 own_memory: bool = True):
+        """`own_memory`: export this process's peak memory (not for a launched rank's agent: not its rank's)."""
+        self.own_memory = own_memory
+        self.relay = False
+        """A rank of `raydist launch` (scaling.engine=launch), not connected to Ray: the values go to its agent
+        through raydist.hook, and the agent exports them under the same names."""
         if enabled is None:
             import ray
 
+            from raydist import hook
+
             enabled = ray.is_initialized()
+            self.relay = not enabled and hook.active()
+            enabled = enabled or self.relay
         self.enabled = enabled
         self.tags = {"run": run, "strategy": strategy, "role": role, "rank": str(rank), "node": node_name()}
         self.device, self.every_s, self.clock = device, every_s, clock
@@ -133,8 +144,14 @@ class Exporter:
             return False
         self._last = now
         self._derive(now)
-        self.values["peak_memory_bytes"] = peak_memory_bytes(self.device)
+        if self.own_memory:
+            self.values["peak_memory_bytes"] = peak_memory_bytes(self.device)
         self.values["updated_unixtime"] = time.time()
+        if self.relay:
+            from raydist import hook
+
+            hook.report(**self.values, **{RELAYED_BYTES: self._bytes_total})
+            return True
         try:
             for name, value in self.values.items():
                 _instrument(BY_NAME[name]).set(value, tags=self.tags)
@@ -150,7 +167,7 @@ class Exporter:
         return True
 
     def _derive(self, now: float) -> None:
-        if self._bytes_total == 0 and self._wait_total == 0:  # no communication reported (a driver)
+        if self._wait_total == 0:  # no communication reported (a driver), or relayed with its share (an agent)
             pass
         elif self._wait_mark is not None and now > self._wait_mark[0]:
             share = (self._wait_total - self._wait_mark[1]) / (now - self._wait_mark[0])
@@ -161,6 +178,18 @@ class Exporter:
             for name, total in self._counts.items():
                 self.values[name] = (total - before.get(name, 0.0)) / (now - then)
         self._count_mark = (now, dict(self._counts))
+
+
+RELAYED_BYTES = "comm_bytes_so_far"
+"""The hook's key for a relaying rank's cumulative comm_bytes (the agent exports the counter's increments)."""
+
+
+def export_relayed(exporter: "Exporter", status: dict[str, float]) -> None:
+    """A launched rank's relayed values (its hook file), exported by its agent: every known metric, and the
+    comm_bytes counter's increment since the last time."""
+    exporter.observe(**{k: v for k, v in status.items() if k in BY_NAME and BY_NAME[k].kind == "gauge"})
+    if RELAYED_BYTES in status:
+        exporter._bytes_total = status[RELAYED_BYTES]
 
 
 def markdown_table() -> str:
