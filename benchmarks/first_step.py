@@ -7,6 +7,7 @@
 cluster/ray_up.slurm, which then stays up: the warm cluster.) Each round, in alternating order:
 
 - Ray: `ray job submit --working-dir . -- python jobs/sync.py` from master-node, 2 workers;
+- launch: the same with `--set scaling.engine=launch` (the workers as plain processes of raydist launch);
 - srun + torchrun: the hand-written way, a job step inside the same allocation (`srun --overlap`) on 2 hosts, each
   picking its interface in a `case` on its host name, `torchrun` with a static master address running the same
   loop (benchmarks/torchrun_sync.py).
@@ -40,17 +41,18 @@ def first_step(run_dir: Path, launched: float) -> float:
     return startup_records(str(run_dir / "metrics.jsonl"))[0]["first_step"] - launched
 
 
-def ray_round(cluster, job, storage: Path, name: str) -> dict:
+def ray_round(cluster, job, storage: Path, name: str, engine: str = "ray_train") -> dict:
     launched = time.time()
     r = cluster.run("master-node", ["ray", "job", "submit", "--working-dir", ".", "--", "python", "jobs/sync.py",
-                                    *JOB, "--set", f"run.storage_path={storage}", "--set", f"run.name={name}"],
+                                    *JOB, "--set", f"scaling.engine={engine}", "--set", f"run.storage_path={storage}",
+                                    "--set", f"run.name={name}"],
                     env=job.env(), timeout=600)
     if r.returncode != 0:
         raise SystemExit(f"ray job submit failed: {(r.stdout + r.stderr)[-3000:]}")
     took = first_step(storage / name, launched)
     # The driver's own split, from its process start: what came before it is `ray job submit`'s and the job's.
     up = json.loads((storage / name / "summary.json").read_text())["startup_s"]
-    print(f"  ray: submit to driver start {took - up['first_step']:.1f} s, then {up}", flush=True)
+    print(f"  {engine}: submit to driver start {took - up['first_step']:.1f} s, then {up}", flush=True)
     return {"first_step_s": round(took, 2), "to_driver_start_s": round(took - up["first_step"], 2), "startup_s": up}
 
 
@@ -82,34 +84,47 @@ def rounds(n: int) -> list[dict]:
         job = rayup.submit(cluster, rayup.write_config(cluster, "first-step"))
         job.wait_for("Ray cluster ready", timeout=180)
         storage = cluster.shared / "runs"
+        sides = {"ray": lambda name: ray_round(cluster, job, storage, name),
+                 "launch": lambda name: ray_round(cluster, job, storage, name, engine="launch"),
+                 "torchrun": lambda name: torchrun_round(cluster, job, storage, name)}
+        order = list(sides)
         for i in range(n):
             got = {"round": i}
-            for which in (("ray", "torchrun") if i % 2 == 0 else ("torchrun", "ray")):
-                got[which] = (ray_round if which == "ray" else torchrun_round)(cluster, job, storage, f"{which}{i}")
+            for which in order[i % 3:] + order[:i % 3]:  # rotated, so that a drift in load favours no side
+                got[which] = sides[which](f"{which}{i}")
             rows.append(got)
-            print(f"round {i + 1}: ray job submit {got['ray']['first_step_s']:.1f} s, srun + torchrun "
-                  f"{got['torchrun']['first_step_s']:.1f} s", flush=True)
+            print(f"round {i + 1}: ray job submit {got['ray']['first_step_s']:.1f} s, with scaling.engine=launch "
+                  f"{got['launch']['first_step_s']:.1f} s, srun + torchrun {got['torchrun']['first_step_s']:.1f} s",
+                  flush=True)
         cluster.run("master-node", ["scancel", str(job.job_id)])
         rayup.wait_no_leftovers(cluster, job.job_id)
     return rows
 
 
-def _ratio(r: dict) -> float:
-    return r["ray"]["first_step_s"] / r["torchrun"]["first_step_s"]
+def _ratio(r: dict, side: str = "ray") -> float:
+    return r[side]["first_step_s"] / r["torchrun"]["first_step_s"]
 
 
 def report(stored: dict) -> str:
-    """docs/benchmarks.md's table of the rounds, and the Ray side's split (median, min-max)."""
+    """docs/benchmarks.md's table of the rounds, and each Ray side's split (median, min-max)."""
     rows = stored["rounds"]
-    out = ["| round | `ray job submit` | `srun` + `torchrun` | ratio |", "|---|---|---|---|"]
-    out += [f"| {r['round'] + 1} | {r['ray']['first_step_s']:.1f} s | {r['torchrun']['first_step_s']:.1f} s | "
-            f"{_ratio(r):.2f} |" for r in rows]
-    out.append(f"| median | | | {statistics.median(_ratio(r) for r in rows):.2f} |")
-    up = [r["ray"]["startup_s"] for r in rows]
-    out += ["", "The Ray side, in seconds, median (min-max): `ray job submit` to the driver's process start "
-            f"{stored_file.spread([r['ray']['to_driver_start_s'] for r in rows])}; then from the driver's start, connected at "
-            f"{stored_file.spread([u['connect'] for u in up])}, the workers' function entered at {stored_file.spread([u['workers'] for u in up])}, "
-            f"the first step done at {stored_file.spread([u['first_step'] for u in up])}."]
+    sides = [s for s in ("ray", "launch") if s in rows[0]]
+    names = {"ray": "`ray job submit`", "launch": "`ray job submit`, scaling.engine=launch"}
+    out = ["| round | " + " | ".join(names[s] for s in sides) + " | `srun` + `torchrun` | "
+           + " | ".join(f"ratio{'' if s == 'ray' else ', launch'}" for s in sides) + " |",
+           "|---|" + "---|" * (2 * len(sides) + 1)]
+    for r in rows:
+        out.append(f"| {r['round'] + 1} | " + " | ".join(f"{r[s]['first_step_s']:.1f} s" for s in sides)
+                   + f" | {r['torchrun']['first_step_s']:.1f} s | " + " | ".join(f"{_ratio(r, s):.2f}" for s in sides)
+                   + " |")
+    out.append("| median | " + "| " * (len(sides) + 1) + " | ".join(
+        f"{statistics.median(_ratio(r, s) for r in rows):.2f}" for s in sides) + " |")
+    for s in sides:
+        up = [r[s]["startup_s"] for r in rows]
+        out += ["", f"The {names[s]} side, in seconds, median (min-max): `ray job submit` to the driver's process start "
+                f"{stored_file.spread([r[s]['to_driver_start_s'] for r in rows])}; then from the driver's start, connected at "
+                f"{stored_file.spread([u['connect'] for u in up])}, the workers' function entered at {stored_file.spread([u['workers'] for u in up])}, "
+                f"the first step done at {stored_file.spread([u['first_step'] for u in up])}."]
     return "\n".join(out) + "\n"
 
 
@@ -122,7 +137,8 @@ def main() -> int:
         return 0
     machine_and_commit = stored_file.stamp()
     rows = rounds(a.rounds)
-    print(json.dumps({"rounds": a.rounds, "ratio": round(statistics.median(_ratio(r) for r in rows), 2)}))
+    print(json.dumps({"rounds": a.rounds, "ratio": round(statistics.median(_ratio(r) for r in rows), 2),
+                      "launch_ratio": round(statistics.median(_ratio(r, "launch") for r in rows), 2)}))
     stored_file.save(a.out, {"rounds": rows}, machine_and_commit)
     return 0
 
