@@ -673,3 +673,15 @@ def test_a_stopped_step_stops_ray_cleans_up_and_exits_0(tmp_path, fake_ray, sigk
     if sigkilled:
         assert time.monotonic() - started >= 0.5  # half of timeouts.teardown
     assert not (tmp_path / "tmp" / f"raydist-{job}").exists()
+
+
+def test_ray_start_runs_once_more_only_after_rays_raylet_registration_timeout():
+    from raydist.slurm.bringup import start_again
+
+    timed_out = ("... Exception: The current node timed out during startup. This could happen because some of "
+                 "the raylet failed to startup or the GCS has become overloaded.")
+    assert start_again(1, timed_out, attempt=0, requested=False)
+    assert not start_again(1, timed_out, attempt=1, requested=False)  # once more, not for ever
+    assert not start_again(1, timed_out, attempt=0, requested=True)  # the job is ending: no new start
+    assert not start_again(1, "ValueError: port 6379 already in use", attempt=0, requested=False)
+    assert not start_again(0, timed_out, attempt=0, requested=False)

@@ -159,14 +159,20 @@ def run_node(cfg: ClusterConfig, alloc: Allocation, log=print) -> int:
     stop = _StopRequest()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, stop.on_signal)
-    with open(log_path, "ab") as out:
-        proc = stop.proc = subprocess.Popen(cmd, env=ray_environment(plan, node, choice.iface), stdout=out,
-                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    jd.write_record(node, state="started", pid=proc.pid, ip=choice.ip, iface=choice.iface, cpus=alloc.cpus,
-                    gpus=alloc.gpus, ports=[block.start, block.max_worker], head=is_head)
     # Both halves of the teardown budget must fit in SLURM's KillWait, after which everything gets SIGKILL.
     half = cfg.timeouts.teardown / 2
-    rc = _supervise(proc, stop, half)
+    for attempt in range(START_ATTEMPTS):
+        with open(log_path, "ab") as out:
+            proc = stop.proc = subprocess.Popen(cmd, env=ray_environment(plan, node, choice.iface), stdout=out,
+                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        jd.write_record(node, state="started", pid=proc.pid, ip=choice.ip, iface=choice.iface, cpus=alloc.cpus,
+                        gpus=alloc.gpus, ports=[block.start, block.max_worker], head=is_head)
+        rc = _supervise(proc, stop, half)
+        if not start_again(rc, _tail(log_path, 40), attempt, stop.requested):
+            break
+        found, _ = teardown.stop_leftovers(plan.job_id, node, half)  # the first try's half-started processes
+        log(f"{node}: ray start gave up waiting for its raylet to register (Ray's fixed 30 s; an overloaded "
+            f"node): starting it once more, after stopping {len(found)} leftover process(es)")
     if not stop.requested:
         _report_exit(jd, node, rc, log_path)
     summary = teardown.cleanup_node(plan.job_id, node, temp, half)
@@ -223,6 +229,17 @@ class _StopRequest:
         self.requested = True
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
+
+
+START_ATTEMPTS = 2
+RAYLET_TIMED_OUT = "The current node timed out during startup"
+"""What `ray start` logs when its raylet did not register within Ray 2.60's fixed 30 s (ray/_private/node.py)."""
+
+
+def start_again(rc: int, log_tail: str, attempt: int, requested: bool) -> bool:
+    """Whether `ray start` runs once more on this node: it ended on its own, on Ray's raylet registration timeout
+    (a node too loaded to start in 30 s; a second try usually finds it less so), and tries are left."""
+    return not requested and rc != 0 and attempt + 1 < START_ATTEMPTS and RAYLET_TIMED_OUT in log_tail
 
 
 def _supervise(proc: subprocess.Popen, stop: _StopRequest, grace: float) -> int:

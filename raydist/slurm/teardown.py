@@ -75,12 +75,17 @@ def remove_temp_dir(path: Path, job_id: int) -> bool:
 
 def cleanup_node(job_id: int, node: str, temp_dir: Path, grace: float) -> str:
     """Everything this job started on this node ends, and its temp dir goes; returns a one-line summary."""
-    leftovers = tagged_processes(job_tag(job_id, node))
-    killed = terminate(leftovers, grace) if leftovers else []
+    leftovers, killed = stop_leftovers(job_id, node, grace)
     removed = remove_temp_dir(temp_dir, job_id)
     return (f"{node}: stopped {len(leftovers)} leftover Ray process(es)"
             + (f" ({len(killed)} needed SIGKILL)" if killed else "")
             + (f", removed {temp_dir}" if removed else ""))
+
+
+def stop_leftovers(job_id: int, node: str, grace: float) -> tuple[list[int], list[int]]:
+    """Every process this job started on this node ends: (those found, those that needed SIGKILL)."""
+    leftovers = tagged_processes(job_tag(job_id, node))
+    return leftovers, (terminate(leftovers, grace) if leftovers else [])
 
 
 def running_steps(job_id: int) -> list[str]:
