@@ -8,6 +8,8 @@ cluster/ray_up.slurm, which then stays up: the warm cluster.) Each round, in alt
 
 - Ray: `ray job submit --working-dir . -- python jobs/sync.py` from master-node, 2 workers;
 - launch: the same with `--set scaling.engine=launch` (the workers as plain processes of raydist launch);
+- direct: `python jobs/sync.py --set scaling.engine=launch` on master-node after `eval "$(raydist env)"`, the
+  driver started by hand on the login node as `raydist launch` is (no `ray job submit`);
 - srun + torchrun: the hand-written way, a job step inside the same allocation (`srun --overlap`) on 2 hosts, each
   picking its interface in a `case` on its host name, `torchrun` with a static master address running the same
   loop (benchmarks/torchrun_sync.py).
@@ -41,12 +43,12 @@ def first_step(run_dir: Path, launched: float) -> float:
     return startup_records(str(run_dir / "metrics.jsonl"))[0]["first_step"] - launched
 
 
-def ray_round(cluster, job, storage: Path, name: str, engine: str = "ray_train") -> dict:
+def ray_round(cluster, job, storage: Path, name: str, engine: str = "ray_train", submit: bool = True) -> dict:
     launched = time.time()
-    r = cluster.run("master-node", ["ray", "job", "submit", "--working-dir", ".", "--", "python", "jobs/sync.py",
-                                    *JOB, "--set", f"scaling.engine={engine}", "--set", f"run.storage_path={storage}",
-                                    "--set", f"run.name={name}"],
-                    env=job.env(), timeout=600)
+    driver = ["python", "jobs/sync.py", *JOB, "--set", f"scaling.engine={engine}", "--set",
+              f"run.storage_path={storage}", "--set", f"run.name={name}"]
+    r = cluster.run("master-node", ["ray", "job", "submit", "--working-dir", ".", "--", *driver] if submit else
+                    [sys.executable, *driver[1:]], env=job.env(), timeout=600)
     if r.returncode != 0:
         raise SystemExit(f"ray job submit failed: {(r.stdout + r.stderr)[-3000:]}")
     took = first_step(storage / name, launched)
@@ -86,16 +88,15 @@ def rounds(n: int) -> list[dict]:
         storage = cluster.shared / "runs"
         sides = {"ray": lambda name: ray_round(cluster, job, storage, name),
                  "launch": lambda name: ray_round(cluster, job, storage, name, engine="launch"),
+                 "direct": lambda name: ray_round(cluster, job, storage, name, engine="launch", submit=False),
                  "torchrun": lambda name: torchrun_round(cluster, job, storage, name)}
         order = list(sides)
         for i in range(n):
             got = {"round": i}
-            for which in order[i % 3:] + order[:i % 3]:  # rotated, so that a drift in load favours no side
+            for which in order[i % len(order):] + order[:i % len(order)]:  # rotated: a drift in load favours no side
                 got[which] = sides[which](f"{which}{i}")
             rows.append(got)
-            print(f"round {i + 1}: ray job submit {got['ray']['first_step_s']:.1f} s, with scaling.engine=launch "
-                  f"{got['launch']['first_step_s']:.1f} s, srun + torchrun {got['torchrun']['first_step_s']:.1f} s",
-                  flush=True)
+            print(f"round {i + 1}: " + ", ".join(f"{k} {got[k]['first_step_s']:.1f} s" for k in order), flush=True)
         cluster.run("master-node", ["scancel", str(job.job_id)])
         rayup.wait_no_leftovers(cluster, job.job_id)
     return rows
@@ -108,10 +109,11 @@ def _ratio(r: dict, side: str = "ray") -> float:
 def report(stored: dict) -> str:
     """docs/benchmarks.md's table of the rounds, and each Ray side's split (median, min-max)."""
     rows = stored["rounds"]
-    sides = [s for s in ("ray", "launch") if s in rows[0]]
-    names = {"ray": "`ray job submit`", "launch": "`ray job submit`, scaling.engine=launch"}
+    sides = [s for s in ("ray", "launch", "direct") if s in rows[0]]
+    names = {"ray": "`ray job submit`", "launch": "`ray job submit`, scaling.engine=launch",
+             "direct": "the driver after `raydist env`, scaling.engine=launch"}
     out = ["| round | " + " | ".join(names[s] for s in sides) + " | `srun` + `torchrun` | "
-           + " | ".join(f"ratio{'' if s == 'ray' else ', launch'}" for s in sides) + " |",
+           + " | ".join(f"ratio{'' if s == 'ray' else ', ' + s}" for s in sides) + " |",
            "|---|" + "---|" * (2 * len(sides) + 1)]
     for r in rows:
         out.append(f"| {r['round'] + 1} | " + " | ".join(f"{r[s]['first_step_s']:.1f} s" for s in sides)
@@ -121,7 +123,7 @@ def report(stored: dict) -> str:
         f"{statistics.median(_ratio(r, s) for r in rows):.2f}" for s in sides) + " |")
     for s in sides:
         up = [r[s]["startup_s"] for r in rows]
-        out += ["", f"The {names[s]} side, in seconds, median (min-max): `ray job submit` to the driver's process start "
+        out += ["", f"The {names[s]} side, in seconds, median (min-max): the command's launch to the driver's process start "
                 f"{stored_file.spread([r[s]['to_driver_start_s'] for r in rows])}; then from the driver's start, connected at "
                 f"{stored_file.spread([u['connect'] for u in up])}, the workers' function entered at {stored_file.spread([u['workers'] for u in up])}, "
                 f"the first step done at {stored_file.spread([u['first_step'] for u in up])}."]
@@ -138,7 +140,8 @@ def main() -> int:
     machine_and_commit = stored_file.stamp()
     rows = rounds(a.rounds)
     print(json.dumps({"rounds": a.rounds, "ratio": round(statistics.median(_ratio(r) for r in rows), 2),
-                      "launch_ratio": round(statistics.median(_ratio(r, "launch") for r in rows), 2)}))
+                      "launch_ratio": round(statistics.median(_ratio(r, "launch") for r in rows), 2),
+                      "direct_ratio": round(statistics.median(_ratio(r, "direct") for r in rows), 2)}))
     stored_file.save(a.out, {"rounds": rows}, machine_and_commit)
     return 0
 
