@@ -18,7 +18,21 @@ from raydist.local_auth import check_auth_env, check_token_accepted
 
 def ray_address(cfg: Config) -> str:
     """The cluster a job joins: run.address, else RAY_ADDRESS; '' (or 'local') = start the embedded instance."""
-    address = cfg.run.address or os.environ.get("RAY_ADDRESS", "")
+    return join_address(cfg.run.address)
+
+
+def join_address(configured: str) -> str:
+    """The GCS address to join: `configured`, else RAY_ADDRESS; '' for the embedded instance. After
+    `eval "$(raydist env)"` RAY_ADDRESS is the dashboard's URL (for `ray job submit`): the connection file that
+    RAYDIST_CONNECTION names holds the GCS address, so a driver started by hand joins the same cluster."""
+    address = configured or os.environ.get("RAY_ADDRESS", "")
+    connection = os.environ.get("RAYDIST_CONNECTION")
+    if address.startswith(("http://", "https://")) and connection:
+        from pathlib import Path
+
+        from raydist.slurm.connection import read
+
+        return read(Path(connection)).gcs_address
     return "" if address == "local" else address
 
 

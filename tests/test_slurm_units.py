@@ -265,6 +265,22 @@ def test_connection_file_round_trip_and_export_lines(tmp_path):
     assert "RAYDIST_TUNNEL=ssh -N -L 20001:127.0.0.1:20001 ana@login1" in out
 
 
+def test_a_driver_started_after_raydist_env_joins_the_gcs_the_connection_file_names(tmp_path, monkeypatch):
+    from raydist.preflight import join_address
+
+    conn = readiness.connection_for(_plan(tmp_path), user="ana")
+    path = tmp_path / "connection.env"
+    conn.write(path)
+    monkeypatch.setenv("RAY_ADDRESS", conn.dashboard_url)  # what `eval "$(raydist env)"` exports, for ray job submit
+    monkeypatch.setenv("RAYDIST_CONNECTION", str(path))
+    assert join_address("") == "127.0.0.1:20000"  # a job or raydist launch started by hand joins the GCS
+    assert join_address("10.0.0.5:6379") == "10.0.0.5:6379"  # an address given explicitly wins
+    monkeypatch.delenv("RAYDIST_CONNECTION")
+    assert join_address("") == conn.dashboard_url  # refused later, in one line (address_host_port)
+    monkeypatch.setenv("RAY_ADDRESS", "local")
+    assert join_address("") == ""
+
+
 def test_connection_lookup(tmp_path, monkeypatch):
     monkeypatch.delenv(connection.CONNECTION_ENV, raising=False)
     with pytest.raises(RaydistError, match="no running raydist cluster"):

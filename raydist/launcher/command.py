@@ -15,7 +15,6 @@ import os
 import shutil
 import sys
 import time
-from pathlib import Path
 
 from raydist.errors import RaydistError, UsageError
 
@@ -91,15 +90,10 @@ def _python_script(args: list[str]) -> str | None:
 
 
 def cluster_address(cfg) -> str:
-    """The GCS address to join; '' for the embedded instance. After `eval "$(raydist env)"` RAY_ADDRESS is the
-    dashboard's URL (for `ray job submit`): the connection file it names holds the GCS address."""
-    address = cfg.address or os.environ.get("RAY_ADDRESS", "")
-    connection = os.environ.get("RAYDIST_CONNECTION")
-    if address.startswith(("http://", "https://")) and connection:
-        from raydist.slurm.connection import read
+    """The GCS address to join; '' for the embedded instance (raydist.preflight.join_address)."""
+    from raydist.preflight import join_address
 
-        return read(Path(connection)).gcs_address
-    return "" if address == "local" else address
+    return join_address(cfg.address)
 
 
 def check_before_ray(cfg) -> None:
