@@ -111,7 +111,7 @@ def report(stored: dict) -> str:
     rows = stored["rounds"]
     sides = [s for s in ("ray", "launch", "direct") if s in rows[0]]
     names = {"ray": "`ray job submit`", "launch": "`ray job submit`, scaling.engine=launch",
-             "direct": "the driver after `raydist env`, scaling.engine=launch"}
+             "direct": "driver after `raydist env`, scaling.engine=launch"}
     out = ["| round | " + " | ".join(names[s] for s in sides) + " | `srun` + `torchrun` | "
            + " | ".join(f"ratio{'' if s == 'ray' else ', ' + s}" for s in sides) + " |",
            "|---|" + "---|" * (2 * len(sides) + 1)]
@@ -123,8 +123,9 @@ def report(stored: dict) -> str:
         f"{statistics.median(_ratio(r, s) for r in rows):.2f}" for s in sides) + " |")
     for s in sides:
         up = [r[s]["startup_s"] for r in rows]
-        out += ["", f"The {names[s]} side, in seconds, median (min-max): the command's launch to the driver's process start "
-                f"{stored_file.spread([r[s]['to_driver_start_s'] for r in rows])}; then from the driver's start, connected at "
+        submitted = "" if s == "direct" else (
+            f"the command's launch to the driver's process start {stored_file.spread([r[s]['to_driver_start_s'] for r in rows])}; then ")
+        out += ["", f"{names[s][0].upper() + names[s][1:]}, in seconds, median (min-max): {submitted}from the driver's start, connected at "
                 f"{stored_file.spread([u['connect'] for u in up])}, the workers' function entered at {stored_file.spread([u['workers'] for u in up])}, "
                 f"the first step done at {stored_file.spread([u['first_step'] for u in up])}."]
     return "\n".join(out) + "\n"
