@@ -22,7 +22,7 @@ from raydist.launcher.settings import LaunchConfig, to_dict
 from raydist.launcher.summary import LaunchSummary
 from raydist.summary import RESULT_ENV
 
-POLL_S = 0.2  # how often the ranks are looked at while they have their grace to exit (else: policy.poll_interval)
+POLL_S = 0.2  # how often output is relayed and the ranks are looked at
 STOP_POLL_S = 1.0  # how often the cluster's stop request and node drains are read (GCS reads)
 REGISTER_AFTER_S = 5.0  # the dashboard's run list gets a start this long after it began, or at its first step
 GROW_CHECK_S = 30.0  # how often an elastic run below MAX looks for room for more (as Ray Train's resize check)
@@ -207,7 +207,7 @@ class LaunchRun:
                 event = self._grow_event(group)
             if event is not None:
                 return policy.decide(event, len(self.failures), self.cfg)
-            time.sleep(policy.poll_interval(all(r.status.get("first_step_unix") for r in group.ranks)))
+            time.sleep(POLL_S)
 
     def _event(self, group: Group) -> policy.Event | None:
         if self.interrupts.why:

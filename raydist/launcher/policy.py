@@ -108,15 +108,3 @@ def culprit(ranks: list[Activity]) -> Activity:
     if outside and any(a.in_collective for a in ranks):
         return min(outside, key=lambda a: (a.last_active, a.rank))
     return min(ranks, key=lambda a: (a.last_active, a.rank))
-
-
-POLL_STARTING_S = 0.2
-POLL_TRAINING_S = 1.0
-
-
-def poll_interval(every_rank_stepped: bool) -> float:
-    """How often the launcher looks at its ranks: often while they start (their first output, an early failure),
-    once a second after every rank has reported a step. Each look wakes every agent and the driver: on a 2-core
-    machine, looking 5 times a second measurably slowed the millisecond steps of a small model. Output then
-    reaches the console up to a second late, and the end of the run is seen as late."""
-    return POLL_TRAINING_S if every_rank_stepped else POLL_STARTING_S
