@@ -168,6 +168,13 @@ def make_run_line(stored: dict) -> str:
             f"(median and range of {len(wall)} stored rounds on {stored['machine']['cpus']} CPUs)")
 
 
+def launch_engine_line(stored: dict) -> str:
+    """README's figure for the same job on scaling.engine=launch, from the stored rounds."""
+    wall = [r["launch_command_s"] for r in stored["rounds"]]
+    first = [r["launch_first_step_s"] for r in stored["rounds"]]
+    return f"with `--set scaling.engine=launch` it took {spread(wall)} s, its first step at {spread(first)} s"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -175,7 +182,8 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], dest="overrides")
     stored_file.add_options(ap, "docs/data/sync_vs_torchrun.json")
     args = ap.parse_args()
-    if stored_file.print_report(args.report, lambda stored: f"{report(stored)}\n{make_run_line(stored)}\n"):
+    if stored_file.print_report(args.report, lambda stored: f"{report(stored)}\n{make_run_line(stored)}\n"
+                                + (f"{launch_engine_line(stored)}\n" if "launch_command_s" in stored["rounds"][0] else "")):
         return
     machine_and_commit = stored_file.stamp()  # of the code that runs, before anything is edited beside it
     with tempfile.TemporaryDirectory(prefix="rd-bench-") as tmp:

@@ -65,6 +65,7 @@ def test_the_sync_against_torchrun_tables_and_readmes_make_run_figure_are_the_st
         assert table in _doc("benchmarks.md"), \
             "docs/benchmarks.md's start-up tables are stale: paste `benchmarks/sync_vs_torchrun.py --report`"
     assert bench.make_run_line(stored) in (REPO / "README.md").read_text()
+    assert bench.launch_engine_line(stored) in (REPO / "README.md").read_text()
     assert all(r["again_reported"] for r in stored["rounds"]) and stored["machine"]["cpus"] and stored["commit"]
 
 
