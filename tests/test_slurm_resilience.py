@@ -30,25 +30,28 @@ MEASURED: dict[str, float] = {}
 MIDRUN_LOSS_BOUND_S = 60.0
 
 
-def test_sync_batch_job_checkpoints_at_the_warning_requeues_and_resumes_with_identical_losses(slurm_cluster):
+@pytest.mark.parametrize("engine", ["ray_train", "launch"])
+def test_sync_batch_job_checkpoints_at_the_warning_requeues_and_resumes_with_identical_losses(slurm_cluster, engine):
     storage = slurm_cluster.shared / "runs"
+    name, straight_name = ("batch-sync", "straight") if engine == "ray_train" else (f"batch-sync-{engine}",
+                                                                                     f"straight-{engine}")
     # Two workers: their all-reduce is one addition, so losses match to the bit; with three, DDP's rebuilt gradient
     # buckets change the summation order at a session's first step (docs/checkpoints.md).
     sync = (f"python jobs/sync.py --set scaling.num_workers=2 --set train.epochs=25 --set model.dropout=0.2 "
-            f"--set run.storage_path={storage}")
+            f"--set run.storage_path={storage} --set scaling.engine={engine}")
     slow = "--set straggler.worker=0 --set straggler.slowdown=4"  # only sleeps: the numbers stay the same
     # The same run uninterrupted first, on the same hosts (gloo sums over this network exactly as in the run we
     # interrupt; a run on one machine differs in the last bits). After the requeue it is complete: it only reports.
-    command = ["bash", "-c", f"{sync} --set run.name=straight && {sync} {slow} --set run.name=batch-sync"]
-    warned = warn_and_resume(slurm_cluster, "batch-sync", command, storage / "batch-sync",
-                             after=str(storage / "straight" / "summary.json"))
+    command = ["bash", "-c", f"{sync} --set run.name={straight_name} && {sync} {slow} --set run.name={name}"]
+    warned = warn_and_resume(slurm_cluster, name, command, storage / name,
+                             after=str(storage / straight_name / "summary.json"))
     job, stopped_at = warned.job, warned.stopped_at
-    MEASURED["batch-sync_warning_to_checkpoint_s"] = warned.warning_to_checkpoint_s
+    MEASURED[f"{name}_warning_to_checkpoint_s"] = warned.warning_to_checkpoint_s
     text = job.text()
     assert "asked every training run to checkpoint and stop; drained 192.168.20.1" in text
     assert "Restarts=1" in slurm_cluster.run("master-node", ["scontrol", "show", "job", str(job.job_id)]).stdout
-    result = json.loads((storage / "batch-sync" / "summary.json").read_text())
-    straight = json.loads((storage / "straight" / "summary.json").read_text())
+    result = json.loads((storage / name / "summary.json").read_text())
+    straight = json.loads((storage / straight_name / "summary.json").read_text())
     total = 25 * 22  # 1437 training digits / 2 workers / batch 32
     assert result["status"] == "completed" and result["steps"] == result["total_steps"] == total, result
     assert result["resumed_from_step"] == stopped_at and 0 < stopped_at < total  # no step lost or repeated
