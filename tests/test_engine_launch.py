@@ -126,3 +126,12 @@ def test_local_sgd_and_fsdp_run_on_the_launch_engine(tmp_path):
     for job in ("local_sgd", "fsdp"):
         result = summary(run_job(job, f"run.storage_path={tmp_path}", ENGINE, "train.epochs=1"))
         assert result["status"] == "completed" and result["steps"] == 22 and result["workers"] == 2, result
+
+
+def test_a_run_the_workers_end_as_failed_exits_1_with_one_line(tmp_path):
+    proc = run_job("sync", f"run.storage_path={tmp_path}", ENGINE, "train.epochs=2", "faults.inject_desync_rank=1",
+                   "faults.on_desync=stop", "faults.desync_every_steps=5")
+    assert proc.returncode == 1, (proc.stdout[-2000:], proc.stderr[-2000:])
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("raydist: error: training failed: desync at step 5: parameters of rank 1 differ"), last
+    assert "Traceback" not in proc.stdout + proc.stderr
