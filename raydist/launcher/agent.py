@@ -36,6 +36,12 @@ def _script_niceness() -> int:
         return 0
 
 
+OWN_PROCESS_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
+"""A process group of the script's own (signals reach its DataLoader workers too), in its agent's session. Not a
+session of its own where Python can avoid it: with the kernel's autogroup scheduling (on by default), each session
+is a group the scheduler shares CPU between, and each rank alone in one took millisecond DDP steps about 1.25x as
+long on a 2-core machine (3 runs each, `benchmarks/torchrun_sync.py` under `raydist launch`, not stored)."""
+
 SHIM = ("import ctypes, os, sys\n"
         "ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG: SIGKILL when the agent's thread that started it ends\n"
         "try:\n    os.setpriority(os.PRIO_PROCESS, 0, int(sys.argv[1]))\nexcept OSError:\n    pass\n"
@@ -125,7 +131,7 @@ class RankAgent:
         if not os.path.isdir(cwd):
             cwd = os.getcwd()  # the driver's directory is not on this node: Ray's copy of the working dir is
         self.proc = subprocess.Popen(_shimmed(argv, _script_niceness()), env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **OWN_PROCESS_GROUP)
         self.last_active = time.monotonic()
         self.ended = self.exit_seen = None
         threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
