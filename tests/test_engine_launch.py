@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from jobutil import REPO, clean_env, refusal, run_job, summary, wait_for_steps
+from jobutil import REPO, clean_env, refusal, run_job, summary, tinygpt_job, wait_for_steps
 from raydist.observability.metrics import read_steps
 
 pytestmark = pytest.mark.slow
@@ -135,3 +135,14 @@ def test_a_run_the_workers_end_as_failed_exits_1_with_one_line(tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("raydist: error: training failed: desync at step 5: parameters of rank 1 differ"), last
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_your_own_model_and_data_train_and_resume_on_the_launch_engine(tmp_path):
+    # examples/tinygpt, given by import path and run from examples/ as a user runs one from their project: the
+    # ranks import it from the directory the job was started in.
+    common = ["train.max_steps=16", f"run.storage_path={tmp_path}", ENGINE]
+    stopped = summary(tinygpt_job("sync", *common, "train.stop_at_step=8"))
+    assert stopped["status"] == "stopped" and stopped["steps"] == 8 and stopped["run_name"] == "sync-tinygpt"
+    resumed = summary(tinygpt_job("sync", *common))
+    assert resumed["status"] == "completed" and resumed["resumed_from_step"] == 8 and resumed["steps"] == 16
+    assert resumed["test_accuracy"] > 1 / 64  # per-token accuracy, above chance
