@@ -130,3 +130,20 @@ def load_benchmark(name: str):
     sys.modules[spec.name] = module  # a dataclass in it looks its module up there
     spec.loader.exec_module(module)
     return module
+
+
+def launched_rank_pid(run_dir: Path, rank: int, start: int = 1) -> int:
+    """The pid of `rank`'s process in start `start` of a `raydist launch` run (a script's, or a job's on
+    scaling.engine=launch), from the header the launcher writes to the rank's log."""
+    import re
+    import time
+
+    log = run_dir / "logs" / f"rank{rank}.log"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        m = re.search(rf"=== raydist launch: start {start}, rank {rank} on \S+ \(pid (\d+)\)",
+                      log.read_text() if log.exists() else "")
+        if m:
+            return int(m.group(1))
+        time.sleep(0.2)
+    raise AssertionError(f"no start {start} header in {log}")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -17,25 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from jobutil import REPO, clean_env, refusal, run_job, summary, tinygpt_job, wait_for_steps
+from jobutil import REPO, clean_env, launched_rank_pid, refusal, run_job, summary, tinygpt_job, wait_for_steps
 from raydist.observability.metrics import read_steps
 
 pytestmark = pytest.mark.slow
 
 ENGINE = "scaling.engine=launch"
-
-
-def rank_pid(run_dir: Path, rank: int, start: int) -> int:
-    """The pid of `rank`'s process in start `start`, from the header the launcher writes to its log."""
-    log = run_dir / "logs" / f"rank{rank}.log"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        m = re.search(rf"=== raydist launch: start {start}, rank {rank} on \S+ \(pid (\d+)\)",
-                      log.read_text() if log.exists() else "")
-        if m:
-            return int(m.group(1))
-        time.sleep(0.2)
-    raise AssertionError(f"no start {start} header in {log}")
 
 
 def top_workers(temp_dir: Path, run: str, job: subprocess.Popen, timeout: float = 90) -> list[dict]:
@@ -95,9 +81,9 @@ def test_a_killed_rank_restarts_the_group_from_the_checkpoint_and_a_stop_signal_
         # `raydist top` shows every worker with the loop's own metrics, which its agent exports for it
         for w in top_workers(temp, "chaos", job):
             assert w["step"] >= 1 and w["samples_per_s"] > 0 and 0 <= w["comm_wait_share"] <= 1, w
-        victim = rank_pid(run_dir, 1, start=1)
+        victim = launched_rank_pid(run_dir, 1, start=1)
         os.kill(victim, signal.SIGKILL)
-        rank_pid(run_dir, 1, start=2)
+        launched_rank_pid(run_dir, 1, start=2)
         wait_for_steps(run_dir / "metrics.jsonl", sum(1 for _ in (run_dir / "metrics.jsonl").open()) + 30, job)
         job.send_signal(signal.SIGTERM)  # as Ctrl-C or a batch script's own stop: the ranks checkpoint and stop
         out, err = job.communicate(timeout=180)

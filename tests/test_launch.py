@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jobutil import REPO, clean_env  # noqa: E402
+from jobutil import REPO, clean_env, launched_rank_pid  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -63,15 +63,7 @@ def summary(work: Path, name: str) -> dict:
 
 def rank_pid(work: Path, name: str, rank: int, start: int = 1) -> int:
     """The pid of `rank`'s script in start `start`, from the header of its log."""
-    log = work / "runs" / name / "logs" / f"rank{rank}.log"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if log.exists():
-            m = re.search(rf"=== raydist launch: start {start}, rank {rank} on \S+ \(pid (\d+)\)", log.read_text())
-            if m:
-                return int(m.group(1))
-        time.sleep(0.2)
-    raise AssertionError(f"no start {start} header in {log}")
+    return launched_rank_pid(work / "runs" / name, rank, start)
 
 
 def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
