@@ -39,8 +39,8 @@ def _script_niceness() -> int:
 OWN_PROCESS_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
 """A process group of the script's own (signals reach its DataLoader workers too), in its agent's session. Not a
 session of its own where Python can avoid it: with the kernel's autogroup scheduling (on by default), each session
-is a group the scheduler shares CPU between, and each rank alone in one took millisecond DDP steps about 1.25x as
-long on a 2-core machine (3 runs each, `benchmarks/torchrun_sync.py` under `raydist launch`, not stored)."""
+is a group the scheduler shares CPU between, and each rank alone in one took measurably longer millisecond DDP steps
+on a 2-core machine (spot checks of `benchmarks/torchrun_sync.py` under `raydist launch`)."""
 
 SHIM = ("import ctypes, os, sys\n"
         "ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG: SIGKILL when the agent's thread that started it ends\n"
