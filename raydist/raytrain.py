@@ -218,9 +218,12 @@ def _fit(trainer, cfg: Config, spec: registry.StrategySpec, failure: Path):
     return result
 
 
-def summary_of(result, cfg: Config, session: Session, connected: float, fit_id: str = "") -> JobSummary:
+def summary_of(result, cfg: Config, session: Session, connected: float, fit_id: str = "",
+               since: float | None = None) -> JobSummary:
     """The job's summary from rank 0's final report (`raydist.train.loop`'s metrics): Ray Train's result, or the
-    loop's own file of it when that is newer (`raydist.final_result`)."""
+    loop's own file of it when that is newer (`raydist.final_result`). `since`: when this job's first start began
+    (`connected` unless its workers started before Ray was up: the launch engine on the embedded instance)."""
+    since = connected if since is None else since
     from raydist.final_result import newer_final_result
 
     m = result.metrics or {}
@@ -246,8 +249,8 @@ def summary_of(result, cfg: Config, session: Session, connected: float, fit_id: 
         peak_memory_bytes_per_worker=memory.get("peak_memory_bytes_per_worker", []),
         param_bytes_per_worker=memory.get("param_bytes_per_worker", []),
         stop_reason=m.get("stop_reason"),
-        startup_s=startup_seconds(os.path.join(cfg.run.run_dir, METRICS_FILE), connected),
-        restarts=restarts_of(os.path.join(cfg.run.run_dir, METRICS_FILE), connected),
+        startup_s=startup_seconds(os.path.join(cfg.run.run_dir, METRICS_FILE), connected, since),
+        restarts=restarts_of(os.path.join(cfg.run.run_dir, METRICS_FILE), since),
         **own_fields(session.job, m),
     )
 
@@ -260,27 +263,27 @@ def own_fields(job: str, metrics: dict) -> dict:
     return {f.name: metrics[f.name] for f in dataclasses.fields(spec.load("summary_fields")) if f.name in metrics}
 
 
-def _our_startups(metrics_file: str, connected: float) -> list[dict[str, float]]:
-    """Rank 0's `startup` records written after `connected`: one per start of its training function in this job."""
+def _our_startups(metrics_file: str, since: float) -> list[dict[str, float]]:
+    """Rank 0's `startup` records written after `since`: one per start of its training function in this job."""
     from raydist.observability.metrics import startup_records
 
     try:
-        return [s for s in startup_records(metrics_file) if s["worker_entered"] >= connected]
+        return [s for s in startup_records(metrics_file) if s["worker_entered"] >= since]
     except (OSError, ValueError, KeyError):
         return []
 
 
-def restarts_of(metrics_file: str, connected: float) -> int:
+def restarts_of(metrics_file: str, since: float) -> int:
     """Times this job's worker group restarted from a checkpoint: rank 0's later starts, less those of a replacement
     rank 0 that took the state from a live peer (heal)."""
-    return sum(1 for s in _our_startups(metrics_file, connected)[1:] if not s.get("from_peer"))
+    return sum(1 for s in _our_startups(metrics_file, since)[1:] if not s.get("from_peer"))
 
 
-def startup_seconds(metrics_file: str, connected: float) -> dict[str, float] | None:
-    """This session's start-up, from rank 0's first `startup` record written after `connected` (a restart writes
-    another), in seconds since this process started."""
+def startup_seconds(metrics_file: str, connected: float, since: float | None = None) -> dict[str, float] | None:
+    """This session's start-up, from rank 0's first `startup` record written after `since` (default `connected`; a
+    restart writes another), in seconds since this process started."""
     began = process_start_time()
-    ours = _our_startups(metrics_file, connected)
+    ours = _our_startups(metrics_file, connected if since is None else since)
     if not ours:
         return None
     s = ours[0]

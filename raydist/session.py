@@ -48,6 +48,12 @@ def prepare_ray_environment() -> None:
     os.environ.setdefault("RAY_metrics_report_interval_ms", "2000")
 
 
+def starts_embedded(cfg: Config) -> bool:
+    """Whether `connect` will start the embedded instance (not imported Ray: it cannot have been started)."""
+    ray = sys.modules.get("ray")
+    return not ray_address(cfg) and not (ray is not None and ray.is_initialized())
+
+
 def connect(cfg: Config) -> str:
     """Join the named cluster (run.address or RAY_ADDRESS), else start a local Ray instance sized for the job."""
     import ray

@@ -49,7 +49,9 @@ def test_sync_learns_and_a_stopped_run_resumes_with_identical_losses(tmp_path):
     assert straight["test_accuracy"] >= 0.8, straight
     assert straight["checkpoint"] == str(tmp_path / "straight" / "checkpoint_step00000044")
     up = straight["startup_s"]
-    assert 0 < up["connect"] <= up["workers"] <= up["ready"] <= up["first_step"] < straight["wall_s"] + 1, up
+    # On the embedded instance the workers start before Ray is up (test_launch checks that order): `connect` may
+    # come after `workers`, even after the first step.
+    assert 0 < up["workers"] <= up["ready"] <= up["first_step"] < straight["wall_s"] + 1 and up["connect"] > 0, up
     # checkpoint.keep=2: the newest two, published whole
     assert sorted(p.name for p in (tmp_path / "straight").glob("checkpoint_step*")) == [
         "checkpoint_step00000040", "checkpoint_step00000044"]

@@ -9,7 +9,8 @@ from raydist.errors import ConfigError, UsageError
 from raydist.launcher import environment as E
 from raydist.launcher import policy as P
 from raydist.launcher.command import _python_script, check_command
-from raydist.launcher.group import bundles, capacity, group_size
+from raydist.launcher.driver import starts_before_ray
+from raydist.launcher.group import bundles, capacity, group_size, local_gpu_ids
 from raydist.launcher.settings import LaunchConfig, default_name, load
 
 
@@ -151,6 +152,20 @@ def test_group_size_and_bundles():
     assert group_size(_cfg(workers=3), 1) == 3
     assert bundles(_cfg(), 3) == ([{"CPU": 1.0}] * 3, "SPREAD", 1)
     assert bundles(_cfg(procs_per_node=2), 4) == ([{"CPU": 2.0}] * 2, "STRICT_SPREAD", 2)
+
+
+def test_only_a_fixed_size_group_on_the_embedded_instance_starts_before_ray():
+    assert starts_before_ray(_cfg(workers=2), embedded=True)
+    assert starts_before_ray(_cfg(workers=4, procs_per_node=4), embedded=True)
+    assert not starts_before_ray(_cfg(workers=2), embedded=False)  # a cluster's Ray places the ranks
+    assert not starts_before_ray(_cfg(workers="2-4"), embedded=True)  # its size is what Ray says fits
+    assert not starts_before_ray(_cfg(workers=4, procs_per_node=2), embedded=True)  # two nodes' worth: Ray refuses
+
+
+def test_ranks_started_before_ray_get_the_gpus_ray_would_give_them():
+    assert local_gpu_ids(2, None) == [(0,), (1,)]
+    assert local_gpu_ids(2, "3,1") == [(3,), (1,)]
+    assert local_gpu_ids(2, "GPU-5e1f,2") == [(), (2,)]  # numbered ones only, as the Ray-placed agents read theirs
 
 
 def test_the_command_is_checked_before_ray(tmp_path):

@@ -1,7 +1,8 @@
-"""The Ray actor beside each rank: starts the user's script in a fresh interpreter, relays its output, watches it.
+"""The agent beside each rank: starts the user's script in a fresh interpreter, relays its output, watches it.
 
-One `RankAgent` per process of the run, placed by the driver (raydist.launcher.driver). The script runs as a child
-process, not inside the actor: its own `__main__`, `sys.argv`, signal handlers and DataLoader workers, exactly as
+One `RankAgent` per process of the run: a Ray actor placed by the driver (raydist.launcher.driver), or, for the
+first start on the embedded instance, an object in the driver's own process (raydist.launcher.group.Here). The
+script runs as a child process, not inside the agent: its own `__main__`, `sys.argv`, signal handlers and DataLoader workers, exactly as
 under torchrun or srun. It is a process group of its own (signals reach its DataLoader workers too) and dies with
 its agent (PR_SET_PDEATHSIG), so a lost agent leaves nothing running.
 """
@@ -120,7 +121,7 @@ class RankAgent:
         from raydist.launcher.environment import merged
 
         self.rank, self.restarts = rank, restarts
-        self.status_dir = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"raydist-launch-{os.getpid()}")
+        self.status_dir = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"raydist-launch-{os.getpid()}-{self.index}")
         os.makedirs(self.status_dir, exist_ok=True)
         self.status_file = os.path.join(self.status_dir, f"rank{rank}.json")
         for stale in (self.status_file, self.status_file + ".tmp"):
@@ -135,7 +136,7 @@ class RankAgent:
         self.last_active = time.monotonic()
         self.ended = self.exit_seen = None
         threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
-        self._exporter()
+        self.exporter = None  # this start's rank: made at the first poll that finds Ray up (raydist.launcher.group.here)
         return self.proc.pid
 
     def _pump(self, proc: subprocess.Popen) -> None:
@@ -193,7 +194,11 @@ class RankAgent:
 
     def _export(self, polled: dict[str, Any]) -> None:
         if self.exporter is None:
-            return
+            import ray
+
+            if self.rank < 0 or not ray.is_initialized():
+                return
+            self._exporter()
         s = polled["status"]
         now = time.monotonic()
         if self._cpu_mark is not None and now - self._cpu_mark[0] >= 1.0:

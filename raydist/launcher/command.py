@@ -147,7 +147,7 @@ def _launch(args: argparse.Namespace) -> int:
     from raydist.launcher.driver import LaunchRun, say
 
     try:
-        summary = LaunchRun(cfg, command, cwd, started, connect).run()
+        summary = LaunchRun(cfg, command, cwd, started, connect, embedded=not cluster_address(cfg)).run()
     finally:
         import ray
 

@@ -85,11 +85,13 @@ class LaunchRun:
     """One `raydist launch`: runs the group until it completes, fails, or is stopped; returns its summary."""
 
     def __init__(self, cfg: LaunchConfig, command: list[str], cwd: str, started: float,
-                 connect: Callable[[LaunchConfig], str], *, label: str = "launch", hand_over: bool = True):
+                 connect: Callable[[LaunchConfig], str], *, label: str = "launch", hand_over: bool = True,
+                 embedded: bool = False):
         """`label`: the run's strategy in the dashboard's run list; `hand_over`: write summary.json and
-        $RAYDIST_RESULT_FILE (a job on the launch engine writes its own summary instead)."""
+        $RAYDIST_RESULT_FILE (a job on the launch engine writes its own summary instead); `embedded`: `connect`
+        starts the embedded instance (the first start then begins before it, `starts_before_ray`)."""
         self.cfg, self.command, self.cwd, self.started, self.connect = cfg, command, cwd, started, connect
-        self.label, self.hand_over = label, hand_over
+        self.label, self.hand_over, self.embedded = label, hand_over, embedded
         self.restarts = 0
         self.failures: list[str] = []
         self.interrupts = Interrupts()
@@ -117,16 +119,28 @@ class LaunchRun:
         self.timeline.setdefault(what, round(time.perf_counter() - self.started, 3))
 
     def run(self) -> LaunchSummary:
-        self.ray = self.connect(self.cfg)
-        self.interrupts.install()  # after ray.init, which installs a SIGTERM handler of its own
-        self._mark("connected")
-        self.view = self._view()
-        self.console = Console(self.cfg)
         group: Group | None = None
+        if starts_before_ray(self.cfg, self.embedded):
+            self.interrupts.install()  # the ranks may train before Ray is up: a Ctrl-C then stops them gracefully too
+            group = self._start_here()
+        try:
+            self.ray = self.connect(self.cfg)
+            self.interrupts.install()  # after ray.init, which installs a SIGTERM handler of its own
+            self._mark("connected")
+            self.view = self._view()
+            self.console = Console(self.cfg)
+        except BaseException:
+            if group is not None:
+                group.end()
+            raise
         decision = None
         try:
             while True:
-                group = self._start()
+                if group is not None and group.view is None:  # started before Ray: announced now
+                    group.view = self.view
+                    self._announce(group)
+                else:
+                    group = self._start()
                 decision = self._supervise(group)
                 if decision.action == policy.Action.STOP:
                     self._stop(group, decision.reason)
@@ -167,21 +181,44 @@ class LaunchRun:
         self._mark("placed")
         group.start(self.command, self.cwd, self.run_id)
         self._mark("started")
+        self._announce(group)
+        return group
+
+    def _start_here(self) -> Group:
+        """The first start on the embedded instance, before it is up: the agents in this process."""
+        group = Group.here(self.cfg, self.label)
+        self._mark("placed")
+        try:
+            group.start(self.command, self.cwd, self.run_id)
+        except BaseException:
+            group.end()
+            raise
+        self._mark("started")
+        return group
+
+    def _announce(self, group: Group) -> None:
+        """This start's log headers and its line on the console; its dashboard registration is due."""
         self.console.attempt(self.restarts, group.ranks)
         self._register_at = time.monotonic() + REGISTER_AFTER_S
         ranks = ", ".join(f"{r.rank}@{r.node}" + (f"/{r.slot.place.iface}" if r.slot.place.iface else "")
                           for r in group.ranks)
-        say(f"{self.cfg.name}: {n} ranks ({ranks}); MASTER_ADDR={group.ranks[0].slot.place.ip}; "
+        say(f"{self.cfg.name}: {group.n} ranks ({ranks}); MASTER_ADDR={group.ranks[0].slot.place.ip}; "
             f"logs {self.console.logs}")
-        return group
 
     def _register(self, group: Group) -> None:
         """Write this start to the dashboard's run list, in a thread: it imports much of Ray Train and may start
         its state actor, CPU the scripts need while they start (so: after the first step, or REGISTER_AFTER_S)."""
         self._register_at = None
-        self._registering = threading.Thread(target=self.view.running, daemon=True, args=(
-            [r.agent for r in group.ranks], group.ranks[0].agent, " ".join(self.command)))
+        self._registering = threading.Thread(target=self._register_now, args=(group,), daemon=True)
         self._registering.start()
+
+    def _register_now(self, group: Group) -> None:
+        try:
+            actors = group.actors()
+        except Exception:  # the dashboard is a view: the run goes on without it (TrainView says so)
+            actors = None
+        if actors:
+            self.view.running(actors, actors[0], " ".join(self.command))
 
     def _supervise(self, group: Group) -> policy.Decision:
         """Poll until something happens that the policy decides about."""
@@ -332,6 +369,13 @@ class LaunchRun:
 
             out["first_step"] = round(self.first_step_unix - process_start_time(), 3)
         return out
+
+
+def starts_before_ray(cfg: LaunchConfig, embedded: bool) -> bool:
+    """Whether the first start begins before Ray is up: on the embedded instance (one machine, sized for the run)
+    where the group's size does not depend on what Ray says fits (not elastic) and Ray would place the whole group
+    on its one node (no procs_per_node that asks for several)."""
+    return embedded and not cfg.elastic and cfg.procs_per_node in (0, cfg.max_workers)
 
 
 COLLECTIVE_FRAMES = ("torch/distributed/", "torch/nn/parallel/distributed.py", "torch/autograd/", "_engine_run_backward")

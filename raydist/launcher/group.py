@@ -1,12 +1,17 @@
 """One start of a launched script's process group: place the agents, number the ranks, start, poll, stop.
 
-`Group` acts; it decides nothing (raydist.launcher.policy does, raydist.launcher.driver loops).
+`Group` acts; it decides nothing (raydist.launcher.policy does, raydist.launcher.driver loops). Its agents are Ray
+actors, one per rank, placed by Ray; or, for the first start on the embedded instance, objects in the driver's own
+process (`Here`), which start the ranks while the instance itself is still starting (`Group.here`).
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 from raydist.errors import RaydistError
@@ -72,6 +77,66 @@ def group_size(cfg: LaunchConfig, fits: int) -> int:
     return max(cfg.min_workers, min(cfg.max_workers, fits))
 
 
+class Answered:
+    """What an agent in the driver's process answered: stands where a Ray call's reference would."""
+
+    def __init__(self, call, args, kwargs):
+        self.value, self.error = None, None
+        try:
+            self.value = call(*args, **kwargs)
+        except Exception as e:  # raised again where the answer is read, as ray.get would
+            self.error = e
+
+    def get(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class Here:
+    """A `RankAgent` in the driver's own process, called as its Ray actor would be (`agent.poll.remote()`)."""
+
+    def __init__(self, agent):
+        self.agent = agent
+
+    def __getattr__(self, name: str) -> SimpleNamespace:
+        method = getattr(self.agent, name)
+        return SimpleNamespace(remote=lambda *args, **kwargs: Answered(method, args, kwargs))
+
+
+def _get(refs: list, timeout: float) -> list:
+    if all(isinstance(r, Answered) for r in refs):
+        return [r.get() for r in refs]
+    import ray
+
+    return ray.get(refs, timeout=timeout)
+
+
+def _wait(refs: list, timeout: float) -> set:
+    """The references that are ready within `timeout`."""
+    if all(isinstance(r, Answered) for r in refs):
+        return set(range(len(refs)))
+    import ray
+
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+    done = set(ready)
+    return {i for i, r in enumerate(refs) if r in done}
+
+
+def local_gpu_ids(n: int, visible: str | None) -> list[tuple[int, ...]]:
+    """Rank i's GPU on this machine, as Ray's embedded instance would give its i-th actor: the i-th of
+    CUDA_VISIBLE_DEVICES (none when that one is a UUID, as the Ray-placed agents read theirs), or GPU i when it is
+    not set."""
+    if visible is None:
+        return [(i,) for i in range(n)]
+    entries = [v.strip() for v in visible.split(",")]
+    return [(int(entries[i]),) if i < len(entries) and entries[i].isdigit() else () for i in range(n)]
+
+
+class StandIn:
+    """A rank's actor in the dashboard's run list for ranks whose agents live in the driver (`Group.here`)."""
+
+
 class Group:
     """The agents and processes of one start."""
 
@@ -80,6 +145,36 @@ class Group:
         self.loopback = loopback  # the embedded instance: one machine, the ranks meet on 127.0.0.1
         self.pg = None
         self.ranks: list[Rank] = []
+        self.stand_ins: list[Any] = []
+
+    @classmethod
+    def here(cls, cfg: LaunchConfig, label: str) -> "Group":
+        """The first start on the embedded instance: every rank on this machine, its agent in this process, so that
+        the ranks start (and import torch) while Ray does. Its view is set once Ray is up."""
+        from raydist.launcher.agent import RankAgent
+
+        group = cls(cfg, None, cfg.max_workers, 0, loopback=True)
+        gpus = local_gpu_ids(group.n, os.environ.get("CUDA_VISIBLE_DEVICES")) if cfg.use_gpu else [()] * group.n
+        places = [environment.Place("", socket.gethostname(), "127.0.0.1", gpus[i], "") for i in range(group.n)]
+        agents = [Here(RankAgent(cfg.name, i, label)) for i in range(group.n)]
+        slots = environment.assign_ranks(places)
+        group.ranks = sorted((Rank(s.rank, a, s) for a, s in zip(agents, slots)), key=lambda r: r.rank)
+        return group
+
+    @property
+    def in_driver(self) -> bool:
+        return bool(self.ranks) and isinstance(self.ranks[0].agent, Here)
+
+    def actors(self) -> list[Any]:
+        """The ranks' Ray actors in rank order, for the dashboard: their agents, or stand-ins made now."""
+        if not self.in_driver:
+            return [r.agent for r in self.ranks]
+        if not self.stand_ins:
+            import ray
+
+            actor = ray.remote(num_cpus=0)(StandIn)
+            self.stand_ins = [actor.options(**self.view.options("rank", r.rank)).remote() for r in self.ranks]
+        return self.stand_ins
 
     def place(self) -> None:
         """Reserve the group's resources at once (all or none), then start one agent per process in them."""
@@ -126,16 +221,19 @@ class Group:
 
     def start(self, command: list[str], cwd: str, run_id: str) -> None:
         """Every rank's process, with the launcher's environment (raydist.launcher.environment)."""
-        import ray
-
         rank0 = self.ranks[0]
-        port = ray.get(rank0.agent.free_port.remote(), timeout=POLL_TIMEOUT_S)
+        port = _get([rank0.agent.free_port.remote()], POLL_TIMEOUT_S)[0]
         shared = environment.Group(
             slots=tuple(r.slot for r in self.ranks), master_addr=rank0.slot.place.ip, master_port=port,
             run_id=run_id, restart_count=self.restarts, max_restarts=self.cfg.max_restarts,
             job_name=self.cfg.name, cpus_per_task=self.cfg.cpus_per_worker)
-        pids = ray.get([r.agent.start.remote(command, environment.rank_environment(r.slot, shared), cwd, r.rank,
-                                             self.restarts) for r in self.ranks], timeout=POLL_TIMEOUT_S)
+        extra = {}
+        if self.in_driver and "OMP_NUM_THREADS" not in os.environ:
+            # What a rank of a Ray-placed start inherits from its agent: Ray gives each worker process as many
+            # threads as it has CPUs (torchrun sets 1). Without it each rank takes every core's thread.
+            extra["OMP_NUM_THREADS"] = str(max(1, int(self.cfg.cpus_per_worker)))
+        pids = _get([r.agent.start.remote(command, {**environment.rank_environment(r.slot, shared), **extra}, cwd,
+                                          r.rank, self.restarts) for r in self.ranks], POLL_TIMEOUT_S)
         for r, pid in zip(self.ranks, pids):
             r.pid = pid
 
@@ -145,15 +243,14 @@ class Group:
 
         live = [r for r in self.ranks if not r.lost]
         refs = [r.agent.poll.remote() for r in live]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=POLL_TIMEOUT_S)
-        done = set(ready)
+        done = _wait(refs, POLL_TIMEOUT_S)
         out = []
-        for r, ref in zip(live, refs):
-            if ref not in done:
+        for i, (r, ref) in enumerate(zip(live, refs)):
+            if i not in done:
                 r.lost = f"its agent did not answer for {POLL_TIMEOUT_S:.0f} s"
                 continue
             try:
-                p = ray.get(ref)
+                p = _get([ref], POLL_TIMEOUT_S)[0]
             except ray.exceptions.RayError as e:
                 r.lost = _death_reason(e)
                 continue
@@ -166,10 +263,8 @@ class Group:
         return out
 
     def send(self, signame: str) -> None:
-        import ray
-
         refs = [r.agent.send.remote(signame) for r in self.ranks if not r.lost and r.exit_code is None]
-        ray.wait(refs, num_returns=len(refs), timeout=POLL_TIMEOUT_S)
+        _wait(refs, POLL_TIMEOUT_S)
 
     def dump_stacks(self) -> dict[int, dict[str, Any]]:
         """Every live rank's stack, dumped on its own node at the same time."""
@@ -177,24 +272,26 @@ class Group:
 
         live = [r for r in self.ranks if not r.lost and r.exit_code is None]
         refs = [r.agent.dump_stack.remote() for r in live]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=POLL_TIMEOUT_S + 10)
+        ready = _wait(refs, POLL_TIMEOUT_S + 10)
         out = {}
-        for r, ref in zip(live, refs):
+        for i, (r, ref) in enumerate(zip(live, refs)):
             try:
-                out[r.rank] = ray.get(ref) if ref in ready else {"how": "none", "text": "(no answer)"}
+                out[r.rank] = _get([ref], POLL_TIMEOUT_S)[0] if i in ready else {"how": "none", "text": "(no answer)"}
             except ray.exceptions.RayError as e:
                 out[r.rank] = {"how": "none", "text": f"(agent lost: {_death_reason(e)})"}
         return out
 
     def end(self) -> None:
         """Kill what still runs, then the agents and the reservation."""
+        refs = [r.agent.kill.remote() for r in self.ranks if not r.lost]
+        _wait(refs, 15)
+        if self.in_driver and not self.stand_ins:
+            return  # nothing of Ray's: this start may have ended before Ray was up
         import ray
         from ray.util.placement_group import remove_placement_group
 
-        refs = [r.agent.kill.remote() for r in self.ranks if not r.lost]
-        ray.wait(refs, num_returns=len(refs), timeout=15)
-        for r in self.ranks:
-            ray.kill(r.agent, no_restart=True)
+        for actor in self.stand_ins if self.in_driver else [r.agent for r in self.ranks]:
+            ray.kill(actor, no_restart=True)
         if self.pg is not None:
             remove_placement_group(self.pg)
         # Ray frees an actor's resources a moment after ray.kill; the next start waits for them in place().

@@ -22,7 +22,7 @@ from raydist.config import Config
 from raydist.errors import RaydistError
 from raydist.launcher.settings import LaunchConfig
 from raydist.observability.metrics import METRICS_FILE
-from raydist.session import Session, connect
+from raydist.session import Session, connect, starts_embedded
 from raydist.summary import JobSummary
 from raydist.train.entry import FAILURE_FILE
 
@@ -57,6 +57,7 @@ def fit_as_processes(cfg: Config, spec: registry.StrategySpec, session: Session)
     failure = Path(cfg.run.run_dir) / FAILURE_FILE
     failure.unlink(missing_ok=True)  # an earlier session's
     connected: list[float] = []
+    began = time.time()  # the ranks of the first start may enter before Ray is up (LaunchRun's `embedded`)
 
     def join(_: LaunchConfig) -> str:
         session.ray = connect(cfg)
@@ -64,7 +65,8 @@ def fit_as_processes(cfg: Config, spec: registry.StrategySpec, session: Session)
         return session.ray
 
     command = [sys.executable, "-m", "raydist.train.launched", str(job_file)]
-    run = LaunchRun(settings, command, os.getcwd(), session.started, join, label=spec.name, hand_over=False)
+    run = LaunchRun(settings, command, os.getcwd(), session.started, join, label=spec.name, hand_over=False,
+                    embedded=starts_embedded(cfg))
     print(start_line(spec.name, cfg.run.run_dir), file=sys.stderr, flush=True)
     bar = ProgressBar(spec.name, export=Exporter(cfg.run.name, spec.name, "driver", 0))
     tail = MetricsTail(os.path.join(cfg.run.run_dir, METRICS_FILE), bar).start()
@@ -79,17 +81,18 @@ def fit_as_processes(cfg: Config, spec: registry.StrategySpec, session: Session)
         raise RaydistError(f"training failed: {outcome.reason}")
     if failure.exists():
         raise RaydistError(f"training failed: {json.loads(failure.read_text())['reason']}")
-    return _summary(cfg, session, connected[0] if connected else time.time(), fit_id, outcome.restarts)
+    return _summary(cfg, session, connected[0] if connected else time.time(), began, fit_id, outcome.restarts)
 
 
-def _summary(cfg: Config, session: Session, connected: float, fit_id: str, restarts: int) -> JobSummary:
+def _summary(cfg: Config, session: Session, connected: float, began: float, fit_id: str,
+             restarts: int) -> JobSummary:
     from raydist.raytrain import summary_of
 
     result = SimpleNamespace(metrics={}, checkpoint=None)
     newest = _newest_report(cfg.run.run_dir)
     if newest is not None:  # a run resumed at its very end took no step: its newest checkpoint has the final report
         result = SimpleNamespace(metrics=newest[0], checkpoint=SimpleNamespace(path=newest[1]))
-    summary = summary_of(result, cfg, session, connected, fit_id)
+    summary = summary_of(result, cfg, session, connected, fit_id, since=began)
     summary.restarts = max(summary.restarts, restarts)
     return summary
 
