@@ -5,6 +5,7 @@ The loop acts on what `raydist.launcher.policy.decide` says; `raydist.launcher.g
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -100,6 +101,7 @@ class LaunchRun:
         self.run_id = uuid.uuid4().hex[:12]
         self._registering: threading.Thread | None = None
         self._register_at: float | None = None
+        self.console: Console | None = None
 
     def _registered(self, group: Group | None = None, final: bool = False) -> None:
         """Wait for the dashboard registration of the current start (before the view is told what came next);
@@ -119,26 +121,24 @@ class LaunchRun:
         self.timeline.setdefault(what, round(time.perf_counter() - self.started, 3))
 
     def run(self) -> LaunchSummary:
-        group: Group | None = None
-        if starts_before_ray(self.cfg, self.embedded):
-            self.interrupts.install()  # the ranks may train before Ray is up: a Ctrl-C then stops them gracefully too
-            group = self._start_here()
+        group = self._start_here() if starts_before_ray(self.cfg, self.embedded) else None
         try:
-            self.ray = self.connect(self.cfg)
+            with self._relaying(group):
+                self.ray = self.connect(self.cfg)
             self.interrupts.install()  # after ray.init, which installs a SIGTERM handler of its own
             self._mark("connected")
             self.view = self._view()
-            self.console = Console(self.cfg)
+            self.console = self.console or Console(self.cfg)
         except BaseException:
             if group is not None:
                 group.end()
+                self.console.close()
             raise
         decision = None
         try:
             while True:
-                if group is not None and group.view is None:  # started before Ray: announced now
+                if group is not None and group.view is None:  # started before Ray: its view now
                     group.view = self.view
-                    self._announce(group)
                 else:
                     group = self._start()
                 decision = self._supervise(group)
@@ -186,15 +186,42 @@ class LaunchRun:
 
     def _start_here(self) -> Group:
         """The first start on the embedded instance, before it is up: the agents in this process."""
+        self.interrupts.install()  # the ranks may train before Ray is up: a Ctrl-C then stops them gracefully too
         group = Group.here(self.cfg, self.label)
         self._mark("placed")
         try:
             group.start(self.command, self.cwd, self.run_id)
+            self._mark("started")
+            self.console = Console(self.cfg)
+            self._announce(group)
         except BaseException:
             group.end()
             raise
-        self._mark("started")
         return group
+
+    @contextlib.contextmanager
+    def _relaying(self, group: Group | None):
+        """While Ray starts: the ranks started before it print to the console as they go (the loop's own polls
+        begin once Ray is up)."""
+        if group is None:
+            yield
+            return
+        connected = threading.Event()
+
+        def relay() -> None:
+            while not connected.wait(POLL_S):
+                for rank, lines in group.poll():
+                    if lines:
+                        self._mark("first_output")
+                    self.console.lines(rank, lines)
+
+        thread = threading.Thread(target=relay, name="raydist-relay", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            connected.set()
+            thread.join()
 
     def _announce(self, group: Group) -> None:
         """This start's log headers and its line on the console; its dashboard registration is due."""
