@@ -223,8 +223,9 @@ def summary_of(result, cfg: Config, session: Session, connected: float, fit_id: 
     """The job's summary from rank 0's final report (`raydist.train.loop`'s metrics): Ray Train's result, or the
     loop's own file of it when that is newer (`raydist.final_result`). `since`: when this job's first start began
     (`connected` unless its workers started before Ray was up: the launch engine on the embedded instance)."""
-    since = connected if since is None else since
     from raydist.final_result import newer_final_result
+
+    since = connected if since is None else since
 
     m = result.metrics or {}
     checkpoint = result.checkpoint.path if result.checkpoint else None

@@ -2,9 +2,9 @@
 
 One `RankAgent` per process of the run: a Ray actor placed by the driver (raydist.launcher.driver), or, for the
 first start on the embedded instance, an object in the driver's own process (raydist.launcher.group.Here). The
-script runs as a child process, not inside the agent: its own `__main__`, `sys.argv`, signal handlers and DataLoader workers, exactly as
-under torchrun or srun. It is a process group of its own (signals reach its DataLoader workers too) and dies with
-its agent (PR_SET_PDEATHSIG), so a lost agent leaves nothing running.
+script runs as a child process, not inside the agent: its own `__main__`, `sys.argv`, signal handlers and DataLoader
+workers, exactly as under torchrun or srun. It is a process group of its own (signals reach its DataLoader workers
+too) and dies with its agent (PR_SET_PDEATHSIG), so a lost agent leaves nothing running.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ class RankAgent:
         self.last_active = time.monotonic()
         self.ended = self.exit_seen = None
         threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
-        self.exporter = None  # this start's rank: made at the first poll that finds Ray up (raydist.launcher.group.here)
+        self.exporter = None  # this start's: made at the first poll that finds Ray up (Group.here starts before)
         return self.proc.pid
 
     def _pump(self, proc: subprocess.Popen) -> None:

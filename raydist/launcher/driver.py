@@ -242,10 +242,12 @@ class LaunchRun:
     def _register_now(self, group: Group) -> None:
         try:
             actors = group.actors()
-        except Exception:  # the dashboard is a view: the run goes on without it (TrainView says so)
-            actors = None
-        if actors:
-            self.view.running(actors, actors[0], " ".join(self.command))
+        except Exception as e:  # the dashboard is a view: the run goes on without it
+            self.view.enabled = False
+            say(f"{self.cfg.name}: the dashboard's Train view will not show this run ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else '-'})")
+            return
+        self.view.running(actors, actors[0], " ".join(self.command))
 
     def _supervise(self, group: Group) -> policy.Decision:
         """Poll until something happens that the policy decides about."""
