@@ -8,6 +8,9 @@ cluster/ray_up.slurm, which then stays up: the warm cluster.) Each round, in alt
 
 - Ray: `ray job submit --working-dir . -- python jobs/sync.py` from master-node, 2 workers;
 - launch: the same with `--set scaling.engine=launch` (the workers as plain processes of raydist launch);
+- shared: `ray job submit -- python jobs/sync.py --set scaling.engine=launch`, no `--working-dir`: the repo is on
+  the cluster's shared file system, as on a SLURM cluster, where the job's driver starts in it (the directory
+  `sbatch cluster/ray_up.slurm` was submitted from) and nothing is packed, uploaded or unpacked;
 - direct: `python jobs/sync.py --set scaling.engine=launch` on master-node after `eval "$(raydist env)"`, the
   driver started by hand on the login node as `raydist launch` is (no `ray job submit`);
 - srun + torchrun: the hand-written way, a job step inside the same allocation (`srun --overlap`) on 2 hosts, each
@@ -43,11 +46,13 @@ def first_step(run_dir: Path, launched: float) -> float:
     return startup_records(str(run_dir / "metrics.jsonl"))[0]["first_step"] - launched
 
 
-def ray_round(cluster, job, storage: Path, name: str, engine: str = "ray_train", submit: bool = True) -> dict:
+def ray_round(cluster, job, storage: Path, name: str, engine: str = "ray_train", submit: bool = True,
+              working_dir: bool = True) -> dict:
     launched = time.time()
     driver = ["python", "jobs/sync.py", *JOB, "--set", f"scaling.engine={engine}", "--set",
               f"run.storage_path={storage}", "--set", f"run.name={name}"]
-    r = cluster.run("master-node", ["ray", "job", "submit", "--working-dir", ".", "--", *driver] if submit else
+    upload = ["--working-dir", "."] if working_dir else []
+    r = cluster.run("master-node", ["ray", "job", "submit", *upload, "--", *driver] if submit else
                     [sys.executable, *driver[1:]], env=job.env(), timeout=600)
     if r.returncode != 0:
         raise SystemExit(f"ray job submit failed: {(r.stdout + r.stderr)[-3000:]}")
@@ -88,6 +93,7 @@ def rounds(n: int) -> list[dict]:
         storage = cluster.shared / "runs"
         sides = {"ray": lambda name: ray_round(cluster, job, storage, name),
                  "launch": lambda name: ray_round(cluster, job, storage, name, engine="launch"),
+                 "shared": lambda name: ray_round(cluster, job, storage, name, engine="launch", working_dir=False),
                  "direct": lambda name: ray_round(cluster, job, storage, name, engine="launch", submit=False),
                  "torchrun": lambda name: torchrun_round(cluster, job, storage, name)}
         order = list(sides)
@@ -109,8 +115,9 @@ def _ratio(r: dict, side: str = "ray") -> float:
 def report(stored: dict) -> str:
     """docs/benchmarks.md's table of the rounds, and each Ray side's split (median, min-max)."""
     rows = stored["rounds"]
-    sides = [s for s in ("ray", "launch", "direct") if s in rows[0]]
+    sides = [s for s in ("ray", "launch", "shared", "direct") if s in rows[0]]
     names = {"ray": "`ray job submit`", "launch": "`ray job submit`, scaling.engine=launch",
+             "shared": "`ray job submit` without `--working-dir`, scaling.engine=launch",
              "direct": "driver after `raydist env`, scaling.engine=launch"}
     out = ["| round | " + " | ".join(names[s] for s in sides) + " | `srun` + `torchrun` | "
            + " | ".join(f"ratio{'' if s == 'ray' else ', ' + s}" for s in sides) + " |",
@@ -142,6 +149,7 @@ def main() -> int:
     rows = rounds(a.rounds)
     print(json.dumps({"rounds": a.rounds, "ratio": round(statistics.median(_ratio(r) for r in rows), 2),
                       "launch_ratio": round(statistics.median(_ratio(r, "launch") for r in rows), 2),
+                      "shared_ratio": round(statistics.median(_ratio(r, "shared") for r in rows), 2),
                       "direct_ratio": round(statistics.median(_ratio(r, "direct") for r in rows), 2)}))
     stored_file.save(a.out, {"rounds": rows}, machine_and_commit)
     return 0
