@@ -240,6 +240,9 @@ def test_your_own_script_runs_under_ray_job_submit_one_rank_per_host_on_its_inte
     assert summary["status"] == "completed" and summary["workers"] == 3
     assert {(x["node"], x["iface"]) for x in summary["ranks"]} == set(EXPECTED_IFACES.items())
     assert re.search(r"\[rank 0 master-node\] done: 22 steps, checksum", r.stdout), r.stdout[-3000:]
+    # Each node's warm interpreter (started at bring-up) forked its rank, on node01 and node02 in Ray's copy of
+    # the working dir: no rank imported torch anew.
+    assert "3 of them forked with torch imported" in r.stdout, r.stdout[-3000:]
 
 
 def test_a_second_job_on_the_same_nodes_skips_busy_ports_and_stops_alone_at_its_time_limit(slurm_cluster, ray_up):

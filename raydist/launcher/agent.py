@@ -1,10 +1,12 @@
-"""The agent beside each rank: starts the user's script in a fresh interpreter, relays its output, watches it.
+"""The agent beside each rank: starts the user's script in its own process, relays its output, watches it.
 
 One `RankAgent` per process of the run: a Ray actor placed by the driver (raydist.launcher.driver), or, for the
 first start on the embedded instance, an object in the driver's own process (raydist.launcher.group.Here). The
-script runs as a child process, not inside the agent: its own `__main__`, `sys.argv`, signal handlers and DataLoader
-workers, exactly as under torchrun or srun. It is a process group of its own (signals reach its DataLoader workers
-too) and dies with its agent (PR_SET_PDEATHSIG), so a lost agent leaves nothing running.
+script runs as a process of its own, not inside the agent: its own `__main__`, `sys.argv`, signal handlers and
+DataLoader workers, exactly as under torchrun or srun. It is a process group of its own (signals reach its DataLoader
+workers too) and dies with its agent, so a lost agent leaves nothing running. On a node the SLURM bring-up started,
+that process is forked by the node's warm interpreter, which has torch imported (raydist.launcher.warm_server);
+elsewhere, or when that interpreter cannot run the command as a fresh one would, it is a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 from typing import Any
 
 from raydist.hook import STATUS_ENV, read
+from raydist.launcher.warm import WarmProcess, spawn
 from raydist.observability.ray_metrics import export_relayed
 
 MAX_BUFFERED_LINES = 20000  # between two polls (0.2 s); past it the oldest are lost to the console and the log
@@ -87,7 +90,8 @@ class RankAgent:
 
     def __init__(self, run: str, index: int, label: str = "launch"):
         self.run, self.index, self.label = run, index, label  # label: the metrics' strategy tag
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | WarmProcess | None = None
+        self.cold_why = ""
         self.lines: collections.deque[str] = collections.deque(maxlen=MAX_BUFFERED_LINES)
         self.last_active = time.monotonic()
         self.status_file = self.status_dir = ""
@@ -117,7 +121,10 @@ class RankAgent:
 
     # ---- the script -----------------------------------------------------------------------------------
 
-    def start(self, argv: list[str], launcher_env: dict[str, str], cwd: str, rank: int, restarts: int) -> int:
+    def start(self, argv: list[str], launcher_env: dict[str, str], cwd: str, rank: int, restarts: int,
+              warm: bool = True) -> dict[str, Any]:
+        """The script's process: forked by the node's warm interpreter where there is one that can run it
+        (raydist.launcher.warm_server: torch already imported), else a fresh interpreter. Its pid and which."""
         from raydist.launcher.environment import merged
 
         self.rank, self.restarts = rank, restarts
@@ -131,13 +138,15 @@ class RankAgent:
                "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
         if not os.path.isdir(cwd):
             cwd = os.getcwd()  # the driver's directory is not on this node: Ray's copy of the working dir is
-        self.proc = subprocess.Popen(_shimmed(argv, _script_niceness()), env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **OWN_PROCESS_GROUP)
+        niceness = _script_niceness()
+        warm, self.cold_why = spawn(argv, env, cwd, niceness) if warm else (None, "warm=false")
+        self.proc = warm or subprocess.Popen(_shimmed(argv, niceness), env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **OWN_PROCESS_GROUP)
         self.last_active = time.monotonic()
         self.ended = self.exit_seen = None
         threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
         self.exporter = None  # this start's: made at the first poll that finds Ray up (Group.here starts before)
-        return self.proc.pid
+        return {"pid": self.proc.pid, "warm": warm is not None, "cold_why": self.cold_why}
 
     def _pump(self, proc: subprocess.Popen) -> None:
         assert proc.stdout is not None

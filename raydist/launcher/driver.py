@@ -21,6 +21,7 @@ from raydist.launcher import policy
 from raydist.launcher.group import Group, capacity, group_size
 from raydist.launcher.settings import LaunchConfig, to_dict
 from raydist.launcher.summary import LaunchSummary
+from raydist.launcher.warm import NO_WARM
 from raydist.summary import RESULT_ENV
 
 POLL_S = 0.2  # how often output is relayed and the ranks are looked at
@@ -230,7 +231,7 @@ class LaunchRun:
         ranks = ", ".join(f"{r.rank}@{r.node}" + (f"/{r.slot.place.iface}" if r.slot.place.iface else "")
                           for r in group.ranks)
         say(f"{self.cfg.name}: {group.n} ranks ({ranks}); MASTER_ADDR={group.ranks[0].slot.place.ip}; "
-            f"logs {self.console.logs}")
+            f"logs {self.console.logs}" + warm_note(group.ranks))
 
     def _register(self, group: Group) -> None:
         """Write this start to the dashboard's run list, in a thread: it imports much of Ray Train and may start
@@ -398,6 +399,15 @@ class LaunchRun:
 
             out["first_step"] = round(self.first_step_unix - process_start_time(), 3)
         return out
+
+
+def warm_note(ranks) -> str:
+    """How many ranks the nodes' warm interpreters forked, and why the others could not be (SLURM bring-up only)."""
+    warm = sum(r.warm for r in ranks)
+    why = sorted({r.cold_why for r in ranks if not r.warm and r.cold_why != NO_WARM})
+    if not warm and not why:
+        return ""
+    return f"; {warm} of them forked with torch imported" + (f" (others: {'; '.join(why)})" if why else "")
 
 
 def starts_before_ray(cfg: LaunchConfig, embedded: bool) -> bool:

@@ -29,6 +29,8 @@ class Rank:
     agent: Any
     slot: environment.Slot
     pid: int | None = None
+    warm: bool = False  # forked by its node's warm interpreter (raydist.launcher.warm_server)
+    cold_why: str = ""  # else why not, when the node has one
     exit_code: int | None = None
     last_line: str = ""
     silent_s: float = 0.0
@@ -232,10 +234,11 @@ class Group:
             # What a rank of a Ray-placed start inherits from its agent: Ray gives each worker process as many
             # threads as it has CPUs (torchrun sets 1). Without it each rank takes every core's thread.
             extra["OMP_NUM_THREADS"] = str(max(1, int(self.cfg.cpus_per_worker)))
-        pids = _get([r.agent.start.remote(command, {**environment.rank_environment(r.slot, shared), **extra}, cwd,
-                                          r.rank, self.restarts) for r in self.ranks], POLL_TIMEOUT_S)
-        for r, pid in zip(self.ranks, pids):
-            r.pid = pid
+        started = _get([r.agent.start.remote(command, {**environment.rank_environment(r.slot, shared), **extra},
+                                             cwd, r.rank, self.restarts, self.cfg.warm) for r in self.ranks],
+                       POLL_TIMEOUT_S)
+        for r, s in zip(self.ranks, started):
+            r.pid, r.warm, r.cold_why = s["pid"], s["warm"], s["cold_why"]
 
     def poll(self) -> list[tuple[Rank, list[str]]]:
         """Every live rank's news; a rank whose agent died or stopped answering gets `lost` set."""

@@ -57,6 +57,10 @@ class LaunchConfig(WorkerRange):
     output: Literal["rank0", "all", "none"] = opt(
         "rank0", "which ranks' output the console shows, each line prefixed [rank N node]; every rank's is kept "
         "in <run dir>/logs/rank<N>.log")
+    warm: bool = opt(
+        True, "on a cluster the SLURM bring-up started, fork each process from its node's warm interpreter, which "
+              "has torch imported (docs/launch.md: what a forked process shares with it); false = a fresh Python, "
+              "as torchrun starts")
     start_timeout_s: float = opt(
         120.0, "how long placing the processes may take (at the start, and after a node was lost) before the run "
         "fails naming the dead nodes", gt=0)

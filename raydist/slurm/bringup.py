@@ -159,12 +159,14 @@ def run_node(cfg: ClusterConfig, alloc: Allocation, log=print) -> int:
     stop = _StopRequest()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, stop.on_signal)
+    env = ray_environment(plan, node, choice.iface)
+    warm = start_warm_interpreter(env, temp) if cfg.warm_python else None
     # Both halves of the teardown budget must fit in SLURM's KillWait, after which everything gets SIGKILL.
     half = cfg.timeouts.teardown / 2
     for attempt in range(START_ATTEMPTS):
         with open(log_path, "ab") as out:
-            proc = stop.proc = subprocess.Popen(cmd, env=ray_environment(plan, node, choice.iface), stdout=out,
-                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            proc = stop.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL)
         jd.write_record(node, state="started", pid=proc.pid, ip=choice.ip, iface=choice.iface, cpus=alloc.cpus,
                         gpus=alloc.gpus, ports=[block.start, block.max_worker], head=is_head)
         rc = _supervise(proc, stop, half)
@@ -175,12 +177,35 @@ def run_node(cfg: ClusterConfig, alloc: Allocation, log=print) -> int:
             f"node): starting it once more, after stopping {len(found)} leftover process(es)")
     if not stop.requested:
         _report_exit(jd, node, rc, log_path)
+    if warm is not None:
+        warm.terminate()  # its ranks die with it; the clean-up below kills it if it does not end in time
     summary = teardown.cleanup_node(plan.job_id, node, temp, half)
     log(summary)
     if stop.requested:
         jd.write_record(node, state="stopped")
         return 0
     return 1
+
+
+WARM_SERVER = Path(__file__).resolve().parents[1] / "launcher" / "warm_server.py"
+
+
+def start_warm_interpreter(env: dict[str, str], temp: Path) -> subprocess.Popen | None:
+    """The node's warm interpreter (raydist.launcher.warm_server): a process with torch imported, which forks the
+    ranks of `raydist launch` and scaling.engine=launch instead of each importing torch anew. It is tagged like the
+    node's Ray (the clean-up finds it by that), and its socket is in the job's private temp dir. `env` gains the
+    variable that tells the agents (Ray's workers inherit it) where it listens."""
+    from raydist.launcher.warm import WARM_ENV
+
+    sock = temp / "warm.sock"
+    try:
+        with open(temp / "warm-interpreter.log", "ab") as out:
+            proc = subprocess.Popen([sys.executable, str(WARM_SERVER), str(sock)], env=env, stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    except OSError:
+        return None  # the ranks start the cold way
+    env[WARM_ENV] = str(sock)
+    return proc
 
 
 def _interface_and_ports(cfg: ClusterConfig, jd: JobDir, plan: Plan, node: str

@@ -144,6 +144,10 @@ class ClusterConfig:
         "/tmp", "node-local disk; Ray's per-job temp dir is `<temp_dir>/raydist-<job id>` (also the job's `TMPDIR`)",
         parse=_absolute, shown="absolute path")
     login_host: str = opt("", "login node for the printed `ssh -L` line ('': the host sbatch ran on)")
+    warm_python: bool = opt(
+        True, "a warm interpreter per node, torch imported at bring-up, forks the processes of `raydist launch` "
+              "and scaling.engine=launch: they skip torch's import (the warm interpreter holds torch's memory on each "
+              "node while idle)")
     ports: Ports = dataclasses.field(default_factory=Ports)
     timeouts: Timeouts = dataclasses.field(default_factory=Timeouts)
     requeue: Requeue = dataclasses.field(default_factory=Requeue)

@@ -1,0 +1,341 @@
+"""A node's warm interpreter: a Python process with torch imported that forks a rank's process on request.
+
+Started per node by the SLURM bring-up beside `ray start` (raydist.slurm.bringup), listening on a Unix socket in
+the job's private temp dir. A rank's agent (raydist.launcher.agent) asks it to run `python script.py ...` or
+`python -m module ...`; the forked child becomes that script with its own environment, working directory, argv,
+sys.path and output pipe, without paying torch's import again (about as long as the rest of a small script's
+start-up together). Anything it cannot run exactly as a fresh interpreter would (another Python, interpreter
+options, PYTHON* variables that act at start-up, a preloaded library of its own) it declines, and the agent starts
+a fresh interpreter as before.
+
+Run by path, not as a module: it imports nothing of raydist's, so that the script imports raydist (or its own
+copy, from a job's working dir) afresh. It must stay single-threaded while it forks; torch's import starts no
+thread that matters here (OpenBLAS's pool re-forms in the child).
+
+Protocol, per connection: the agent sends a 4-byte length with the write end of the rank's output pipe attached
+(SCM_RIGHTS), then that many bytes of JSON {"argv", "env", "cwd", "niceness"}. The server answers one JSON line,
+{"pid": N} or {"declined": "why"}, and later {"exit": code} (Popen's returncode convention: -N for signal N). If
+the agent's connection closes first (the agent died), the child's process group is killed: the rank dies with
+its agent, as PR_SET_PDEATHSIG gives a rank started the cold way. A child dies with the server too (PR_SET_PDEATHSIG); SIGTERM ends the server only once no child of its is left.
+
+    python raydist/launcher/warm_server.py SOCKET_PATH
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+
+PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch.utils.data")
+KEPT_PYTHON_VARS = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE",
+                              "PYTHONBREAKPOINT"})
+"""PYTHON* variables the child applies itself, or that Python reads later (PYTHONBREAKPOINT, which Ray sets for its
+workers, at each breakpoint()); any other that differs from the server's acts at a fresh start and is declined."""
+SAME_AS_SERVER = ("LD_PRELOAD", "LD_LIBRARY_PATH", "RAY_LD_PRELOAD")
+MAX_REQUEST = 16 << 20
+PR_SET_PDEATHSIG = 1
+
+
+class Request:
+    """One rank to start: what the agent sent, checked."""
+
+    def __init__(self, data: dict, out_fd: int):
+        self.argv: list[str] = [str(a) for a in data["argv"]]
+        self.env: dict[str, str] = {str(k): str(v) for k, v in data["env"].items()}
+        self.cwd: str = str(data["cwd"])
+        self.niceness: int | None = data.get("niceness")
+        self.out_fd = out_fd
+        self.module: str | None = None
+        self.script: str | None = None
+        self.args: list[str] = []
+
+    def decline_reason(self) -> str | None:
+        """Why this request cannot run as a fresh interpreter would; None when it can."""
+        exe = _which(self.argv[0], self.env.get("PATH", "")) if self.argv else None
+        if exe is None or not _same_python(exe, sys.executable):
+            return f"not this node's Python ({sys.executable})"
+        rest = self.argv[1:]
+        while rest and rest[0] == "-u":  # unbuffered: the child's streams are anyway
+            rest = rest[1:]
+        if len(rest) >= 2 and rest[0] == "-m":
+            self.module, self.args = rest[1], rest[2:]
+        elif rest and not rest[0].startswith("-") and os.path.isfile(os.path.join(self.cwd, rest[0])):
+            self.script, self.args = rest[0], rest[1:]
+        else:
+            return "interpreter options other than -u, or no script file (a directory, a zip, stdin)"
+        if not os.path.isdir(self.cwd):
+            return f"no directory {self.cwd}"
+        for key in set(self.env) | set(os.environ):
+            acts = (key.startswith("PYTHON") and key not in KEPT_PYTHON_VARS) or key in SAME_AS_SERVER
+            if acts and self.env.get(key) != os.environ.get(key):
+                return f"{key} differs from the warm interpreter's"
+        return None
+
+
+def _which(name: str, path: str) -> str | None:
+    import shutil
+
+    if os.sep in name:
+        return os.path.abspath(name) if os.access(name, os.X_OK) else None
+    return shutil.which(name, path=path)
+
+
+def _same_python(a: str, b: str) -> bool:
+    """The same interpreter of the same environment: a venv's python and python3 are one, the base python that
+    its link points to is not (other site-packages)."""
+    return (os.path.dirname(os.path.abspath(a)) == os.path.dirname(os.path.abspath(b))
+            and os.path.realpath(a) == os.path.realpath(b))
+
+
+# ---- the server ------------------------------------------------------------------------------------------------
+
+class Server:
+    def __init__(self, path: str):
+        self.path = path
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        os.chmod(path, 0o600)
+        self.listener.listen(64)
+        self.sel = selectors.DefaultSelector()
+        self.children: dict[int, socket.socket | None] = {}  # pid -> its agent's connection (None: gone)
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the loop: reaping happens there
+        self.sel.register(self.listener, selectors.EVENT_READ, "accept")
+        self.sel.register(self.wake_r, selectors.EVENT_READ, "wake")
+        self.stopping = False
+
+    def stop(self, *_) -> None:
+        """SLURM's SIGTERM reaches every process of the step at once: the ranks decide for themselves what it
+        means, so it only ends the server once no rank of its is left (none is, once Ray has stopped: a rank dies
+        with its agent). New requests go the cold way meanwhile."""
+        self.stopping = True
+
+    def serve(self) -> Request:
+        """Answers requests until one is this process's own: in a forked child, that request is returned."""
+        while True:
+            for key, _ in self.sel.select(timeout=5.0):
+                if key.data == "accept":
+                    conn, _ = self.listener.accept()
+                    request = self._start(conn)
+                    if request is not None:
+                        return request
+                elif key.data == "wake":
+                    os.read(self.wake_r, 4096)
+                else:
+                    self._agent_gone(key.fileobj)
+            self._reap()
+            if self.stopping:
+                self._wind_down()
+
+    def _wind_down(self) -> None:
+        if self.listener.fileno() >= 0:
+            self.sel.unregister(self.listener)
+            self.listener.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+        if not self.children:
+            sys.exit(0)
+
+    def _start(self, conn: socket.socket) -> Request | None:
+        out_fd = -1
+        try:
+            conn.settimeout(10)
+            head, fds, _, _ = socket.recv_fds(conn, 4, 1)
+            out_fd = fds[0] if fds else -1
+            size = struct.unpack("!I", head)[0] if len(head) == 4 else 0
+            if out_fd < 0 or not 0 < size <= MAX_REQUEST:
+                raise ValueError("a malformed request")
+            body = b""
+            while len(body) < size:
+                chunk = conn.recv(size - len(body))
+                if not chunk:
+                    raise ValueError("a truncated request")
+                body += chunk
+            request = Request(json.loads(body), out_fd)
+            why = request.decline_reason()
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            request, why = None, f"{type(e).__name__}: {e}"
+        if why is not None:
+            _answer(conn, {"declined": why})
+            conn.close()
+            if out_fd >= 0:
+                os.close(out_fd)
+            return None
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            self._become_child(conn)
+            return request
+        os.close(out_fd)
+        try:
+            os.setpgid(pid, pid)  # the child does too: whichever runs first, a signal to the group finds it
+        except OSError:
+            pass
+        self.children[pid] = conn
+        _answer(conn, {"pid": pid})
+        self.sel.register(conn, selectors.EVENT_READ, pid)
+        return None
+
+    def _become_child(self, conn: socket.socket) -> None:
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        os.setpgid(0, 0)  # a process group of its own: signals reach its DataLoader workers too
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        self.sel.close()
+        for s in (self.listener, conn, *self.children.values()):
+            if s is not None:
+                s.close()
+        for fd in (self.wake_r, self.wake_w):
+            os.close(fd)
+
+    def _agent_gone(self, conn) -> None:
+        pid = next((p for p, c in self.children.items() if c is conn), None)
+        if pid is not None:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.sel.unregister(conn)
+        conn.close()
+        if pid is not None:
+            self.children[pid] = None  # reaped in _reap; nobody to tell
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.children.pop(pid, None)
+            if conn is not None:
+                self.sel.unregister(conn)
+                _answer(conn, {"exit": os.waitstatus_to_exitcode(status)})
+                conn.close()
+
+
+def _answer(conn: socket.socket, message: dict) -> None:
+    try:
+        conn.sendall(json.dumps(message).encode() + b"\n")
+    except OSError:
+        pass  # the agent is gone; its child is killed when the loop sees the connection close
+
+
+# ---- the child: become the script --------------------------------------------------------------------------------
+
+def become(request: Request, base_path: list[str]) -> None:
+    """This forked process turns into `python script.py args` (or `python -m module args`) as a fresh
+    interpreter would be: environment, directory, streams, argv, sys.path, thread count, fresh random state."""
+    import io
+
+    if request.niceness is not None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, int(request.niceness))
+        except OSError:
+            pass
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(request.out_fd, 1)
+    os.dup2(request.out_fd, 2)
+    for fd in (null, request.out_fd):
+        os.close(fd)
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True,
+                                                   errors="backslashreplace")
+    os.environ.clear()
+    os.environ.update(request.env)
+    os.chdir(request.cwd)
+    sys.dont_write_bytecode = bool(request.env.get("PYTHONDONTWRITEBYTECODE"))
+    if request.env.get("PYTHONFAULTHANDLER"):
+        import faulthandler
+
+        faulthandler.enable()
+    first = os.path.dirname(os.path.realpath(request.script)) if request.script else os.getcwd()
+    extra = [p for p in request.env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [first, *extra, *base_path]
+    sys.argv = [request.script or "-m", *request.args]
+    sys.orig_argv = list(request.argv)
+    _fresh_numpy_and_threads(request.env)
+
+
+def _fresh_numpy_and_threads(env: dict[str, str]) -> None:
+    import numpy
+    import torch
+
+    numpy.random.seed()  # `random` reseeds itself in a forked child; numpy's global generator does not
+    threads = env.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))  # read at the OpenMP runtime's load, which was the server's
+
+
+def _run_script(script: str) -> None:
+    """As `python script.py` does: a fresh `__main__` whose __file__ is absolute (3.9+); argv[0] stays as given."""
+    import builtins
+    import importlib.machinery
+    import types
+
+    path = os.path.abspath(script)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __builtins__=builtins,
+                         __loader__=importlib.machinery.SourceFileLoader("__main__", path))
+    sys.modules["__main__"] = main
+    with open(path, "rb") as f:
+        code = compile(f.read(), path, "exec", dont_inherit=True)
+    exec(code, main.__dict__)
+
+
+def run(request: Request) -> None:
+    """The script, as `python` runs it; its traceback shows its own frames only."""
+    import runpy
+
+    try:
+        if request.module:
+            runpy._run_module_as_main(request.module, alter_argv=True)
+        else:
+            _run_script(request.script)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as e:
+        tb = e.__traceback__
+        while tb is not None and (tb.tb_frame.f_code in (run.__code__, _run_script.__code__)
+                                  or tb.tb_frame.f_globals.get("__name__") == "runpy"):
+            tb = tb.tb_next
+        sys.excepthook(type(e), e.with_traceback(tb), tb)
+        sys.exit(1)
+
+
+def main(argv: list[str]) -> Request:
+    if len(argv) != 2:
+        print("usage: warm_server.py SOCKET_PATH", file=sys.stderr)
+        sys.exit(2)
+    env_path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    base_path = [p for p in sys.path[1:] if p not in env_path]
+    for name in PRELOAD:
+        __import__(name)
+    if os.path.exists(argv[1]):
+        os.unlink(argv[1])  # a socket left by a server of this job that was killed
+    server = Server(argv[1])
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, server.stop)
+    print(f"warm interpreter: pid {os.getpid()}, torch imported, listening on {argv[1]}", flush=True)
+    request = server.serve()
+    become(request, base_path)
+    return request
+
+
+if __name__ == "__main__":
+    run(main(sys.argv))

@@ -1,0 +1,200 @@
+"""A node's warm interpreter (raydist/launcher/warm_server.py): a rank forked from it, with torch already imported,
+behaves as the same script started by `python` would: its argv, directory, sys.path, environment, output, exit
+code, traceback and signals; fresh random state; it dies with its agent. What it cannot run that way it declines,
+and the rank starts cold. Real processes, no Ray: the agent (RankAgent) is driven directly, as Ray would call it.
+The SLURM bring-up that starts it per node is covered by tests/test_slurm_launch.py and test_slurm_cluster.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from raydist.launcher import warm_server
+from raydist.launcher.agent import RankAgent
+from raydist.launcher.warm import WARM_ENV
+
+SCRIPT = textwrap.dedent("""\
+    import os, sys
+    print("warm" if "torch" in sys.modules else "cold", __name__, sys.argv, os.getcwd(), sys.path[0],
+          os.environ.get("RANK"), flush=True)
+    import numpy, torch
+    print("random", numpy.random.rand(), "threads", torch.get_num_threads(), flush=True)
+    if sys.argv[1:] == ["fail"]:
+        def inner():
+            raise ValueError("boom")
+        inner()
+    if sys.argv[1:] == ["sleep"]:
+        import time
+        time.sleep(120)
+    sys.exit(3)
+""")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    here = tmp_path_factory.mktemp("warm")
+    sock = here / "warm.sock"
+    log = open(here / "server.log", "wb")
+    proc = subprocess.Popen([sys.executable, warm_server.__file__, str(sock)], stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while not sock.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, (here / "server.log").read_text()
+        time.sleep(0.1)
+    (here / "train.py").write_text(SCRIPT)
+    yield proc, sock, here
+    proc.kill()
+    proc.wait()
+    log.close()
+
+
+@pytest.fixture
+def agent(server, monkeypatch):
+    monkeypatch.setenv(WARM_ENV, str(server[1]))
+    agents = []
+
+    def make() -> RankAgent:
+        agents.append(RankAgent("warm-test", len(agents)))
+        return agents[-1]
+
+    yield make
+    for a in agents:
+        a.kill()
+
+
+def _env(**extra) -> dict[str, str]:
+    return {"PATH": os.environ["PATH"], "RANK": "1", **extra}
+
+
+def _run_to_end(a: RankAgent, timeout: float = 60) -> tuple[list[str], int]:
+    lines, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        p = a.poll()
+        lines += p["lines"]
+        if p["exit_code"] is not None:
+            return lines, p["exit_code"]
+        time.sleep(0.2)
+    raise AssertionError(f"no exit within {timeout} s: {lines}")
+
+
+def test_a_forked_rank_runs_the_script_as_python_would(agent, server):
+    here = server[2]
+    a = agent()
+    started = a.start([sys.executable, "train.py", "x"], _env(OMP_NUM_THREADS="1"), str(here), 1, 0)
+    assert started["warm"], started
+    lines, code = _run_to_end(a)
+    assert code == 3
+    assert lines[0] == f"warm __main__ ['train.py', 'x'] {here} {here} 1"
+    assert lines[1].endswith("threads 1")
+
+
+def test_a_failing_forked_rank_prints_the_traceback_python_prints(agent, server):
+    here = server[2]
+    a = agent()
+    assert a.start([sys.executable, "train.py", "fail"], _env(), str(here), 1, 0)["warm"]
+    lines, code = _run_to_end(a)
+    cold = subprocess.run([sys.executable, "train.py", "fail"], cwd=here, capture_output=True, text=True)
+    assert code == cold.returncode == 1
+    assert lines[2:] == cold.stderr.splitlines(), lines
+
+
+def test_python_dash_m_and_the_pythonpath_are_honoured(agent, server, tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "helper.py").write_text("WHO = 'helper'\n")
+    (tmp_path / "pkg" / "main.py").write_text("import sys, helper\nprint(helper.WHO, sys.argv, sys.path[0])\n")
+    a = agent()
+    env = _env(PYTHONPATH=str(tmp_path / "lib"))
+    assert a.start([sys.executable, "-m", "pkg.main", "--flag"], env, str(tmp_path), 1, 0)["warm"]
+    lines, code = _run_to_end(a)
+    assert code == 0 and lines == [f"helper ['{tmp_path}/pkg/main.py', '--flag'] {tmp_path}"], lines
+
+
+def test_each_forked_rank_gets_fresh_random_state(agent, server):
+    draws = []
+    for _ in range(2):
+        a = agent()
+        assert a.start([sys.executable, "train.py"], _env(), str(server[2]), 1, 0)["warm"]
+        draws.append(_run_to_end(a)[0][1].split()[1])
+    assert draws[0] != draws[1]
+
+
+def test_signals_reach_a_forked_rank_and_it_dies_with_its_agent(agent, server):
+    a = agent()
+    assert a.start([sys.executable, "train.py", "sleep"], _env(), str(server[2]), 1, 0)["warm"]
+    time.sleep(1)
+    a.send("SIGTERM")
+    assert _run_to_end(a)[1] == -signal.SIGTERM
+    # An agent killed outright (its node's Ray lost): the rank it started must not outlive it.
+    probe = ("import os, sys, time\nfrom raydist.launcher.agent import RankAgent\n"
+             "a = RankAgent('warm-test', 9)\n"
+             f"s = a.start([sys.executable, 'train.py', 'sleep'], {{'PATH': os.environ['PATH']}}, {str(server[2])!r}, 0, 0)\n"
+             "print(s['pid'], s['warm'], flush=True)\ntime.sleep(120)\n")
+    agent_proc = subprocess.Popen([sys.executable, "-c", probe], stdout=subprocess.PIPE, text=True,
+                                  env={**os.environ, WARM_ENV: str(server[1])})
+    pid, warm = agent_proc.stdout.readline().split()
+    assert warm == "True"
+    agent_proc.kill()
+    agent_proc.wait()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and _state(pid) != "Z":
+        assert time.monotonic() < deadline, f"rank {pid} outlived its agent"
+        time.sleep(0.1)
+
+
+def _state(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "X"
+
+
+@pytest.mark.parametrize("argv, env, why", [
+    (["/usr/bin/env", "python3", "train.py"], {}, "not this node's Python"),
+    ([sys.executable, "-c", "print(1)"], {}, "interpreter options"),
+    ([sys.executable, "-X", "dev", "train.py"], {}, "interpreter options"),
+    ([sys.executable, "train.py"], {"PYTHONHASHSEED": "7"}, "PYTHONHASHSEED differs"),
+])
+def test_what_a_fork_cannot_reproduce_starts_cold(agent, server, argv, env, why):
+    a = agent()
+    started = a.start(argv, _env(**env), str(server[2]), 1, 0)
+    assert not started["warm"] and why in started["cold_why"], started
+    _run_to_end(a)
+
+
+def test_without_a_warm_interpreter_the_rank_starts_cold(monkeypatch, tmp_path):
+    monkeypatch.delenv(WARM_ENV, raising=False)
+    (tmp_path / "train.py").write_text(SCRIPT)
+    a = RankAgent("warm-test", 0)
+    assert not a.start([sys.executable, "train.py"], _env(), str(tmp_path), 1, 0)["warm"]
+    lines, code = _run_to_end(a)
+    assert code == 3 and lines[0].startswith("cold __main__")
+
+
+def test_sigterm_ends_the_server_only_once_its_ranks_have_ended(server, tmp_path):
+    sock = tmp_path / "w.sock"
+    proc = subprocess.Popen([sys.executable, warm_server.__file__, str(sock)], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not sock.exists():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.1)
+        os.environ[WARM_ENV] = str(sock)
+        a = RankAgent("warm-test", 0)
+        assert a.start([sys.executable, "train.py", "sleep"], _env(), str(server[2]), 1, 0)["warm"]
+        proc.send_signal(signal.SIGTERM)  # as SLURM signals every process of the step
+        time.sleep(1)
+        assert proc.poll() is None and a.poll()["exit_code"] is None
+        assert not sock.exists()  # no new rank is forked meanwhile
+        a.send("SIGTERM")
+        assert proc.wait(timeout=10) == 0
+    finally:
+        os.environ.pop(WARM_ENV, None)
+        proc.kill()
