@@ -58,9 +58,11 @@ def ray_round(cluster, job, storage: Path, name: str, engine: str = "ray_train",
         raise SystemExit(f"ray job submit failed: {(r.stdout + r.stderr)[-3000:]}")
     took = first_step(storage / name, launched)
     # The driver's own split, from its process start: what came before it is `ray job submit`'s and the job's.
-    up = json.loads((storage / name / "summary.json").read_text())["startup_s"]
+    summary = json.loads((storage / name / "summary.json").read_text())
+    up = summary["startup_s"]
     print(f"  {engine}: submit to driver start {took - up['first_step']:.1f} s, then {up}", flush=True)
-    return {"first_step_s": round(took, 2), "to_driver_start_s": round(took - up["first_step"], 2), "startup_s": up}
+    return {"first_step_s": round(took, 2), "to_driver_start_s": round(took - up["first_step"], 2), "startup_s": up,
+            "warm_workers": summary.get("warm_workers", 0)}
 
 
 def torchrun_round(cluster, job, storage: Path, name: str) -> float:

@@ -54,8 +54,10 @@ def timed(argv: list[str], env: dict[str, str] | None = None, cwd: Path = REPO, 
 
 
 def split(run_dir: Path) -> dict[str, float]:
-    """raydist launch's own start-up split (summary.json's startup_s: seconds since its process started)."""
-    return json.loads((run_dir / "summary.json").read_text())["startup_s"]
+    """raydist launch's own start-up split (summary.json's startup_s: seconds since its process started), and how
+    many ranks its nodes' warm interpreters forked."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return {**summary["startup_s"], "warm_ranks": sum(bool(r.get("warm")) for r in summary["ranks"])}
 
 
 def local_env(tmp: Path) -> dict[str, str]:

@@ -62,6 +62,9 @@ class CommonSummary:
         "(`workers`), model, data and checkpoint were ready (`ready`), the first step was done (`first_step`); "
         "Ray Train strategies", None)
     restarts: int = described("times the run replaced failed workers or servers and went on from a checkpoint", 0)
+    warm_workers: int = described(
+        "workers of the last start forked by their node's warm interpreter, torch already imported "
+        "(scaling.engine=launch on a cluster the SLURM bring-up started: docs/launch.md)", 0)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

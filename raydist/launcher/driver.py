@@ -379,7 +379,7 @@ class LaunchRun:
             workers=len(group.ranks), status=status, exit_code=decision.exit_code, reason=decision.reason,
             restarts=self.restarts, wall_s=round(time.perf_counter() - self.started, 3),
             ranks=[{"rank": r.rank, "node": r.node, "iface": r.slot.place.iface, "pid": r.pid,
-                    "exit_code": r.exit_code} for r in group.ranks],
+                    "exit_code": r.exit_code, "warm": r.warm} for r in group.ranks],
             failures=self.failures, logs=str(self.console.logs), startup_s=self._startup())
         self._registered(group, final=True)
         if status == "failed":

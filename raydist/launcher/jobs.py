@@ -81,7 +81,9 @@ def fit_as_processes(cfg: Config, spec: registry.StrategySpec, session: Session)
         raise RaydistError(f"training failed: {outcome.reason}")
     if failure.exists():
         raise RaydistError(f"training failed: {json.loads(failure.read_text())['reason']}")
-    return _summary(cfg, session, connected[0] if connected else time.time(), began, fit_id, outcome.restarts)
+    summary = _summary(cfg, session, connected[0] if connected else time.time(), began, fit_id, outcome.restarts)
+    summary.warm_workers = sum(bool(r.get("warm")) for r in outcome.ranks)
+    return summary
 
 
 def _summary(cfg: Config, session: Session, connected: float, began: float, fit_id: str,

@@ -30,7 +30,7 @@ class LaunchSummary:
     reason: str = described("the one line that says how the run ended", "")
     restarts: int = described("restarts of the whole group (TORCHELASTIC_RESTART_COUNT of the last start)", 0)
     wall_s: float = described("seconds from raydist launch's start to its end", 0.0)
-    ranks: list[dict[str, Any]] = described("each rank of the last start: rank, node, iface (its node's GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME), pid, exit_code", [])
+    ranks: list[dict[str, Any]] = described("each rank of the last start: rank, node, iface (its node's GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME), pid, exit_code, warm (forked by its node's warm interpreter: docs/launch.md)", [])
     failures: list[str] = described("each failure's line, in order (restarts and the final one)", [])
     logs: str = described("the directory of each rank's whole output, rank<N>.log", "")
     startup_s: dict[str, float] | None = described(
