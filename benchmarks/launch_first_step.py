@@ -11,6 +11,9 @@ order, the hand-written way (an `srun --overlap` step on the 3 hosts, each picki
 examples/srun_before.sbatch), `raydist launch` from the head node with the cluster's address (as after
 `eval "$(raydist env)"`), and `ray job submit -- raydist launch`.
 
+`ray job submit`'s command-line tool runs with PYTHONUNBUFFERED=1, as at a terminal: into a pipe, Python holds
+all of its output back until it exits (the job's log lines included), which is not what a user at a terminal sees.
+
 Timed from this script's launch of the command: the arrival of the script's "step 1" line on the command's output
 (the first step, as the user sees it) and the command's exit. Writes every round, the machine and the commit to
 docs/data/launch_first_step.json (--out), and prints the ratios' medians and ranges.
@@ -124,7 +127,7 @@ def cluster_rounds(rounds: int) -> tuple[list[dict], int]:
             got = in_head(["ray", "job", "submit", "--working-dir", ".", "--", "raydist", "launch", "--workers",
                            str(len(hosts)), "--storage", str(shared / "runs"), "--name", f"submit{i}", "--",
                            "python", "examples/ddp_train.py", *SCRIPT_ARGS, "--snapshot",
-                           str(shared / f"submit{i}.pt")], job.env())
+                           str(shared / f"submit{i}.pt")], {**job.env(), "PYTHONUNBUFFERED": "1"})
             return {**got, "split": split(shared / "runs" / f"submit{i}")}
 
         runs = {"srun": srun, "raydist_launch": launch, "ray_job_submit_launch": submit}

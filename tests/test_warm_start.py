@@ -169,6 +169,14 @@ def test_what_a_fork_cannot_reproduce_starts_cold(agent, server, argv, env, why)
     _run_to_end(a)
 
 
+def test_warm_false_starts_the_rank_cold_beside_a_warm_interpreter(agent, server):
+    a = agent()
+    started = a.start([sys.executable, "train.py"], _env(), str(server[2]), 1, 0, warm=False)
+    assert not started["warm"] and started["cold_why"] == "warm=false"
+    lines, code = _run_to_end(a)
+    assert code == 3 and lines[0].startswith("cold __main__")
+
+
 def test_without_a_warm_interpreter_the_rank_starts_cold(monkeypatch, tmp_path):
     monkeypatch.delenv(WARM_ENV, raising=False)
     (tmp_path / "train.py").write_text(SCRIPT)
