@@ -58,7 +58,7 @@ class Request:
 
     def decline_reason(self) -> str | None:
         """Why this request cannot run as a fresh interpreter would; None when it can."""
-        exe = _which(self.argv[0], self.env.get("PATH", "")) if self.argv else None
+        exe = _which(self.argv[0], self.env.get("PATH", ""), self.cwd) if self.argv else None
         if exe is None or not _same_python(exe, sys.executable):
             return f"not this node's Python ({sys.executable})"
         rest = self.argv[1:]
@@ -79,11 +79,13 @@ class Request:
         return None
 
 
-def _which(name: str, path: str) -> str | None:
+def _which(name: str, path: str, cwd: str) -> str | None:
+    """The program `name` names, as the rank's shell would find it (a relative path from the rank's directory)."""
     import shutil
 
     if os.sep in name:
-        return os.path.abspath(name) if os.access(name, os.X_OK) else None
+        name = os.path.join(cwd, name)
+        return name if os.access(name, os.X_OK) else None
     return shutil.which(name, path=path)
 
 
@@ -98,7 +100,7 @@ def _same_python(a: str, b: str) -> bool:
 
 class Server:
     def __init__(self, path: str):
-        self.path = path
+        self.path, self.pid = path, os.getpid()
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)
         os.chmod(path, 0o600)
@@ -124,7 +126,10 @@ class Server:
         while True:
             for key, _ in self.sel.select(timeout=5.0):
                 if key.data == "accept":
-                    conn, _ = self.listener.accept()
+                    try:
+                        conn, _ = self.listener.accept()
+                    except OSError:
+                        continue  # the agent gave up before it was accepted
                     request = self._start(conn)
                     if request is not None:
                         return request
@@ -162,7 +167,7 @@ class Server:
                 body += chunk
             request = Request(json.loads(body), out_fd)
             why = request.decline_reason()
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             request, why = None, f"{type(e).__name__}: {e}"
         if why is not None:
             _answer(conn, {"declined": why})
@@ -188,6 +193,8 @@ class Server:
 
     def _become_child(self, conn: socket.socket) -> None:
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != self.pid:
+            os._exit(1)  # the server died before the death signal was set: nobody would end this child
         os.setpgid(0, 0)  # a process group of its own: signals reach its DataLoader workers too
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
