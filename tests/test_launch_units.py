@@ -216,7 +216,7 @@ def test_without_py_spy_a_ranks_stack_comes_from_faulthandler(tmp_path, monkeypa
                       "wait_for_peers()\n")
     rank = A.RankAgent("units", 0)
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    pid = rank.start([sys.executable, str(script)], {"RANK": "0"}, str(tmp_path), 0, 0)
+    pid = rank.start([sys.executable, str(script)], {"RANK": "0"}, str(tmp_path), 0, 0)["pid"]
     deadline = time.monotonic() + 30
     while "up" not in rank.lines and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -149,6 +149,20 @@ def test_signals_reach_a_forked_rank_and_it_dies_with_its_agent(agent, server):
         time.sleep(0.1)
 
 
+def test_a_hung_forked_rank_prints_its_stack_on_sigabrt(agent, server, monkeypatch):
+    """The hang check's fallback where py-spy cannot read the process: faulthandler, on in every rank."""
+    from raydist.launcher import agent as A
+
+    a = agent()
+    assert a.start([sys.executable, "train.py", "sleep"], _env(PYTHONFAULTHANDLER="1"), str(server[2]), 1, 0)["warm"]
+    time.sleep(1.5)
+    monkeypatch.setattr(A.shutil, "which", lambda _: None)
+    monkeypatch.setattr(A.sys, "executable", str(server[2] / "no-bin" / "python"))  # no py-spy beside it either
+    got = a.dump_stack()
+    assert got["how"] == "faulthandler" and 'File "' + str(server[2] / "train.py") in got["text"], got["text"]
+    assert a.proc.wait(timeout=10) == -signal.SIGABRT
+
+
 def _state(pid: str) -> str:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
