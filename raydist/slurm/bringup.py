@@ -163,22 +163,28 @@ def run_node(cfg: ClusterConfig, alloc: Allocation, log=print) -> int:
     warm = start_warm_interpreter(env, temp) if cfg.warm_python else None
     # Both halves of the teardown budget must fit in SLURM's KillWait, after which everything gets SIGKILL.
     half = cfg.timeouts.teardown / 2
-    for attempt in range(START_ATTEMPTS):
-        with open(log_path, "ab") as out:
-            proc = stop.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                                stdin=subprocess.DEVNULL)
-        jd.write_record(node, state="started", pid=proc.pid, ip=choice.ip, iface=choice.iface, cpus=alloc.cpus,
-                        gpus=alloc.gpus, ports=[block.start, block.max_worker], head=is_head)
-        rc = _supervise(proc, stop, half)
-        if not start_again(rc, _tail(log_path, 40), attempt, stop.requested):
-            break
-        found, _ = teardown.stop_leftovers(plan.job_id, node, half)  # the first try's half-started processes
-        log(f"{node}: ray start gave up waiting for its raylet to register (Ray's fixed 30 s; an overloaded "
-            f"node): starting it once more, after stopping {len(found)} leftover process(es)")
+    try:
+        for attempt in range(START_ATTEMPTS):
+            with open(log_path, "ab") as out:
+                proc = stop.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                                    stdin=subprocess.DEVNULL)
+            jd.write_record(node, state="started", pid=proc.pid, ip=choice.ip, iface=choice.iface,
+                            cpus=alloc.cpus, gpus=alloc.gpus, ports=[block.start, block.max_worker], head=is_head)
+            rc = _supervise(proc, stop, half)
+            if not start_again(rc, _tail(log_path, 40), attempt, stop.requested):
+                break
+            found, _ = teardown.stop_leftovers(plan.job_id, node, half)  # the first try's half-started processes
+            if warm is not None:  # it carries the tag, so it was stopped too: a new one for the new start
+                warm.kill()
+                warm.wait()
+                warm = start_warm_interpreter(env, temp)
+            log(f"{node}: ray start gave up waiting for its raylet to register (Ray's fixed 30 s; an overloaded "
+                f"node): starting it once more, after stopping {len(found)} leftover process(es)")
+    finally:
+        if warm is not None:
+            warm.terminate()  # its ranks die with it; the clean-up below kills it if it does not end in time
     if not stop.requested:
         _report_exit(jd, node, rc, log_path)
-    if warm is not None:
-        warm.terminate()  # its ranks die with it; the clean-up below kills it if it does not end in time
     summary = teardown.cleanup_node(plan.job_id, node, temp, half)
     log(summary)
     if stop.requested:
