@@ -24,8 +24,9 @@ SCRIPT = textwrap.dedent("""\
     import os, sys
     print("warm" if "torch" in sys.modules else "cold", __name__, sys.argv, os.getcwd(), sys.path[0],
           os.environ.get("RANK"), flush=True)
-    import numpy, torch
-    print("random", numpy.random.rand(), "threads", torch.get_num_threads(), flush=True)
+    import multiprocessing, numpy, torch
+    print("random", numpy.random.rand(), "threads", torch.get_num_threads(),
+          "authkey", multiprocessing.current_process().authkey.hex(), flush=True)
     if sys.argv[1:] == ["fail"]:
         def inner():
             raise ValueError("boom")
@@ -91,7 +92,7 @@ def test_a_forked_rank_runs_the_script_as_python_would(agent, server):
     lines, code = _run_to_end(a)
     assert code == 3
     assert lines[0] == f"warm __main__ ['train.py', 'x'] {here} {here} 1"
-    assert lines[1].endswith("threads 1")
+    assert lines[1].split()[2:4] == ["threads", "1"]
 
 
 def test_a_failing_forked_rank_prints_the_traceback_python_prints(agent, server):
@@ -109,12 +110,14 @@ def test_python_dash_m_and_the_pythonpath_are_honoured(agent, server, tmp_path):
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "helper.py").write_text("WHO = 'helper'\n")
-    (tmp_path / "pkg" / "main.py").write_text("import sys, helper\nprint(helper.WHO, sys.argv, sys.path[0])\n")
+    (tmp_path / "pkg" / "main.py").write_text(
+        "import sys, helper\nprint(helper.WHO, sys.argv, sys.path[0], sorted(n for n in globals() if n[0] != '_'))\n")
     a = agent()
     env = _env(PYTHONPATH=str(tmp_path / "lib"))
     assert a.start([sys.executable, "-m", "pkg.main", "--flag"], env, str(tmp_path), 1, 0)["warm"]
     lines, code = _run_to_end(a)
-    assert code == 0 and lines == [f"helper ['{tmp_path}/pkg/main.py', '--flag'] {tmp_path}"], lines
+    # Its own globals only, as under `python -m`: none of the warm interpreter's.
+    assert code == 0 and lines == [f"helper ['{tmp_path}/pkg/main.py', '--flag'] {tmp_path} ['helper', 'sys']"], lines
 
 
 def test_each_forked_rank_gets_fresh_random_state(agent, server):
@@ -122,8 +125,9 @@ def test_each_forked_rank_gets_fresh_random_state(agent, server):
     for _ in range(2):
         a = agent()
         assert a.start([sys.executable, "train.py"], _env(), str(server[2]), 1, 0)["warm"]
-        draws.append(_run_to_end(a)[0][1].split()[1])
-    assert draws[0] != draws[1]
+        draws.append(_run_to_end(a)[0][1].split())
+    assert draws[0][1] != draws[1][1]  # numpy's global generator
+    assert draws[0][5] != draws[1][5]  # multiprocessing's authkey
 
 
 def test_signals_reach_a_forked_rank_and_it_dies_with_its_agent(agent, server):
@@ -198,6 +202,26 @@ def test_without_a_warm_interpreter_the_rank_starts_cold(monkeypatch, tmp_path):
     assert not a.start([sys.executable, "train.py"], _env(), str(tmp_path), 1, 0)["warm"]
     lines, code = _run_to_end(a)
     assert code == 3 and lines[0].startswith("cold __main__")
+
+
+@pytest.mark.parametrize("body", [b"[" * 100000 + b"]" * 100000, b"not json", b'{"argv": 1, "env": [], "cwd": 2}'])
+def test_a_malformed_request_is_declined_and_the_server_serves_on(agent, server, body):
+    import json
+    import socket
+    import struct
+
+    read_end, write_end = os.pipe()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(str(server[1]))
+        socket.send_fds(conn, [struct.pack("!I", len(body))], [write_end])
+        conn.sendall(body)
+        answer = json.loads(conn.makefile("rb").readline())
+    os.close(read_end)
+    os.close(write_end)
+    assert "declined" in answer and server[0].poll() is None, answer
+    a = agent()
+    assert a.start([sys.executable, "train.py"], _env(), str(server[2]), 1, 0)["warm"]
+    assert _run_to_end(a)[1] == 3
 
 
 def test_sigterm_ends_the_server_only_once_its_ranks_have_ended(server, tmp_path):

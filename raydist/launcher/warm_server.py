@@ -32,6 +32,8 @@ import signal
 import socket
 import struct
 import sys
+import time
+import types
 
 PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch.utils.data")
 KEPT_PYTHON_VARS = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE",
@@ -40,6 +42,8 @@ KEPT_PYTHON_VARS = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONFAULTHAND
 workers, at each breakpoint()); any other that differs from the server's acts at a fresh start and is declined."""
 SAME_AS_SERVER = ("LD_PRELOAD", "LD_LIBRARY_PATH", "RAY_LD_PRELOAD")
 MAX_REQUEST = 16 << 20
+READ_TIMEOUT_S = 10.0  # for a whole request: an agent sends it at once, and the server serves one at a time
+HANDLED = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD}
 PR_SET_PDEATHSIG = 1
 
 
@@ -104,6 +108,7 @@ class Server:
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)
         os.chmod(path, 0o600)
+        self.inode = os.stat(path).st_ino  # unlinked only while it is still this server's
         self.listener.listen(64)
         self.sel = selectors.DefaultSelector()
         self.children: dict[int, socket.socket | None] = {}  # pid -> its agent's connection (None: gone)
@@ -130,7 +135,7 @@ class Server:
                         conn, _ = self.listener.accept()
                     except OSError:
                         continue  # the agent gave up before it was accepted
-                    request = self._start(conn)
+                    request = self._answered(conn)
                     if request is not None:
                         return request
                 elif key.data == "wake":
@@ -146,42 +151,69 @@ class Server:
             self.sel.unregister(self.listener)
             self.listener.close()
             with contextlib.suppress(OSError):
-                os.unlink(self.path)
+                if os.stat(self.path).st_ino == self.inode:
+                    os.unlink(self.path)
         if not self.children:
             sys.exit(0)
 
-    def _start(self, conn: socket.socket) -> Request | None:
+    def _answered(self, conn: socket.socket) -> Request | None:
+        """One request read, checked and forked, or declined: nothing a request holds may end the server, whose
+        end would end every rank it forked on this node."""
         out_fd = -1
         try:
-            conn.settimeout(10)
-            head, fds, _, _ = socket.recv_fds(conn, 4, 1)
-            out_fd = fds[0] if fds else -1
-            size = struct.unpack("!I", head)[0] if len(head) == 4 else 0
-            if out_fd < 0 or not 0 < size <= MAX_REQUEST:
-                raise ValueError("a malformed request")
-            body = b""
-            while len(body) < size:
-                chunk = conn.recv(size - len(body))
-                if not chunk:
-                    raise ValueError("a truncated request")
-                body += chunk
-            request = Request(json.loads(body), out_fd)
+            request = self._read(conn)
+            out_fd = request.out_fd
             why = request.decline_reason()
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            request, why = None, f"{type(e).__name__}: {e}"
-        if why is not None:
-            _answer(conn, {"declined": why})
-            conn.close()
+            if why is None:
+                return self._fork(conn, request)
+        except Exception as e:  # noqa: BLE001 - the request's fault or the machine's (EAGAIN at fork): declined
+            why = f"{type(e).__name__}: {e}"
+        _answer(conn, {"declined": why})
+        conn.close()
+        if out_fd >= 0:
+            os.close(out_fd)
+        return None
+
+    @staticmethod
+    def _read(conn: socket.socket) -> Request:
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        conn.settimeout(READ_TIMEOUT_S)
+        head, fds, _, _ = socket.recv_fds(conn, 4, 1)
+        out_fd = fds[0] if fds else -1
+        size = struct.unpack("!I", head)[0] if len(head) == 4 else 0
+        if out_fd < 0 or not 0 < size <= MAX_REQUEST:
             if out_fd >= 0:
                 os.close(out_fd)
-            return None
+            raise ValueError("a malformed request")
+        body = b""
+        while len(body) < size:
+            conn.settimeout(max(0.01, deadline - time.monotonic()))
+            chunk = conn.recv(size - len(body))
+            if not chunk:
+                os.close(out_fd)
+                raise ValueError("a truncated request")
+            body += chunk
+        try:
+            return Request(json.loads(body), out_fd)
+        except Exception:
+            os.close(out_fd)
+            raise
+
+    def _fork(self, conn: socket.socket, request: Request) -> Request | None:
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
+        # Until the child has its own handlers, a signal must not run the server's in it (SLURM's SIGTERM reaches
+        # every process of the step): blocked across the fork, pending in the child until it unblocks them.
+        signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
+        try:
+            pid = os.fork()
+        finally:
+            if os.getpid() == self.pid:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
         if pid == 0:
             self._become_child(conn)
             return request
-        os.close(out_fd)
+        os.close(request.out_fd)
         try:
             os.setpgid(pid, pid)  # the child does too: whichever runs first, a signal to the group finds it
         except OSError:
@@ -200,6 +232,7 @@ class Server:
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
         self.sel.close()
         for s in (self.listener, conn, *self.children.values()):
             if s is not None:
@@ -276,14 +309,20 @@ def become(request: Request, base_path: list[str]) -> None:
     sys.path[:] = [first, *extra, *base_path]
     sys.argv = [request.script or "-m", *request.args]
     sys.orig_argv = list(request.argv)
+    global _server_main
+    _server_main = sys.modules["__main__"]  # kept: this module's functions still run
+    sys.modules["__main__"] = types.ModuleType("__main__")  # the script's, or the module's: not the server's
     _fresh_numpy_and_threads(request.env)
 
 
 def _fresh_numpy_and_threads(env: dict[str, str]) -> None:
+    import multiprocessing
+
     import numpy
     import torch
 
     numpy.random.seed()  # `random` reseeds itself in a forked child; numpy's global generator does not
+    multiprocessing.current_process().authkey = os.urandom(32)  # made at import: the server's, on every rank
     threads = env.get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))  # read at the OpenMP runtime's load, which was the server's
@@ -293,13 +332,11 @@ def _run_script(script: str) -> None:
     """As `python script.py` does: a fresh `__main__` whose __file__ is absolute (3.9+); argv[0] stays as given."""
     import builtins
     import importlib.machinery
-    import types
 
     path = os.path.abspath(script)
-    main = types.ModuleType("__main__")
+    main = sys.modules["__main__"]
     main.__dict__.update(__file__=path, __cached__=None, __builtins__=builtins,
                          __loader__=importlib.machinery.SourceFileLoader("__main__", path))
-    sys.modules["__main__"] = main
     with open(path, "rb") as f:
         code = compile(f.read(), path, "exec", dont_inherit=True)
     exec(code, main.__dict__)
