@@ -55,6 +55,8 @@ def test_sync_batch_job_checkpoints_at_the_warning_requeues_and_resumes_with_ide
     total = 25 * 22  # 1437 training digits / 2 workers / batch 32
     assert result["status"] == "completed" and result["steps"] == result["total_steps"] == total, result
     assert result["resumed_from_step"] == stopped_at and 0 < stopped_at < total  # no step lost or repeated
+    # On the launch engine the workers are forked by their nodes' warm interpreters, and lose no bit for it.
+    assert result["warm_workers"] == straight["warm_workers"] == (2 if engine == "launch" else 0), result
     assert "command exited 0 (run completed); command completed" in text
 
     a, b = read_steps(straight["metrics_file"]), read_steps(result["metrics_file"])
