@@ -159,10 +159,9 @@ class Server:
     def _answered(self, conn: socket.socket) -> Request | None:
         """One request read, checked and forked, or declined: nothing a request holds may end the server, whose
         end would end every rank it forked on this node."""
-        out_fd = -1
+        request = None
         try:
             request = self._read(conn)
-            out_fd = request.out_fd
             why = request.decline_reason()
             if why is None:
                 return self._fork(conn, request)
@@ -170,8 +169,9 @@ class Server:
             why = f"{type(e).__name__}: {e}"
         _answer(conn, {"declined": why})
         conn.close()
-        if out_fd >= 0:
-            os.close(out_fd)
+        if request is not None and request.out_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(request.out_fd)
         return None
 
     @staticmethod
@@ -211,9 +211,13 @@ class Server:
             if os.getpid() == self.pid:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
         if pid == 0:
-            self._become_child(conn)
+            try:
+                self._become_child(conn)
+            except BaseException:
+                os._exit(1)  # never a second server
             return request
         os.close(request.out_fd)
+        request.out_fd = -1
         try:
             os.setpgid(pid, pid)  # the child does too: whichever runs first, a signal to the group finds it
         except OSError:
