@@ -236,9 +236,11 @@ def test_sigterm_ends_the_server_only_once_its_ranks_have_ended(server, tmp_path
         a = RankAgent("warm-test", 0)
         assert a.start([sys.executable, "train.py", "sleep"], _env(), str(server[2]), 1, 0)["warm"]
         proc.send_signal(signal.SIGTERM)  # as SLURM signals every process of the step
-        time.sleep(1)
+        deadline = time.monotonic() + 10
+        while sock.exists():  # no new rank is forked meanwhile
+            assert time.monotonic() < deadline, "the server still listens after SIGTERM"
+            time.sleep(0.1)
         assert proc.poll() is None and a.poll()["exit_code"] is None
-        assert not sock.exists()  # no new rank is forked meanwhile
         a.send("SIGTERM")
         assert proc.wait(timeout=10) == 0
     finally:
