@@ -6,6 +6,7 @@ The SLURM bring-up that starts it per node is covered by tests/test_slurm_launch
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -103,6 +104,31 @@ def test_a_failing_forked_rank_prints_the_traceback_python_prints(agent, server)
     cold = subprocess.run([sys.executable, "train.py", "fail"], cwd=here, capture_output=True, text=True)
     assert code == cold.returncode == 1
     assert lines[2:] == cold.stderr.splitlines(), lines
+
+
+def test_lightning_fabric_forked_warm_finds_its_launcher_and_trains(agent, server, tmp_path):
+    """A framework that detects its launcher from the environment (Lightning Fabric), in two forked ranks with the
+    variables raydist launch gives: it sees the ranks' environment, not the warm interpreter's."""
+    pytest.importorskip("lightning_fabric")
+    from raydist.launcher import environment as E
+    from raydist.listen_port import free_port
+
+    host = os.uname().nodename
+    slots = E.assign_ranks([E.Place("n1", host, "127.0.0.1"), E.Place("n1", host, "127.0.0.1")])
+    group = E.Group(tuple(slots), "127.0.0.1", free_port("127.0.0.1"), "warm-fabric", 0, 0, "fabric", 1.0)
+    script = Path(__file__).with_name("launch_scripts") / "fabric_env.py"
+    ranks = []
+    for slot in slots:
+        ranks.append(agent())
+        env = {**_env(), **E.rank_environment(slot, group)}
+        assert ranks[-1].start([sys.executable, str(script), str(tmp_path)], env, str(tmp_path), slot.rank, 0)["warm"]
+    for a in ranks:
+        lines, code = _run_to_end(a, timeout=120)
+        assert code == 0, lines
+    for r in range(2):
+        got = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert got["chosen"] == "TorchElasticEnvironment" and got["rank_sum"] == 1.0, got
+        assert (got["global_rank"], got["world_size"], got["local_rank"], got["node_rank"]) == (r, 2, r, 0)
 
 
 def test_python_dash_m_and_the_pythonpath_are_honoured(agent, server, tmp_path):
@@ -206,7 +232,6 @@ def test_without_a_warm_interpreter_the_rank_starts_cold(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("body", [b"[" * 100000 + b"]" * 100000, b"not json", b'{"argv": 1, "env": [], "cwd": 2}'])
 def test_a_malformed_request_is_declined_and_the_server_serves_on(agent, server, body):
-    import json
     import socket
     import struct
 
