@@ -228,6 +228,12 @@ def test_without_a_warm_interpreter_the_rank_starts_cold(monkeypatch, tmp_path):
     assert not a.start([sys.executable, "train.py"], _env(), str(tmp_path), 1, 0)["warm"]
     lines, code = _run_to_end(a)
     assert code == 3 and lines[0].startswith("cold __main__")
+    # One that should be there but is not (it failed to start): cold, and the start line will say where to look.
+    monkeypatch.setenv(WARM_ENV, str(tmp_path / "warm.sock"))
+    b = RankAgent("warm-test", 1)
+    started = b.start([sys.executable, "train.py"], _env(), str(tmp_path), 1, 0)
+    assert not started["warm"] and f"{tmp_path}/warm-interpreter.log" in started["cold_why"], started
+    assert _run_to_end(b)[1] == 3
 
 
 @pytest.mark.parametrize("body", [b"[" * 100000 + b"]" * 100000, b"not json", b'{"argv": 1, "env": [], "cwd": 2}'])

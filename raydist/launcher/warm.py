@@ -15,6 +15,7 @@ WARM_ENV = "RAYDIST_WARM_SOCKET"
 """Set by the SLURM bring-up in its Ray's environment (so in every agent's): the node's warm interpreter."""
 CONNECT_TIMEOUT_S = 10.0
 NO_WARM = "no warm interpreter on this node"
+WARM_LOG = "warm-interpreter.log"  # beside its socket, in the job's temp dir
 
 
 class WarmProcess:
@@ -56,8 +57,10 @@ def spawn(argv: list[str], env: dict[str, str], cwd: str, niceness: int | None) 
     """The rank forked by this node's warm interpreter, or None and why not (no warm interpreter here, or it
     declined: another Python, interpreter options, ...). Its output goes to a pipe the caller reads as stdout."""
     path = os.environ.get(WARM_ENV, "")
-    if not path or not os.path.exists(path):
+    if not path:
         return None, NO_WARM
+    if not os.path.exists(path):  # it failed to start or ended: its log is beside the socket
+        return None, f"the warm interpreter is not running (its log: {os.path.join(os.path.dirname(path), WARM_LOG)})"
     read_end, write_end = os.pipe()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

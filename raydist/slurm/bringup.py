@@ -201,11 +201,11 @@ def start_warm_interpreter(env: dict[str, str], temp: Path) -> subprocess.Popen 
     ranks of `raydist launch` and scaling.engine=launch instead of each importing torch anew. It is tagged like the
     node's Ray (the clean-up finds it by that), and its socket is in the job's private temp dir. `env` gains the
     variable that tells the agents (Ray's workers inherit it) where it listens."""
-    from raydist.launcher.warm import WARM_ENV
+    from raydist.launcher.warm import WARM_ENV, WARM_LOG
 
     sock = temp / "warm.sock"
     try:
-        with open(temp / "warm-interpreter.log", "ab") as out:
+        with open(temp / WARM_LOG, "ab") as out:
             proc = subprocess.Popen([sys.executable, str(WARM_SERVER), str(sock)], env=env, stdout=out,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     except OSError:
