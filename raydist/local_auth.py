@@ -63,7 +63,7 @@ def private_auth_token() -> str | None:
 
     if os.environ.get("RAY_AUTH_MODE", "token") != "token":
         return None
-    _remove_stale_auth_dirs()
+    remove_stale_dirs(AUTH_DIR_PREFIX)
     directory = tempfile.mkdtemp(prefix=f"{AUTH_DIR_PREFIX}{os.getpid()}-")  # mode 0700
     atexit.register(shutil.rmtree, directory, True)  # registered before ray.init: runs after Ray's own shutdown
     path = os.path.join(directory, "auth_token")
@@ -77,13 +77,14 @@ def private_auth_token() -> str | None:
     return path
 
 
-def _remove_stale_auth_dirs() -> None:
-    """Token directories of this user's embedded instances whose process is gone (killed before its atexit ran)."""
+def remove_stale_dirs(prefix: str) -> None:
+    """This user's temp directories named `<prefix><pid>-...` (an embedded instance's token, its warm
+    interpreter's socket) whose process is gone: killed before its atexit ran."""
     import glob
     import shutil
 
-    for directory in glob.glob(os.path.join(tempfile.gettempdir(), f"{AUTH_DIR_PREFIX}*-*")):
-        pid = os.path.basename(directory)[len(AUTH_DIR_PREFIX):].split("-", 1)[0]
+    for directory in glob.glob(os.path.join(tempfile.gettempdir(), f"{prefix}*-*")):
+        pid = os.path.basename(directory)[len(prefix):].split("-", 1)[0]
         try:
             if not pid.isdigit() or os.stat(directory).st_uid != os.getuid():
                 continue

@@ -63,20 +63,24 @@ def connect(cfg: Config) -> str:
     address = ray_address(cfg)
     if address:
         check_reachable(address)  # again: run_job's checks may have taken a while
+        from raydist.launcher.warm import for_cluster_job
+
+        runtime_env = for_cluster_job() if cfg.scaling.warm_python else {}
         try:
             # WARNING: Ray's "Connecting to ..." lines would come before a refusal's one line on stderr.
-            ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING)
+            ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING, runtime_env=runtime_env or None)
         except (ConnectionError, ValueError, RuntimeError) as e:
             raise RaydistError(f"cannot connect to Ray at {address}: {str(e).splitlines()[0]}") from None
         check_cluster_fits(cfg, address)
         return address
-    start_local(local_cpus(cfg))
+    start_local(local_cpus(cfg), warm=cfg.scaling.warm_python)
     return "local"
 
 
-def start_local(num_cpus: int, logging_level: int = logging.INFO, notice=None) -> None:
+def start_local(num_cpus: int, logging_level: int = logging.INFO, notice=None, warm: bool = False) -> None:
     """Start the embedded Ray instance: private, loopback only, ending with this process. Its token line goes to
-    `notice` (stdout by default; `raydist launch` keeps stdout for the script's own output)."""
+    `notice` (stdout by default; `raydist launch` keeps stdout for the script's own output). With `warm`, its
+    Ray workers are forked from a warm interpreter started beside it (raydist.launcher.warm)."""
     import ray
 
     token = private_auth_token()
@@ -95,9 +99,15 @@ def start_local(num_cpus: int, logging_level: int = logging.INFO, notice=None) -
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     # RUST_LOG: torchft's lighthouse (the heal strategy) logs every quorum at its default level.
     env = {"PYTHONWARNINGS": QUIET_WARNINGS, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
+    from raydist.launcher.warm import start_for_embedded
+
+    # What ray.init would set (to 1) before it starts the instance's processes, set first so that the warm
+    # interpreter has it too; a private loopback instance reports no usage.
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    runtime_env = {"env_vars": env, **(start_for_embedded(env, token=bool(token)) if warm else {})}
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=True,
              dashboard_host="127.0.0.1", dashboard_port=dashboard_port,
-             _node_ip_address="127.0.0.1", runtime_env={"env_vars": env}, logging_level=logging_level)
+             _node_ip_address="127.0.0.1", runtime_env=runtime_env, logging_level=logging_level)
     if token:
         print(f"[raydist] local Ray: token auth on; the dashboard's token is in {token} (readable by this user "
               f"only, removed when the job ends)", file=notice or sys.stdout, flush=True)

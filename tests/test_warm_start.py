@@ -265,7 +265,8 @@ def test_sigterm_ends_the_server_only_once_its_ranks_have_ended(server, tmp_path
             time.sleep(0.1)
         os.environ[WARM_ENV] = str(sock)
         a = RankAgent("warm-test", 0)
-        assert a.start([sys.executable, "train.py", "sleep"], _env(), str(server[2]), 1, 0)["warm"]
+        started = a.start([sys.executable, "train.py", "sleep"], _env(), str(server[2]), 1, 0)
+        assert started["warm"], started
         proc.send_signal(signal.SIGTERM)  # as SLURM signals every process of the step
         deadline = time.monotonic() + 10
         while sock.exists():  # no new rank is forked meanwhile

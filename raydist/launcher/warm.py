@@ -3,19 +3,93 @@ torch already imported, handled like the subprocess.Popen of a rank started the 
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shlex
+import shutil
 import signal
 import socket
 import struct
 import subprocess
+import sys
+import tempfile
 import threading
+from pathlib import Path
 
 WARM_ENV = "RAYDIST_WARM_SOCKET"
 """Set by the SLURM bring-up in its Ray's environment (so in every agent's): the node's warm interpreter."""
-CONNECT_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 60.0  # for the answer too: it listens before its imports, and answers once they are done
 NO_WARM = "no warm interpreter on this node"
 WARM_LOG = "warm-interpreter.log"  # beside its socket, in the job's temp dir
+WARM_SERVER = Path(__file__).with_name("warm_server.py")
+WARM_EXEC = Path(__file__).with_name("warm_exec.py")
+
+
+def start_server(env: dict[str, str], sock: Path, log: Path, parent: int | None = None) -> subprocess.Popen | None:
+    """A warm interpreter listening on `sock`, with `env` as its environment (the one Ray's processes get, so that
+    their requests match it), its output appended to `log`. With `parent`, it ends when that process does."""
+    argv = [sys.executable, str(WARM_SERVER), str(sock)] + (["--parent", str(parent)] if parent else [])
+    try:
+        with open(log, "ab") as out:
+            return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    except OSError:
+        return None  # everything starts the cold way
+
+
+WARM_EXEC_ENV = "RAYDIST_WARM_EXEC"
+"""Set beside WARM_ENV by the SLURM bring-up: the node's raydist.launcher.warm_exec, for a job's py_executable."""
+WARM_DIR_PREFIX = "raydist-warm-"
+OWN_INTERPRETER = ("pip", "conda", "uv", "container", "image_uri", "py_executable")
+"""runtime_env fields that choose the workers' interpreter themselves: a job with one keeps it."""
+
+
+def py_executable(exec_path: str | os.PathLike = WARM_EXEC) -> str:
+    """Ray's `py_executable` (a runtime_env field) that has the node's warm interpreter fork each of the job's Ray
+    workers (raydist.launcher.warm_exec); a node without one starts them as Ray does."""
+    return f"{shlex.quote(sys.executable)} -I -S {shlex.quote(str(exec_path))}"
+
+
+def for_cluster_job() -> dict:
+    """What the runtime_env of a job joining a cluster gains: the nodes' warm interpreters fork its Ray workers.
+    Nothing where this node has none (not booted by raydist, or warm_python off), or where the job's own
+    runtime_env (`ray job submit --runtime-env-json`) chooses the interpreter."""
+    exec_path = os.environ.get(WARM_EXEC_ENV, "")
+    if not os.environ.get(WARM_ENV) or not os.path.isfile(exec_path):
+        return {}
+    try:
+        job = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")).get("runtime_env") or {}
+    except (ValueError, AttributeError):
+        return {}
+    if set(job) & set(OWN_INTERPRETER):
+        return {}
+    return {"py_executable": py_executable(exec_path)}
+
+
+def start_for_embedded(env_vars: dict[str, str], token: bool) -> dict:
+    """A warm interpreter for the embedded Ray instance this process is about to start, ending with this process;
+    returns what the job's runtime_env gains for Ray to fork its workers from it. Its environment is what Ray's
+    workers will have: this process's, the job's variables, and token auth, which ray.init turns on itself
+    (raydist.local_auth)."""
+    from raydist.local_auth import remove_stale_dirs
+
+    remove_stale_dirs(WARM_DIR_PREFIX)
+    # 0700, named by this process's pid for the sweep above: its socket forks processes as this user.
+    temp = Path(tempfile.mkdtemp(prefix=f"{WARM_DIR_PREFIX}{os.getpid()}-"))
+    sock = temp / "warm.sock"
+    env = {**os.environ, **env_vars, **({"RAY_AUTH_MODE": "token"} if token else {})}
+    proc = start_server(env, sock, temp / WARM_LOG, parent=os.getpid())
+    if proc is None:
+        shutil.rmtree(temp, ignore_errors=True)
+        return {}
+    os.environ[WARM_ENV] = str(sock)  # the embedded instance's processes inherit it
+
+    def stop() -> None:
+        proc.terminate()  # it ends once Ray's workers forked from it have ended
+        shutil.rmtree(temp, ignore_errors=True)
+
+    atexit.register(stop)
+    return {"py_executable": py_executable()}
 
 
 class WarmProcess:

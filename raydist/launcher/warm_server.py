@@ -18,13 +18,14 @@ Protocol, per connection: the agent sends a 4-byte length with the write end of 
 the agent's connection closes first (the agent died), the child's process group is killed: the rank dies with
 its agent, as PR_SET_PDEATHSIG gives a rank started the cold way. A child dies with the server too (PR_SET_PDEATHSIG); SIGTERM ends the server only once no child of its is left.
 
-    python raydist/launcher/warm_server.py SOCKET_PATH
+    python raydist/launcher/warm_server.py SOCKET_PATH [--parent PID]
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib.util
 import json
 import os
 import selectors
@@ -40,7 +41,17 @@ KEPT_PYTHON_VARS = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONFAULTHAND
                               "PYTHONBREAKPOINT"})
 """PYTHON* variables the child applies itself, or that Python reads later (PYTHONBREAKPOINT, which Ray sets for its
 workers, at each breakpoint()); any other that differs from the server's acts at a fresh start and is declined."""
-SAME_AS_SERVER = ("LD_PRELOAD", "LD_LIBRARY_PATH", "RAY_LD_PRELOAD")
+SAME_AS_SERVER = ("LD_PRELOAD", "LD_LIBRARY_PATH")
+RAY_PRELOAD = ("pandas", "pyarrow", "pydantic", "grpc", "google.protobuf", "msgpack", "yaml", "jsonschema",
+               "requests", "aiohttp", "filelock", "click", "colorful")
+"""For Ray's own worker processes (raydist.launcher.warm_exec): what Ray, Ray Data and Ray Train import besides
+themselves. Not Ray: its C++ side reads settings the raylet gives each worker (RAY_JOB_ID among them) once, as
+it is imported, and keeps them (ray/common/ray_internal_flag_def.h)."""
+RAY_JOB_PRELOAD = ("ray", "ray.data")
+"""What a Ray job's server imports (Server._become_ray_job_server). Not ray.train: its import reads
+RAY_TRAIN_V2_ENABLED, which Ray Train gives its own actors only."""
+RAY_READ_ONCE = ("RAY_JOB_ID", "RAY_RAYLET_PID", "RAY_OVERRIDE_NODE_ID_FOR_TESTING")
+RAY_JOB_IDLE_S = 60.0
 MAX_REQUEST = 16 << 20
 READ_TIMEOUT_S = 10.0  # for a whole request: an agent sends it at once, and the server serves one at a time
 HANDLED = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD}
@@ -50,12 +61,13 @@ PR_SET_PDEATHSIG = 1
 class Request:
     """One rank to start: what the agent sent, checked."""
 
-    def __init__(self, data: dict, out_fd: int):
+    def __init__(self, data: dict, out_fds: list[int]):
         self.argv: list[str] = [str(a) for a in data["argv"]]
         self.env: dict[str, str] = {str(k): str(v) for k, v in data["env"].items()}
         self.cwd: str = str(data["cwd"])
         self.niceness: int | None = data.get("niceness")
-        self.out_fd = out_fd
+        self.out_fds = out_fds  # stdout and stderr (one fd: both)
+        self.raw = b""  # the JSON as it came, handed on to a Ray job's server
         self.module: str | None = None
         self.script: str | None = None
         self.args: list[str] = []
@@ -76,11 +88,38 @@ class Request:
             return "interpreter options other than -u, or no script file (a directory, a zip, stdin)"
         if not os.path.isdir(self.cwd):
             return f"no directory {self.cwd}"
-        for key in set(self.env) | set(os.environ):
-            acts = (key.startswith("PYTHON") and key not in KEPT_PYTHON_VARS) or key in SAME_AS_SERVER
-            if acts and self.env.get(key) != os.environ.get(key):
-                return f"{key} differs from the warm interpreter's"
+        differ = sorted(k for k in set(self.env) | set(os.environ)
+                        if _acts_at_start(k) and self.env.get(k) != os.environ.get(k))
+        if differ:
+            return f"{', '.join(differ)} differ{'s' if len(differ) == 1 else ''} from the warm interpreter's"
         return None
+
+
+READ_AT_IMPORT: set[str] = set()
+"""The variables the preloaded modules read through os.environ while they were imported: in a fork they keep
+the server's values."""
+RECORDED_PREFIXES = ("RAY_", "TORCH", "PYTORCH_", "PANDAS_", "ARROW_", "GRPC_", "PROTOCOL_BUFFERS_", "MSGPACK_")
+"""The preloaded modules' own settings among them (not HOME, PATH and the like, which some read only to pass
+on): these must equal the server's for a fork to be the same process."""
+
+
+def ray_job_of(request: Request) -> tuple[str, str] | None:
+    """Ray's worker process, of which job under which raylet: the settings Ray's C++ side reads only once, as it
+    is imported (ray/common/ray_internal_flag_def.h), so that only a server that imported Ray with them can fork
+    that worker with Ray imported."""
+    if request.script and os.path.basename(request.script) == "default_worker.py":
+        job, raylet = request.env.get("RAY_JOB_ID"), request.env.get("RAY_RAYLET_PID")
+        if job and raylet:
+            return job, raylet
+    return None
+
+
+def _acts_at_start(key: str) -> bool:
+    """Whether a variable acts at a fresh start (Python's own, the dynamic loader's) or was one of the preloaded
+    modules' settings read at their import: it must then equal the server's."""
+    if key.startswith("PYTHON"):
+        return key not in KEPT_PYTHON_VARS
+    return key in SAME_AS_SERVER or (key in READ_AT_IMPORT and key.startswith(RECORDED_PREFIXES))
 
 
 def _which(name: str, path: str, cwd: str) -> str | None:
@@ -103,6 +142,9 @@ def _same_python(a: str, b: str) -> bool:
 # ---- the server ------------------------------------------------------------------------------------------------
 
 class Server:
+    """The node's server, which forks each request from itself; for a Ray worker, from the server of that Ray
+    job (a child of this one, which imported Ray for it: `zygote`), to which it hands the request over."""
+
     def __init__(self, path: str):
         self.path, self.pid = path, os.getpid()
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -110,15 +152,21 @@ class Server:
         os.chmod(path, 0o600)
         self.inode = os.stat(path).st_ino  # unlinked only while it is still this server's
         self.listener.listen(64)
-        self.sel = selectors.DefaultSelector()
         self.children: dict[int, socket.socket | None] = {}  # pid -> its agent's connection (None: gone)
+        self.zygotes: dict[tuple[str, str], tuple[int, socket.socket]] = {}  # Ray job -> its server, channel
+        self.ray_job: tuple[str, str] | None = None  # set in a Ray job's server
+        self.idle_since = time.monotonic()
+        self._loop_fds()
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the loop: reaping happens there
+        self.stopping = False
+
+    def _loop_fds(self) -> None:
+        self.sel = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         signal.set_wakeup_fd(self.wake_w)
-        signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the loop: reaping happens there
         self.sel.register(self.listener, selectors.EVENT_READ, "accept")
         self.sel.register(self.wake_r, selectors.EVENT_READ, "wake")
-        self.stopping = False
 
     def stop(self, *_) -> None:
         """SLURM's SIGTERM reaches every process of the step at once: the ranks decide for themselves what it
@@ -130,94 +178,143 @@ class Server:
         """Answers requests until one is this process's own: in a forked child, that request is returned."""
         while True:
             for key, _ in self.sel.select(timeout=5.0):
+                request = None
                 if key.data == "accept":
-                    try:
-                        conn, _ = self.listener.accept()
-                    except OSError:
-                        continue  # the agent gave up before it was accepted
-                    request = self._answered(conn)
-                    if request is not None:
-                        return request
+                    request = self._next()
                 elif key.data == "wake":
                     os.read(self.wake_r, 4096)
                 else:
                     self._agent_gone(key.fileobj)
+                if request is not None:
+                    return request
             self._reap()
-            if self.stopping:
+            if self.stopping or self._job_over():
                 self._wind_down()
+
+    def _next(self) -> Request | None:
+        if self.ray_job is None:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return None  # the agent gave up before it was accepted
+            return self._answered(conn)
+        try:  # a Ray job's server: the request and its agent's connection come from the node's server
+            request = self._read(self.listener, max_fds=3)
+        except EOFError:
+            self.stopping = True  # the node's server is ending
+            return None
+        except (OSError, ValueError):
+            return None
+        return self._answered(socket.socket(fileno=request.out_fds.pop(0)), request)
+
+    def _job_over(self) -> bool:
+        """A Ray job's server ends once it has had no worker for a while (its job is likely over; a later
+        worker of the job gets a new one) or its raylet is gone."""
+        if self.ray_job is None or self.children:
+            self.idle_since = time.monotonic()
+            return False
+        return time.monotonic() - self.idle_since > RAY_JOB_IDLE_S or not _alive(int(self.ray_job[1]))
 
     def _wind_down(self) -> None:
         if self.listener.fileno() >= 0:
             self.sel.unregister(self.listener)
             self.listener.close()
             with contextlib.suppress(OSError):
-                if os.stat(self.path).st_ino == self.inode:
+                if self.ray_job is None and os.stat(self.path).st_ino == self.inode:
                     os.unlink(self.path)
-        if not self.children:
+            for _, channel in self.zygotes.values():
+                channel.close()  # each ends once its workers have
+        if not self.children and not self.zygotes:
             sys.exit(0)
 
-    def _answered(self, conn: socket.socket) -> Request | None:
+    def _answered(self, conn: socket.socket, request: Request | None = None) -> Request | None:
         """One request read, checked and forked, or declined: nothing a request holds may end the server, whose
         end would end every rank it forked on this node."""
-        request = None
         try:
-            request = self._read(conn)
+            request = request or self._read(conn)
             why = request.decline_reason()
-            if why is None:
+            job = ray_job_of(request)
+            if why is None and (job is None or self.ray_job is not None):
                 return self._fork(conn, request)
+            if why is None:
+                why = self._hand_over(conn, request, job)
+                if not why:
+                    return None
+        except _NowRayJobServer:
+            return self._answered(conn, request)  # its first request
         except Exception as e:  # noqa: BLE001 - the request's fault or the machine's (EAGAIN at fork): declined
             why = f"{type(e).__name__}: {e}"
         _answer(conn, {"declined": why})
         conn.close()
-        if request is not None and request.out_fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(request.out_fd)
+        if request is not None:
+            _close(request.out_fds)
         return None
 
+    def _hand_over(self, conn: socket.socket, request: Request, job: tuple[str, str]) -> str:
+        """The request to its Ray job's server, started for it if need be; "" once handed over."""
+        if job not in self.zygotes:
+            self._start_ray_job_server(job, request)  # which answers this first request itself
+        else:
+            channel = self.zygotes[job][1]
+            try:
+                socket.send_fds(channel, [struct.pack("!I", len(request.raw))], [conn.fileno(), *request.out_fds])
+                channel.sendall(request.raw)
+            except OSError as e:
+                return f"the server of Ray job {job[0]} did not take it ({e})"
+        conn.close()
+        _close(request.out_fds)
+        request.out_fds = []
+        return ""
+
     @staticmethod
-    def _read(conn: socket.socket) -> Request:
+    def _read(conn: socket.socket, max_fds: int = 2) -> Request:
         deadline = time.monotonic() + READ_TIMEOUT_S
         conn.settimeout(READ_TIMEOUT_S)
-        head, fds, _, _ = socket.recv_fds(conn, 4, 1)
-        out_fd = fds[0] if fds else -1
+        head, fds, _, _ = socket.recv_fds(conn, 4, max_fds)
+        if not head and not fds:
+            raise EOFError
         size = struct.unpack("!I", head)[0] if len(head) == 4 else 0
-        if out_fd < 0 or not 0 < size <= MAX_REQUEST:
-            if out_fd >= 0:
-                os.close(out_fd)
+        if not fds or not 0 < size <= MAX_REQUEST:
+            _close(fds)
             raise ValueError("a malformed request")
         body = b""
         while len(body) < size:
             conn.settimeout(max(0.01, deadline - time.monotonic()))
             chunk = conn.recv(size - len(body))
             if not chunk:
-                os.close(out_fd)
+                _close(fds)
                 raise ValueError("a truncated request")
             body += chunk
         try:
-            return Request(json.loads(body), out_fd)
+            request = Request(json.loads(body), fds)
         except Exception:
-            os.close(out_fd)
+            _close(fds)
             raise
+        request.raw = body
+        return request
 
-    def _fork(self, conn: socket.socket, request: Request) -> Request | None:
+    def _forked(self) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         # Until the child has its own handlers, a signal must not run the server's in it (SLURM's SIGTERM reaches
         # every process of the step): blocked across the fork, pending in the child until it unblocks them.
         signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
         try:
-            pid = os.fork()
+            return os.fork()
         finally:
             if os.getpid() == self.pid:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
+
+    def _fork(self, conn: socket.socket, request: Request) -> Request | None:
+        pid = self._forked()
         if pid == 0:
             try:
                 self._become_child(conn)
             except BaseException:
                 os._exit(1)  # never a second server
             return request
-        os.close(request.out_fd)
-        request.out_fd = -1
+        _close(request.out_fds)
+        request.out_fds = []
         try:
             os.setpgid(pid, pid)  # the child does too: whichever runs first, a signal to the group finds it
         except OSError:
@@ -226,6 +323,43 @@ class Server:
         _answer(conn, {"pid": pid})
         self.sel.register(conn, selectors.EVENT_READ, pid)
         return None
+
+    def _start_ray_job_server(self, job: tuple[str, str], request: Request) -> None:
+        """A child that imports Ray with the job's settings and then forks the job's workers on this node;
+        in that child, raises _NowRayJobServer."""
+        mine, theirs = socket.socketpair()
+        pid = self._forked()
+        if pid == 0:
+            try:
+                mine.close()
+                self._become_ray_job_server(theirs, job, request.env)
+            except BaseException:
+                os._exit(1)  # never a second node server: this request's agent sees its connection close
+            raise _NowRayJobServer
+        theirs.close()
+        self.zygotes[job] = (pid, mine)
+
+    def _become_ray_job_server(self, channel: socket.socket, job: tuple[str, str], env: dict[str, str]) -> None:
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != self.pid:
+            os._exit(1)
+        self.sel.close()
+        for s in (self.listener, *self.children.values(), *(c for _, c in self.zygotes.values())):
+            if s is not None:
+                s.close()
+        for fd in (self.wake_r, self.wake_w):
+            os.close(fd)
+        self.pid, self.ray_job, self.listener = os.getpid(), job, channel
+        self.children, self.zygotes = {}, {}
+        self._loop_fds()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
+        os.environ.clear()
+        os.environ.update(env)
+        with _recording_reads(READ_AT_IMPORT):
+            for name in RAY_JOB_PRELOAD:
+                __import__(name)
+        READ_AT_IMPORT.update(RAY_READ_ONCE)
+        print(f"warm interpreter: pid {self.pid} imported Ray for Ray job {job[0]} (raylet {job[1]})", flush=True)
 
     def _become_child(self, conn: socket.socket) -> None:
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -238,7 +372,7 @@ class Server:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
         self.sel.close()
-        for s in (self.listener, conn, *self.children.values()):
+        for s in (self.listener, conn, *self.children.values(), *(c for _, c in self.zygotes.values())):
             if s is not None:
                 s.close()
         for fd in (self.wake_r, self.wake_w):
@@ -264,11 +398,35 @@ class Server:
                 return
             if pid == 0:
                 return
+            for job, (zpid, channel) in list(self.zygotes.items()):
+                if zpid == pid:
+                    del self.zygotes[job]
+                    channel.close()
             conn = self.children.pop(pid, None)
             if conn is not None:
                 self.sel.unregister(conn)
                 _answer(conn, {"exit": os.waitstatus_to_exitcode(status)})
                 conn.close()
+
+
+class _NowRayJobServer(Exception):
+    """Raised in the child that has just become a Ray job's server (Server._start_ray_job_server)."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _answer(conn: socket.socket, message: dict) -> None:
@@ -292,10 +450,9 @@ def become(request: Request, base_path: list[str]) -> None:
             pass
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
-    os.dup2(request.out_fd, 1)
-    os.dup2(request.out_fd, 2)
-    for fd in (null, request.out_fd):
-        os.close(fd)
+    os.dup2(request.out_fds[0], 1)
+    os.dup2(request.out_fds[-1], 2)
+    _close([null, *(fd for fd in request.out_fds if fd > 2)])
     sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
     sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
     sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True,
@@ -317,6 +474,7 @@ def become(request: Request, base_path: list[str]) -> None:
     _server_main = sys.modules["__main__"]  # kept: this module's functions still run
     sys.modules["__main__"] = types.ModuleType("__main__")  # the script's, or the module's: not the server's
     _fresh_numpy_and_threads(request.env)
+    _ray_settings_from_environment()
 
 
 def _fresh_numpy_and_threads(env: dict[str, str]) -> None:
@@ -330,6 +488,15 @@ def _fresh_numpy_and_threads(env: dict[str, str]) -> None:
     threads = env.get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))  # read at the OpenMP runtime's load, which was the server's
+
+
+def _ray_settings_from_environment() -> None:
+    """In a worker forked by a Ray job's server: Ray's C++ side reads its settings again from this worker's
+    environment, as ray.init does after setting one (ray._private.authentication), and forgets a cached token."""
+    raylet = sys.modules.get("ray._raylet")
+    if raylet is not None:
+        raylet.Config.initialize("")
+        raylet.AuthenticationTokenLoader.instance().reset_cache()
 
 
 def _run_script(script: str) -> None:
@@ -366,20 +533,51 @@ def run(request: Request) -> None:
         sys.exit(1)
 
 
+@contextlib.contextmanager
+def _recording_reads(keys: set[str]):
+    """Every environment variable read through os.environ (os.getenv too) meanwhile, into `keys`."""
+    cls = os._Environ
+    original = cls.__getitem__
+
+    def recorded(self, key):
+        keys.add(key)
+        return original(self, key)
+
+    cls.__getitem__ = recorded
+    try:
+        yield
+    finally:
+        cls.__getitem__ = original
+
+
 def main(argv: list[str]) -> Request:
-    if len(argv) != 2:
-        print("usage: warm_server.py SOCKET_PATH", file=sys.stderr)
+    if len(argv) not in (2, 4) or (len(argv) == 4 and (argv[2] != "--parent" or not argv[3].isdigit())):
+        print("usage: warm_server.py SOCKET_PATH [--parent PID]", file=sys.stderr)
         sys.exit(2)
+    if len(argv) == 4:  # the embedded Ray instance's: it ends with the job's process
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != int(argv[3]):
+            sys.exit(0)
     env_path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     base_path = [p for p in sys.path[1:] if p not in env_path]
-    for name in PRELOAD:
-        __import__(name)
     if os.path.exists(argv[1]):
         os.unlink(argv[1])  # a socket left by a server of this job that was killed
+    # Listening before the imports: a request that comes meanwhile waits in the backlog, not the cold way.
     server = Server(argv[1])
+    ray = importlib.util.find_spec("ray") is not None
+    if ray:
+        # Unrecorded: it copies the whole environment at its import (to pick its FSSPEC_* settings out), which
+        # would record every variable as read.
+        with contextlib.suppress(ImportError):
+            __import__("fsspec")
+    with _recording_reads(READ_AT_IMPORT):
+        for name in PRELOAD + (RAY_PRELOAD if ray else ()):
+            with contextlib.suppress(ImportError):
+                __import__(name)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, server.stop)
-    print(f"warm interpreter: pid {os.getpid()}, torch imported, listening on {argv[1]}", flush=True)
+    print(f"warm interpreter: pid {os.getpid()}, torch{' and Ray' + chr(39) + 's dependencies' if ray else ''} imported, listening on "
+          f"{argv[1]}", flush=True)
     request = server.serve()
     become(request, base_path)
     return request

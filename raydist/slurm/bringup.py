@@ -193,24 +193,17 @@ def run_node(cfg: ClusterConfig, alloc: Allocation, log=print) -> int:
     return 1
 
 
-WARM_SERVER = Path(__file__).resolve().parents[1] / "launcher" / "warm_server.py"
-
-
 def start_warm_interpreter(env: dict[str, str], temp: Path) -> subprocess.Popen | None:
     """The node's warm interpreter (raydist.launcher.warm_server): a process with torch imported, which forks the
     ranks of `raydist launch` and scaling.engine=launch instead of each importing torch anew. It is tagged like the
     node's Ray (the clean-up finds it by that), and its socket is in the job's private temp dir. `env` gains the
     variable that tells the agents (Ray's workers inherit it) where it listens."""
-    from raydist.launcher.warm import WARM_ENV, WARM_LOG
+    from raydist.launcher.warm import WARM_ENV, WARM_EXEC, WARM_EXEC_ENV, WARM_LOG, start_server
 
     sock = temp / "warm.sock"
-    try:
-        with open(temp / WARM_LOG, "ab") as out:
-            proc = subprocess.Popen([sys.executable, str(WARM_SERVER), str(sock)], env=env, stdout=out,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    except OSError:
-        return None  # the ranks start the cold way
-    env[WARM_ENV] = str(sock)
+    proc = start_server(env, sock, temp / WARM_LOG)
+    if proc is not None:  # else everything starts the cold way
+        env[WARM_ENV], env[WARM_EXEC_ENV] = str(sock), str(WARM_EXEC)
     return proc
 
 

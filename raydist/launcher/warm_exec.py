@@ -1,0 +1,93 @@
+"""Ray's worker processes forked by the node's warm interpreter: the `py_executable` of raydist's Ray jobs.
+
+Ray starts each of its Python workers (Ray Train's controller, its helper actors, the training workers) as
+`exec <py_executable> default_worker.py ARGS` (ray._private.runtime_env.context). With this file as that
+executable, the node's warm interpreter (raydist.launcher.warm_server, torch and Ray already imported) forks the
+worker instead, and this small process stands in for it: Ray's stdout and stderr files are handed over with the
+request, the worker's exit code comes back as this process's own, and a signal sent to this process is passed on.
+Ray itself finds the worker by the pid the worker registers with (its own), as always.
+
+Where there is no warm interpreter (RAYDIST_WARM_SOCKET unset, or nothing listening), or it declines the request
+(another environment that acts at start-up), this process becomes `python default_worker.py ARGS` itself: the
+worker starts the cold way, exactly as without raydist. Run by path with `python -I -S`, it imports nothing but
+the standard library's smallest modules, so the cold way costs a few milliseconds more than before.
+"""
+
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+
+WARM_ENV = "RAYDIST_WARM_SOCKET"  # raydist.launcher.warm.WARM_ENV (this file imports nothing of raydist's)
+ANSWER_TIMEOUT_S = 60.0  # it listens before its imports are done (and a Ray job's server imports Ray first)
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def cold(args, why):
+    """The worker the way Ray starts it without raydist."""
+    if why:
+        print(f"[raydist] this Ray worker starts without the warm interpreter: {why}", file=sys.stderr, flush=True)
+    os.execv(sys.executable, [sys.executable, *args])
+
+
+def forked(path, args):
+    """The worker's pid and the connection its exit code comes over, or None and why not."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.settimeout(ANSWER_TIMEOUT_S)
+        conn.connect(path)
+        body = json.dumps({"argv": [sys.executable, *args], "env": dict(os.environ), "cwd": os.getcwd(),
+                           "niceness": None}).encode()
+        socket.send_fds(conn, [struct.pack("!I", len(body))], [1, 2])
+        conn.sendall(body)
+        answers = conn.makefile("rb")
+        answer = json.loads(answers.readline() or b"{}")
+        conn.settimeout(None)
+    except (OSError, ValueError) as e:
+        conn.close()
+        return None, None, f"the warm interpreter at {path} did not answer ({type(e).__name__}: {e})"
+    if "pid" not in answer:
+        conn.close()
+        return None, None, str(answer.get("declined", "the warm interpreter did not answer"))
+    return int(answer["pid"]), answers, ""
+
+
+def wait(pid, answers):
+    """The worker's exit code (-N for signal N); the connection closing without one means the warm interpreter
+    died, and the worker with it."""
+    def forward(sig, _frame):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+    try:
+        for line in answers:
+            answer = json.loads(line)
+            if "exit" in answer:
+                return int(answer["exit"])
+    except (OSError, ValueError):
+        pass
+    return -signal.SIGKILL
+
+
+def main(args):
+    path = os.environ.get(WARM_ENV, "")
+    if not path:
+        cold(args, "")
+    pid, answers, why = forked(path, args)
+    if pid is None:
+        cold(args, why)
+    code = wait(pid, answers)
+    if code < 0:  # died of a signal: so does this stand-in, so that Ray sees what it would have seen
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
