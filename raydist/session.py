@@ -65,7 +65,7 @@ def connect(cfg: Config) -> str:
         check_reachable(address)  # again: run_job's checks may have taken a while
         from raydist.launcher.warm import for_cluster_job
 
-        runtime_env = for_cluster_job() if cfg.scaling.warm_python else {}
+        runtime_env = for_cluster_job() if _warm_ray_workers(cfg) else {}
         try:
             # WARNING: Ray's "Connecting to ..." lines would come before a refusal's one line on stderr.
             ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING, runtime_env=runtime_env or None)
@@ -73,8 +73,14 @@ def connect(cfg: Config) -> str:
             raise RaydistError(f"cannot connect to Ray at {address}: {str(e).splitlines()[0]}") from None
         check_cluster_fits(cfg, address)
         return address
-    start_local(local_cpus(cfg), warm=cfg.scaling.warm_python)
+    start_local(local_cpus(cfg), warm=_warm_ray_workers(cfg))
     return "local"
+
+
+def _warm_ray_workers(cfg: Config) -> bool:
+    """Whether the job's Ray workers are forked by a warm interpreter: not on the launch engine, whose training
+    processes are not Ray's (its agents fork them on a SLURM cluster; locally they start before Ray)."""
+    return cfg.scaling.warm_python and cfg.scaling.engine != "launch"
 
 
 def start_local(num_cpus: int, logging_level: int = logging.INFO, notice=None, warm: bool = False) -> None:

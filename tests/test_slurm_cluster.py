@@ -199,7 +199,8 @@ def test_sync_ddp_job_trains_one_worker_per_host_over_gloo(slurm_cluster, ray_up
     proc = slurm_cluster.popen(
         "master-node",
         f"ray job submit --working-dir . -- python jobs/sync.py --verbose --set scaling.num_workers=3 "
-        f"--set run.storage_path={slurm_cluster.shared}/runs --set run.name=slurm-e2e --set train.epochs=40",
+        f"--set run.storage_path={slurm_cluster.shared}/runs --set run.name=slurm-e2e --set train.epochs=40 "
+        f"--set scaling.warm_python=true",
         env=ray_up.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     top_seen: dict[int, dict] = {}  # rank -> the worker's row, from `raydist top --once --json --job` on node01
     while proc.poll() is None and time.monotonic() - t < 240:
@@ -224,6 +225,10 @@ def test_sync_ddp_job_trains_one_worker_per_host_over_gloo(slurm_cluster, ray_up
     # `raydist top` listed every worker, each on its own host, while it trained.
     assert set(top_seen) == {0, 1, 2}, top_seen
     assert sorted(p["node"] for p in top_seen.values()) == sorted(EXPECTED_IFACES), top_seen
+    # Each node's warm interpreter forked the job's Ray workers there (scaling.warm_python): none started cold,
+    # which would say why on its stderr, forwarded here by --verbose.
+    assert "starts without the warm interpreter" not in out, out[-4000:]
+    assert sorted(_warm_ray_jobs(slurm_cluster, ray_up)) == sorted(EXPECTED_IFACES), out[-3000:]
 
 
 def test_your_own_script_runs_under_ray_job_submit_one_rank_per_host_on_its_interface(slurm_cluster, ray_up):
@@ -388,3 +393,13 @@ def test_a_job_whose_clean_up_slurm_killed_is_swept_by_the_next_job_and_no_live_
             shutil.rmtree(path.parent if path.name in ("session_latest", "nodes") else path, ignore_errors=True)
     assert rayup.wait_no_leftovers(c, b.job_id, timeout=60) == {}
     assert not b.job_dir.exists()
+
+
+def _warm_ray_jobs(cluster, up) -> list[str]:
+    """The hosts whose warm interpreter imported Ray for a Ray job (its log, in the job's temp dir there)."""
+    hosts = []
+    for host in EXPECTED_IFACES:
+        log = cluster.host_dir(host) / "tmp" / f"raydist-{up.job_id}" / "warm-interpreter.log"
+        if log.exists() and "imported Ray for Ray job" in log.read_text():
+            hosts.append(host)
+    return hosts

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 WARM_ENV = "RAYDIST_WARM_SOCKET"
@@ -37,6 +38,7 @@ def start_server(env: dict[str, str], sock: Path, log: Path, parent: int | None 
         return None  # everything starts the cold way
 
 
+LISTEN_TIMEOUT_S = 10.0
 WARM_EXEC_ENV = "RAYDIST_WARM_EXEC"
 """Set beside WARM_ENV by the SLURM bring-up: the node's raydist.launcher.warm_exec, for a job's py_executable."""
 WARM_DIR_PREFIX = "raydist-warm-"
@@ -79,7 +81,13 @@ def start_for_embedded(env_vars: dict[str, str], token: bool) -> dict:
     sock = temp / "warm.sock"
     env = {**os.environ, **env_vars, **({"RAY_AUTH_MODE": "token"} if token else {})}
     proc = start_server(env, sock, temp / WARM_LOG, parent=os.getpid())
-    if proc is None:
+    # It listens before its imports: wait for that (a moment), so that no worker Ray starts meanwhile finds none.
+    deadline = time.monotonic() + LISTEN_TIMEOUT_S
+    while proc is not None and not sock.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if proc is None or not sock.exists():
+        if proc is not None:
+            proc.kill()
         shutil.rmtree(temp, ignore_errors=True)
         return {}
     os.environ[WARM_ENV] = str(sock)  # the embedded instance's processes inherit it

