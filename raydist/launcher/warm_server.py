@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import importlib.util
 import json
 import os
 import selectors
@@ -42,14 +41,11 @@ KEPT_PYTHON_VARS = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONFAULTHAND
 """PYTHON* variables the child applies itself, or that Python reads later (PYTHONBREAKPOINT, which Ray sets for its
 workers, at each breakpoint()); any other that differs from the server's acts at a fresh start and is declined."""
 SAME_AS_SERVER = ("LD_PRELOAD", "LD_LIBRARY_PATH")
-RAY_PRELOAD = ("pandas", "pyarrow", "pydantic", "grpc", "google.protobuf", "msgpack", "yaml", "jsonschema",
-               "requests", "aiohttp", "filelock", "click", "colorful")
-"""For Ray's own worker processes (raydist.launcher.warm_exec): what Ray, Ray Data and Ray Train import besides
-themselves. Not Ray: its C++ side reads settings the raylet gives each worker (RAY_JOB_ID among them) once, as
-it is imported, and keeps them (ray/common/ray_internal_flag_def.h)."""
 RAY_JOB_PRELOAD = ("ray", "ray.data")
-"""What a Ray job's server imports (Server._become_ray_job_server). Not ray.train: its import reads
-RAY_TRAIN_V2_ENABLED, which Ray Train gives its own actors only."""
+"""What a Ray job's server imports (Server._become_ray_job_server), and with them what they import (pandas,
+pyarrow, gRPC, ...). Not in the node's server: Ray's C++ side reads settings the raylet gives each worker
+(RAY_JOB_ID, RAY_RAYLET_PID) once, as it is imported (ray/common/ray_internal_flag_def.h). Not ray.train: its
+import reads RAY_TRAIN_V2_ENABLED, which Ray Train gives its own actors only."""
 RAY_READ_ONCE = ("RAY_JOB_ID", "RAY_RAYLET_PID", "RAY_OVERRIDE_NODE_ID_FOR_TESTING")
 RAY_JOB_IDLE_S = 60.0
 MAX_REQUEST = 16 << 20
@@ -343,18 +339,17 @@ class Server:
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != self.pid:
             os._exit(1)
-        self.sel.close()
-        for s in (self.listener, *self.children.values(), *(c for _, c in self.zygotes.values())):
-            if s is not None:
-                s.close()
-        for fd in (self.wake_r, self.wake_w):
-            os.close(fd)
+        self._close_server_fds()
         self.pid, self.ray_job, self.listener = os.getpid(), job, channel
         self.children, self.zygotes = {}, {}
         self._loop_fds()
         signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
         os.environ.clear()
         os.environ.update(env)
+        # Unrecorded: it copies the whole environment at its import (to pick its FSSPEC_* settings out), which
+        # would record every variable as read. Ray Data imports it.
+        with contextlib.suppress(ImportError):
+            __import__("fsspec")
         with _recording_reads(READ_AT_IMPORT):
             for name in RAY_JOB_PRELOAD:
                 __import__(name)
@@ -371,8 +366,13 @@ class Server:
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
+        conn.close()
+        self._close_server_fds()
+
+    def _close_server_fds(self) -> None:
+        """In a forked child: the server's sockets, pipes and its children's connections are not the child's."""
         self.sel.close()
-        for s in (self.listener, conn, *self.children.values(), *(c for _, c in self.zygotes.values())):
+        for s in (self.listener, *self.children.values(), *(c for _, c in self.zygotes.values())):
             if s is not None:
                 s.close()
         for fd in (self.wake_r, self.wake_w):
@@ -573,20 +573,12 @@ def main(argv: list[str]) -> Request:
         os.unlink(argv[1])  # a socket left by a server of this job that was killed
     # Listening before the imports: a request that comes meanwhile waits in the backlog, not the cold way.
     server = Server(argv[1])
-    ray = importlib.util.find_spec("ray") is not None
-    if ray:
-        # Unrecorded: it copies the whole environment at its import (to pick its FSSPEC_* settings out), which
-        # would record every variable as read.
-        with contextlib.suppress(ImportError):
-            __import__("fsspec")
     with _recording_reads(READ_AT_IMPORT):
-        for name in PRELOAD + (RAY_PRELOAD if ray else ()):
-            with contextlib.suppress(ImportError):
-                __import__(name)
+        for name in PRELOAD:
+            __import__(name)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, server.stop)
-    print(f"warm interpreter: pid {os.getpid()}, torch{' and Ray' + chr(39) + 's dependencies' if ray else ''} imported, listening on "
-          f"{argv[1]}", flush=True)
+    print(f"warm interpreter: pid {os.getpid()}, torch imported, listening on {argv[1]}", flush=True)
     request = server.serve()
     become(request, base_path)
     return request

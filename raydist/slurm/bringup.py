@@ -195,9 +195,10 @@ def run_node(cfg: ClusterConfig, alloc: Allocation, log=print) -> int:
 
 def start_warm_interpreter(env: dict[str, str], temp: Path) -> subprocess.Popen | None:
     """The node's warm interpreter (raydist.launcher.warm_server): a process with torch imported, which forks the
-    ranks of `raydist launch` and scaling.engine=launch instead of each importing torch anew. It is tagged like the
-    node's Ray (the clean-up finds it by that), and its socket is in the job's private temp dir. `env` gains the
-    variable that tells the agents (Ray's workers inherit it) where it listens."""
+    ranks of `raydist launch` and scaling.engine=launch instead of each importing torch anew, and with
+    scaling.warm_python Ray's workers of raydist's jobs. It is tagged like the node's Ray (the clean-up finds it by
+    that), and its socket is in the job's private temp dir. `env` gains the variables that tell the agents and the
+    jobs (Ray's workers and drivers inherit them) where it listens and what Ray should run to reach it."""
     from raydist.launcher.warm import WARM_ENV, WARM_EXEC, WARM_EXEC_ENV, WARM_LOG, start_server
 
     sock = temp / "warm.sock"
