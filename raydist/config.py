@@ -125,10 +125,9 @@ class ScalingConfig(WorkerRange):
         "processes to start before the first step (docs/benchmarks.md). launch runs sync, local_sgd and fsdp")
     backend: Literal["auto", "nccl", "gloo"] = opt("auto", "torch.distributed backend; auto: nccl with GPUs, gloo without")
     warm_python: bool = opt(
-        False, "fork the job's Ray worker processes (Ray Train's controller, helper actors and workers) from a warm "
+        True, "fork the job's Ray worker processes (Ray Train's controller, helper actors and workers) from a warm "
         "interpreter with torch imported: each node's on a cluster the SLURM bring-up started, one started for "
-        "the embedded instance (docs/running.md; not yet the default); false = each a fresh Python, as Ray "
-        "starts them")
+        "the embedded instance (docs/running.md); false = each a fresh Python, as Ray starts them")
     cpus_per_worker: float = opt(1.0, "Ray CPUs reserved per worker", gt=0)
     max_failures: int = opt(
         3, "worker-group restarts from the latest checkpoint before the run fails; -1 = unlimited", ge=0, special={-1: "unlimited"}
