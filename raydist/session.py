@@ -68,7 +68,8 @@ def connect(cfg: Config) -> str:
         runtime_env = for_cluster_job() if _warm_ray_workers(cfg) else {}
         try:
             # WARNING: Ray's "Connecting to ..." lines would come before a refusal's one line on stderr.
-            ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING, runtime_env=runtime_env or None)
+            ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING,
+                     runtime_env=runtime_env or None)
         except (ConnectionError, ValueError, RuntimeError) as e:
             raise RaydistError(f"cannot connect to Ray at {address}: {str(e).splitlines()[0]}") from None
         check_cluster_fits(cfg, address)

@@ -25,6 +25,12 @@ NO_WARM = "no warm interpreter on this node"
 WARM_LOG = "warm-interpreter.log"  # beside its socket, in the job's temp dir
 WARM_SERVER = Path(__file__).with_name("warm_server.py")
 WARM_EXEC = Path(__file__).with_name("warm_exec.py")
+WARM_EXEC_ENV = "RAYDIST_WARM_EXEC"
+"""Set beside WARM_ENV by the SLURM bring-up: the node's raydist.launcher.warm_exec, for a job's py_executable."""
+WARM_DIR_PREFIX = "raydist-warm-"
+LISTEN_TIMEOUT_S = 10.0
+OWN_INTERPRETER = ("pip", "conda", "uv", "container", "image_uri", "py_executable")
+"""runtime_env fields that choose the workers' interpreter themselves: a job with one keeps it."""
 
 
 def start_server(env: dict[str, str], sock: Path, log: Path, parent: int | None = None) -> subprocess.Popen | None:
@@ -36,14 +42,6 @@ def start_server(env: dict[str, str], sock: Path, log: Path, parent: int | None 
             return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     except OSError:
         return None  # everything starts the cold way
-
-
-LISTEN_TIMEOUT_S = 10.0
-WARM_EXEC_ENV = "RAYDIST_WARM_EXEC"
-"""Set beside WARM_ENV by the SLURM bring-up: the node's raydist.launcher.warm_exec, for a job's py_executable."""
-WARM_DIR_PREFIX = "raydist-warm-"
-OWN_INTERPRETER = ("pip", "conda", "uv", "container", "image_uri", "py_executable")
-"""runtime_env fields that choose the workers' interpreter themselves: a job with one keeps it."""
 
 
 def py_executable(exec_path: str | os.PathLike = WARM_EXEC) -> str:

@@ -2,9 +2,10 @@
 
 Ray starts each of its Python workers (Ray Train's controller, its helper actors, the training workers) as
 `exec <py_executable> default_worker.py ARGS` (ray._private.runtime_env.context). With this file as that
-executable, the node's warm interpreter (raydist.launcher.warm_server: torch imported, Ray by a server of the job)
-forks the worker instead, and this small process stands in for it: Ray's stdout and stderr files are handed over with the
-request, the worker's exit code comes back as this process's own, and a signal sent to this process is passed on.
+executable, the node's warm interpreter (raydist.launcher.warm_server: torch imported, Ray by a server of the
+job) forks the worker instead, and this small process stands in for it: Ray's stdout and stderr files are handed
+over with the request, the worker's exit code comes back as this process's own, and a signal sent to this process
+is passed on.
 Ray itself finds the worker by the pid the worker registers with (its own), as always.
 
 Where there is no warm interpreter (RAYDIST_WARM_SOCKET unset, or nothing listening), or it declines the request

@@ -16,7 +16,13 @@ Protocol, per connection: the agent sends a 4-byte length with the write end of 
 (SCM_RIGHTS), then that many bytes of JSON {"argv", "env", "cwd", "niceness"}. The server answers one JSON line,
 {"pid": N} or {"declined": "why"}, and later {"exit": code} (Popen's returncode convention: -N for signal N). If
 the agent's connection closes first (the agent died), the child's process group is killed: the rank dies with
-its agent, as PR_SET_PDEATHSIG gives a rank started the cold way. A child dies with the server too (PR_SET_PDEATHSIG); SIGTERM ends the server only once no child of its is left.
+its agent, as PR_SET_PDEATHSIG gives a rank started the cold way. A child dies with the server too
+(PR_SET_PDEATHSIG); SIGTERM ends the server only once no child of its is left.
+
+Ray's own workers (raydist.launcher.warm_exec sends their `python default_worker.py ...`, with stdout and stderr as
+two fds) are forked by a server of their Ray job instead: a child of this one that imported Ray with that job's
+settings (Ray's C++ side reads the job's id and the raylet's pid only at its import). This server hands each such
+request on to it over a socket pair: the agent's connection and the output fds, then the request's bytes.
 
     python raydist/launcher/warm_server.py SOCKET_PATH [--parent PID]
 """
