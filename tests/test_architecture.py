@@ -4,6 +4,7 @@ one way, no module reaches into another's private names, no function grows past 
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 from raydist import registry
@@ -145,6 +146,32 @@ def test_ray_trains_controller_needs_no_torch_for_raydists_backend_config():
             "pickle.loads(pickle.dumps(QuietTorchConfig(backend='gloo'))); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
+def test_the_controller_waits_for_a_group_to_leave_its_process_group_as_long_as_the_driver_says():
+    """Ray Train's controller reads TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S from its own environment, which on a
+    cluster is its node's, not the driver's: the driver's value travels in the backend config instead."""
+    import pickle
+    import subprocess
+    import sys
+
+    from raydist.train.backend import SHUTDOWN_TIMEOUT_VAR, QuietTorchConfig
+
+    os.environ[SHUTDOWN_TIMEOUT_VAR] = "5"  # what raydist.session sets in the driver
+    try:
+        config = pickle.dumps(QuietTorchConfig(backend="gloo"))
+    finally:
+        del os.environ[SHUTDOWN_TIMEOUT_VAR]
+    # In a process without the variable, as the controller: a group whose worker died (the quiet path).
+    code = ("import os, pickle, sys; from ray.exceptions import RayActorError\n"
+            "class Group:\n    def __len__(self): return 2\n"
+            "    def execute_async(self, *a): raise RayActorError()\n"
+            "config = pickle.loads(sys.stdin.buffer.read())\n"
+            "config.backend_cls().on_shutdown(Group(), config)\n"
+            f"print(os.environ.get({SHUTDOWN_TIMEOUT_VAR!r}))")
+    env = {k: v for k, v in os.environ.items() if k != SHUTDOWN_TIMEOUT_VAR}
+    out = subprocess.run([sys.executable, "-c", code], input=config, capture_output=True, env=env, timeout=60)
+    assert out.stdout.decode().strip() == "5", out.stdout + out.stderr
 
 
 def test_raydists_backend_config_shows_the_dashboard_what_rays_torch_config_shows():

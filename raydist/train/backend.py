@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
@@ -23,11 +23,25 @@ from ray.train.backend import Backend, BackendConfig
 SHUTDOWN_TIMEOUT_VAR, SHUTDOWN_TIMEOUT_DEFAULT_S = "TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S", 30
 
 
+def driver_shutdown_timeout_s() -> int:
+    """The driver's TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S, for the controller. Ray Train reads it in its controller
+    but does not pass it on from the driver (it is not among the variables Ray Train V2 propagates): on a cluster the
+    controller has its node's environment, and after a hung worker the run waited Ray's 30 s where the driver said 5."""
+    try:
+        return int(os.environ.get(SHUTDOWN_TIMEOUT_VAR, SHUTDOWN_TIMEOUT_DEFAULT_S))
+    except ValueError:
+        return SHUTDOWN_TIMEOUT_DEFAULT_S
+
+
 class QuietShutdown:
     """A worker group that holds a dead worker cannot shut its process group down gracefully; Ray Train logs that,
-    with a traceback, on the user's console at every restart. raydist says in one line what happened instead."""
+    with a traceback, on the user's console at every restart. raydist says in one line what happened instead. The
+    wait for the group to leave its process group is the driver's (`shutdown_timeout_s` of the backend config)."""
 
     def on_shutdown(self, worker_group, backend_config) -> None:
+        timeout_s = getattr(backend_config, "shutdown_timeout_s", None)
+        if timeout_s is not None:  # the controller is this run's own process: Ray's backends read the variable
+            os.environ[SHUTDOWN_TIMEOUT_VAR] = str(timeout_s)
         try:
             super().on_shutdown(worker_group, backend_config)
         except (RayActorError, RayTaskError):
@@ -137,6 +151,7 @@ class QuietTorchConfig(BackendConfig):
 
     backend: str | None = None
     timeout_s: int = 1800
+    shutdown_timeout_s: int = field(default_factory=driver_shutdown_timeout_s)
 
     def to_dict(self) -> dict:
         # what the dashboard's run settings show, as for Ray's TorchConfig (the base class gives {})

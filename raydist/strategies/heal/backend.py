@@ -10,7 +10,7 @@ from ray.train.v2._internal.execution.worker_group import ReplicaGroup
 from ray.train.v2.torch.torchft_config import TorchftConfig, _TorchftBackend
 
 from raydist.config import Config
-from raydist.train.backend import PlainVersions, QuietController, QuietShutdown
+from raydist.train.backend import PlainVersions, QuietController, QuietShutdown, driver_shutdown_timeout_s
 
 
 LIGHTHOUSE_LOG = "lighthouse.log"
@@ -88,6 +88,8 @@ class HealTorchftConfig(TorchftConfig):
         """The lighthouse's RUST_LOG (torchft reads error, warn, info, debug or trace)."""
         self.log_path = log_path
         """Where the lighthouse's log goes (the run directory's lighthouse.log); None: to Ray, and so the console."""
+        self.shutdown_timeout_s = driver_shutdown_timeout_s()
+        """The driver's wait for a group to leave its process group (raydist.train.backend.QuietShutdown)."""
 
     @property
     def backend_cls(self):
