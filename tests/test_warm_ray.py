@@ -37,7 +37,8 @@ DRIVER = textwrap.dedent("""
             torch = sys.modules.get("torch")
             return {"pid": os.getpid(), "parent": parent, "torch": torch is not None,
                     "threads": torch.get_num_threads() if torch else None,
-                    "job": ray.get_runtime_context().get_job_id(), "dedup": os.environ.get("RAY_DEDUP_LOGS")}
+                    "job": ray.get_runtime_context().get_job_id(), "dedup": os.environ.get("RAY_DEDUP_LOGS"),
+                    "random_id": ray.ObjectRef.from_random().hex()}
 
     probes = [Probe.remote() for _ in range(3)]
     wheres = ray.get([p.where.remote() for p in probes])
@@ -73,6 +74,9 @@ def test_the_embedded_instance_forks_its_ray_workers_with_torch_imported():
     # With the one thread Ray gives a worker that holds one CPU or none, as torch imported after Ray set
     # OMP_NUM_THREADS would have: not one per CPU of the warm interpreter's (two workers would fight over them).
     assert first["threads"] == 1, first
+    # Ray's IDs are random per process, forked or not: two workers that drew the same would send tasks under the
+    # same IDs, and Ray Train's synchronization actor crashes on that (warm_server.RAY_JOB_PRELOAD).
+    assert len({w["random_id"] for w in out["probes"]}) == 3, out["probes"]
     assert first["job"] == other["job"]
     # Its RAY_DEDUP_LOGS differs from the job server's, which Ray read at its import: a fresh Python instead,
     # named on the worker's stderr (Ray shows it on the driver's console).

@@ -47,11 +47,13 @@ KEPT_PYTHON_VARS = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONFAULTHAND
 """PYTHON* variables the child applies itself, or that Python reads later (PYTHONBREAKPOINT, which Ray sets for its
 workers, at each breakpoint()); any other that differs from the server's acts at a fresh start and is declined."""
 SAME_AS_SERVER = ("LD_PRELOAD", "LD_LIBRARY_PATH")
-RAY_JOB_PRELOAD = ("ray", "ray.data")
-"""What a Ray job's server imports (Server._become_ray_job_server), and with them what they import (pandas,
-pyarrow, gRPC, ...). Not in the node's server: Ray's C++ side reads settings the raylet gives each worker
-(RAY_JOB_ID, RAY_RAYLET_PID) once, as it is imported (ray/common/ray_internal_flag_def.h). Not ray.train: its
-import reads RAY_TRAIN_V2_ENABLED, which Ray Train gives its own actors only."""
+RAY_JOB_PRELOAD = ("ray", "pyarrow", "pandas")
+"""What a Ray job's server imports (Server._become_ray_job_server), and with them what they import (gRPC, ...).
+Not in the node's server: Ray's C++ side reads settings the raylet gives each worker (RAY_JOB_ID, RAY_RAYLET_PID)
+once, as it is imported (ray/common/ray_internal_flag_def.h). Not ray.data nor ray.train (which imports it): their
+import draws a random ID, which seeds the process's one generator of Ray's IDs, and every worker forked after that
+would draw the same IDs (_ids_repeat_in_forks); only the libraries ray.data imports (pyarrow, pandas). Not
+ray.train for a second reason: its import reads RAY_TRAIN_V2_ENABLED, which Ray Train gives its own actors only."""
 RAY_READ_ONCE = ("RAY_JOB_ID", "RAY_RAYLET_PID", "RAY_OVERRIDE_NODE_ID_FOR_TESTING")
 RAY_JOB_IDLE_S = 60.0
 MAX_REQUEST = 16 << 20
@@ -157,6 +159,7 @@ class Server:
         self.children: dict[int, socket.socket | None] = {}  # pid -> its agent's connection (None: gone)
         self.zygotes: dict[tuple[str, str], tuple[int, socket.socket]] = {}  # Ray job -> its server, channel
         self.ray_job: tuple[str, str] | None = None  # set in a Ray job's server
+        self.declines: str | None = None  # why every request is declined (a Ray job's server that cannot fork)
         self.idle_since = time.monotonic()
         self._loop_fds()
         signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the loop: reaping happens there
@@ -234,7 +237,7 @@ class Server:
         end would end every rank it forked on this node."""
         try:
             request = request or self._read(conn)
-            why = request.decline_reason()
+            why = request.decline_reason() or self.declines
             job = ray_job_of(request)
             if why is None and (job is None or self.ray_job is not None):
                 return self._fork(conn, request)
@@ -358,9 +361,33 @@ class Server:
             __import__("fsspec")
         with _recording_reads(READ_AT_IMPORT):
             for name in RAY_JOB_PRELOAD:
-                __import__(name)
+                with contextlib.suppress(ImportError):  # pyarrow and pandas come with ray[data], not ray
+                    __import__(name)
         READ_AT_IMPORT.update(RAY_READ_ONCE)
         print(f"warm interpreter: pid {self.pid} imported Ray for Ray job {job[0]} (raylet {job[1]})", flush=True)
+        if self._ids_repeat_in_forks():
+            self.declines = ("Ray's random IDs would repeat in every worker forked here (an import seeded their "
+                             "generator)")
+            print(f"warm interpreter: pid {self.pid} forks no worker: {self.declines}", flush=True)
+
+    def _ids_repeat_in_forks(self) -> bool:
+        """Whether two workers forked now would draw the same random Ray IDs. Ray's C++ side has one generator per
+        process, seeded at its first draw; a fork copies it. Ray Train's workers would then send tasks under the
+        same IDs to its synchronization actor, which crashes on the second (`Check failed: erased == 1`)."""
+        from ray._raylet import ObjectRef
+
+        drawn = []
+        for _ in range(2):
+            r, w = os.pipe()
+            pid = self._forked()  # the server's signals stay blocked in the child, which only draws and exits
+            if pid == 0:
+                os.write(w, ObjectRef.from_random().binary())
+                os._exit(0)
+            os.close(w)
+            with os.fdopen(r, "rb") as f:
+                drawn.append(f.read())
+            os.waitpid(pid, 0)
+        return drawn[0] == drawn[1]
 
     def _become_child(self, conn: socket.socket) -> None:
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
