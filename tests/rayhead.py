@@ -9,6 +9,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Iterator
 
 from jobutil import REPO, clean_env
+from raydist.launcher.warm import WARM_ENV, WARM_EXEC, WARM_EXEC_ENV, WARM_LOG, WARM_SERVER
 from raydist.listen_port import free_port
 
 VENV_BIN = Path(os.sys.executable).parent  # the venv that runs the tests runs the cluster too
@@ -47,6 +49,8 @@ class Head:
     temp_dir: str
     pid: int = 0
     """`ray start --block`'s: the head's Ray processes (raylet, workers) are its descendants."""
+    warm: dict[str, str] | None = None
+    """Where its warm interpreter listens (RAYDIST_WARM_SOCKET, RAYDIST_WARM_EXEC), as a SLURM bring-up exports it."""
 
     def state(self) -> str:
         """The tails of this head's start log and dashboard log: what a test that could not reach it prints."""
@@ -59,7 +63,13 @@ class Head:
 
     def job_env(self) -> dict[str, str]:
         """What a job's environment adds to join this head (its address and token, as `raydist env` prints them)."""
-        return {"RAY_ADDRESS": self.gcs_address, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": self.token_path}
+        return {"RAY_ADDRESS": self.gcs_address, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": self.token_path,
+                **(self.warm or {})}
+
+    def forked_jobs(self) -> int:
+        """How many Ray jobs' workers its warm interpreter has forked (a server per job: warm_server.py's log)."""
+        log = Path(self.temp_dir, WARM_LOG)
+        return log.read_text(errors="replace").count("imported Ray for Ray job") if self.warm and log.exists() else 0
 
     def client_env(self, with_token: bool = True) -> dict[str, str]:
         """The environment of a `ray job submit` client: with the token, or without any auth settings."""
@@ -93,10 +103,11 @@ def _ports() -> list[int]:
 
 @contextlib.contextmanager
 def ray_head(num_cpus: int = 2, num_gpus: int | None = None, stop_wait_s: float = 5,
-             env: dict[str, str] | None = None) -> Iterator[Head]:
+             env: dict[str, str] | None = None, warm: bool = True) -> Iterator[Head]:
     """num_gpus: None lets Ray count this machine's; stop_wait_s: how long `ray start --block` gets to stop the
     daemons after SIGTERM before what is left of them is killed (it first drains its node, for up to 30 s, which
-    a test head has no use for); env: more environment for the head's processes."""
+    a test head has no use for); env: more environment for the head's processes; warm: a warm interpreter beside
+    it, as the SLURM bring-up starts on each node, that forks the Ray workers of raydist's jobs."""
     extra_env = env or {}
     temp_dir = tempfile.mkdtemp(prefix="rdh-", dir="/tmp")  # short: Ray's unix socket paths must fit 107 bytes
     token_path = os.path.join(temp_dir, "auth_token")
@@ -117,9 +128,17 @@ def ray_head(num_cpus: int = 2, num_gpus: int | None = None, stop_wait_s: float 
         f"--num-cpus={num_cpus}", "--object-store-memory=200000000", "--include-dashboard=true",
         *([f"--num-gpus={num_gpus}"] if num_gpus is not None else []),
     ]
+    warm_env = None
+    if warm:
+        warm_env = {WARM_ENV: os.path.join(temp_dir, "warm.sock"), WARM_EXEC_ENV: str(WARM_EXEC)}
+        env.update(warm_env)
+        # Started by the shell that becomes `ray start`: a descendant of the head's pid like Ray's processes, so that
+        # the tests find the workers it forks (jobutil.processes_titled), and ending with it (--parent).
+        args = ["bash", "-c", f'"$0" {WARM_SERVER} "$1" --parent $$ >> "$2" 2>&1 & shift 2; exec "$@"',
+                sys.executable, warm_env[WARM_ENV], os.path.join(temp_dir, WARM_LOG), *args]
     log = open(os.path.join(temp_dir, "ray_start.log"), "w")
     proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    head = Head(f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dash}", token_path, temp_dir, proc.pid)
+    head = Head(f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dash}", token_path, temp_dir, proc.pid, warm_env)
     try:
         _wait_for_dashboard(head, proc, deadline=time.time() + 90)
         yield head

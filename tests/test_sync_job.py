@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from boardutil import config_texts, read_board, scalar_steps
+import jobutil
 from jobutil import REPO, clean_env, run_job, summary
 from raydist.observability.metrics import read_steps
 
@@ -94,6 +95,12 @@ def test_stopped_run_resumes_at_the_next_step_with_identical_losses(tmp_path):
         assert sorted(config_texts(board)) == scalar_steps(board, "run/world_size") == sessions, name
     for event in read_board(tmp_path / "resumed").Scalars("train/loss"):
         assert event.value == pytest.approx(b[event.step]["loss"], rel=1e-6)
+
+    if jobutil.SHARED_RAY:  # the shared head's warm interpreter forked every job's Ray workers, as a node's does
+        import sharedray
+
+        assert sharedray.head().forked_jobs() >= 3
+        assert "without the warm interpreter" not in loud.stdout + loud.stderr
 
 
 def test_the_driver_starts_the_autoscaling_coordinator_that_ray_train_waits_for():
