@@ -6,9 +6,10 @@ the tests marked `shared_ray` share one head (docs/testing.md).
 
 Starts two heads (tests/rayhead.py: `ray start --head`, token auth, loopback), one with a warm interpreter that
 forks the jobs' Ray workers, as the tests' head has (`head`), one without (`cold head`), and then, per round, runs
-`jobs/sync.py` for one epoch on each head and on an embedded instance of its own, rotating which goes first. Per run: the command's wall time and the CPU time the whole machine spent meanwhile (/proc/stat: every
-process, Ray's daemons included, which a per-process count would miss as they come and go). Run it on an otherwise
-idle machine: the CPU count is the machine's.
+`jobs/sync.py` for one epoch on each head and on an embedded instance of its own, rotating which goes first. Per
+run: the command's wall time and the CPU time the whole machine spent meanwhile (/proc/stat: every process, Ray's
+daemons included, which a per-process count would miss as they come and go). Run it on an otherwise idle machine:
+the CPU count is the machine's.
 """
 
 from __future__ import annotations

@@ -381,8 +381,10 @@ class Server:
             r, w = os.pipe()
             pid = self._forked()  # the server's signals stay blocked in the child, which only draws and exits
             if pid == 0:
-                os.write(w, ObjectRef.from_random().binary())
-                os._exit(0)
+                try:
+                    os.write(w, ObjectRef.from_random().binary())
+                finally:
+                    os._exit(0)  # never a second server: an empty answer counts as a repeat
             os.close(w)
             with os.fdopen(r, "rb") as f:
                 drawn.append(f.read())
