@@ -71,7 +71,9 @@ def connect(cfg: Config) -> str:
             ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING,
                      runtime_env=runtime_env or None)
         except (ConnectionError, ValueError, RuntimeError) as e:
-            raise RaydistError(f"cannot connect to Ray at {address}: {str(e).splitlines()[0]}") from None
+            # Ray's ConnectionError names only the address; what went wrong is in the error it chains.
+            why = "; ".join(str(x).strip().splitlines()[0] for x in (e, e.__cause__) if x is not None and str(x).strip())
+            raise RaydistError(f"cannot connect to Ray at {address}: {why}") from None
         check_cluster_fits(cfg, address)
         return address
     start_local(local_cpus(cfg), warm=_warm_ray_workers(cfg))
