@@ -72,7 +72,8 @@ def connect(cfg: Config) -> str:
                      runtime_env=runtime_env or None)
         except (ConnectionError, ValueError, RuntimeError) as e:
             # Ray's ConnectionError names only the address; what went wrong is in the error it chains.
-            why = "; ".join(str(x).strip().splitlines()[0] for x in (e, e.__cause__) if x is not None and str(x).strip())
+            why = "; ".join(str(x).strip().splitlines()[0] for x in (e, e.__cause__)
+                            if x is not None and str(x).strip())
             raise RaydistError(f"cannot connect to Ray at {address}: {why}") from None
         check_cluster_fits(cfg, address)
         return address
