@@ -227,3 +227,41 @@ def test_without_py_spy_a_ranks_stack_comes_from_faulthandler(tmp_path, monkeypa
     assert got["how"] == "faulthandler"
     assert "wait_for_peers" in got["text"] and "sleeper.py" in got["text"], got["text"]
     assert rank.proc.poll() == -signal.SIGABRT
+
+
+def test_a_ranks_last_line_is_relayed_even_when_its_pipe_ends_during_a_poll():
+    """The reader thread may append the last line and see the pipe end just after a poll took the lines: the
+    poll must not report the exit without that line (one CI run lost rank 0's 'done' line so)."""
+    import collections
+    import time
+
+    from raydist.launcher import agent as A
+
+    rank = A.RankAgent("units", -1)
+
+    class ExitedProc:
+        pid = 0
+
+        def poll(self):
+            return 0
+
+    class PipeEndsDuringThePoll(collections.deque):
+        raced = False
+
+        def __len__(self):
+            n = super().__len__()
+            if n == 0 and not self.raced:  # the poll has taken the lines; now the reader finishes
+                self.raced = True
+                self.append("done: 192 steps")
+                rank.ended = time.monotonic()
+            return n
+
+    rank.proc, rank.lines = ExitedProc(), PipeEndsDuringThePoll()
+    seen, code = [], None
+    for _ in range(3):
+        got = rank.poll()
+        seen += got["lines"]
+        if got["exit_code"] is not None:
+            code = got["exit_code"]
+            break
+    assert code == 0 and seen == ["done: 192 steps"], seen

@@ -164,6 +164,8 @@ class RankAgent:
 
     def poll(self) -> dict[str, Any]:
         """New output lines, exit code (None while running), seconds silent, the hook's values, CPU and memory."""
+        # Whether the pump had read to the end, taken before the lines are: then none of its lines is left behind.
+        pumped_all = self.ended is not None
         lines = []
         while self.lines:
             lines.append(self.lines.popleft())
@@ -174,7 +176,7 @@ class RankAgent:
         code = self.proc.poll() if self.proc else None
         usage = self._usage()
         now = time.monotonic()
-        if code is not None and self.ended is None:
+        if code is not None and not pumped_all:
             # Exited, but its last lines are still being read: report both together (unless a process it left
             # behind keeps the pipe open).
             self.exit_seen = self.exit_seen or now
