@@ -48,17 +48,17 @@ def split(session: str) -> dict[str, float]:
     def reported(text: str, pattern: str) -> float:
         return float(re.search(pattern, next(m for _, m in events if text in m)).group(1))
 
-    first = events[0][0]
-    return {
-        "controller process starts": controller - connect,
-        "controller set-up": first - controller,
-        "state actor": at("PlacementGroupCleaner launched") - first,
-        "placement-group cleaner": at("INITIALIZING -> SCHEDULING") - at("PlacementGroupCleaner launched"),
-        "worker actors": reported("worker actors created", r"created in ([\d.]+)s"),
-        "train context and synchronization actor": reported("Train context initialized",
-                                                            r"initialized on workers in ([\d.]+)s"),
-        "process group, callbacks, launch": at("SCHEDULING -> RUNNING") - at("Train context initialized"),
-    }
+    first, scheduling = events[0][0], at("INITIALIZING -> SCHEDULING")
+    cleaner = next((t for t, m in events if "PlacementGroupCleaner launched" in m), None)  # raydist's starts none
+    steps = {"controller process starts": controller - connect, "controller set-up": first - controller,
+             "state actor": (cleaner or scheduling) - first}
+    if cleaner is not None:
+        steps["placement-group cleaner"] = scheduling - cleaner
+    return {**steps,
+            "worker actors": reported("worker actors created", r"created in ([\d.]+)s"),
+            "train context and synchronization actor": reported("Train context initialized",
+                                                                r"initialized on workers in ([\d.]+)s"),
+            "process group, callbacks, launch": at("SCHEDULING -> RUNNING") - at("Train context initialized")}
 
 
 def main() -> int:

@@ -20,6 +20,7 @@ from raydist.observability.metrics import METRICS_FILE
 from raydist.session import Session, connect, process_start_time
 from raydist.summary import JobSummary
 from raydist.train.entry import FAILURE_FILE, train_worker
+from raydist.train.trainer import PLACEMENT_GROUP_FILE, release_placement_group
 
 
 ELASTIC_PLACEMENT_RETRIES = 3
@@ -79,10 +80,9 @@ def refit_after_node_loss(cfg: Config, lost: list[str], unplaced: bool, refits: 
 def build_trainer(cfg: Config, spec: registry.StrategySpec):
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
-    from ray.train.torch import TorchTrainer
-
     from raydist.observability.console import ray_train_log_level
     from raydist.train.backend import QuietTorchConfig
+    from raydist.train.trainer import torch_trainer
 
     s = cfg.scaling
     torch_config = spec.load("torch_config")(cfg) if spec.torch_config else QuietTorchConfig(
@@ -94,7 +94,7 @@ def build_trainer(cfg: Config, spec: registry.StrategySpec):
     os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(s.node_loss_timeout_s)
     os.environ["RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S"] = str(cfg.faults.hang_timeout_s)
     os.environ["RAY_TRAIN_COLLECTIVE_TIMEOUT_S"] = str(cfg.faults.collective_timeout_s)
-    return TorchTrainer(
+    return torch_trainer(
         train_loop_per_worker=train_worker,
         # fit_id: one per fit(), so that workers can tell the group's first start from a replacement's.
         train_loop_config={"config": cfg.to_dict(), "strategy": spec.name, "fit_id": uuid.uuid4().hex},
@@ -167,6 +167,7 @@ def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session)
         except Exception as e:  # TrainingFailedError, and the controller's own failures, which arrive as other types
             from ray.train import ControllerError
 
+            release_placement_group(cfg.run.run_dir)
             # a replacement refused for a node whose raylet stopped answering: Ray marks it dead within seconds
             wait_s = cfg.scaling.node_loss_timeout_s if "cannot be replaced in place" in str(e) else 0
             lost = _newly_dead(dead_before, wait_s) if in_place(trainer.backend_config) else []
@@ -176,6 +177,7 @@ def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session)
                 raise RaydistError(failure_line(e, cfg, dead, lost)) from None
             print(again, flush=True)
             refits += 1
+    Path(cfg.run.run_dir, PLACEMENT_GROUP_FILE).unlink(missing_ok=True)  # Ray Train removed it
     if failure.exists():
         raise RaydistError(f"training failed: {json.loads(failure.read_text())['reason']}")
     return summary_of(result, cfg, session, connected, trainer.train_loop_config["fit_id"])

@@ -180,3 +180,13 @@ def test_raydists_backend_config_shows_the_dashboard_what_rays_torch_config_show
     from raydist.train.backend import QuietTorchConfig
 
     assert QuietTorchConfig(backend="gloo", timeout_s=7).to_dict() == TorchConfig(backend="gloo", timeout_s=7).to_dict()
+
+def test_a_run_starts_neither_ray_trains_placement_group_cleaner_nor_its_dataset_manager():
+    """raydist.train.trainer drops both from Ray Train's default callbacks (the cleaner's job is the driver's,
+    `release_placement_group`); a Ray that makes the list elsewhere fails here instead of quietly starting both."""
+    from raydist.train.trainer import torch_trainer
+
+    trainer = torch_trainer(train_loop_per_worker=lambda: None)
+    names = {type(c).__name__ for c in trainer._create_default_callbacks()}
+    assert names and not names & {"PlacementGroupCleanerCallback", "DatasetsCallback"}, names
+    assert "BackendSetupCallback" in names  # the list is Ray's, less the two

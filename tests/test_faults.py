@@ -146,3 +146,48 @@ def test_worker_sigkills_at_random_moments_cost_no_step_and_no_accuracy(tmp_path
     assert calm["restarts"] == 0 and hit["restarts"] == 2, (hit, calm)  # each kill: one restart from a checkpoint
     assert not hit["traceback"], \
         f"a restart put a traceback on the console (one line says what happened):\n{hit.get('traceback_context')}"
+
+
+KILL_THE_CONTROLLER = """
+import json, os, signal, sys, threading, time
+from pathlib import Path
+import ray
+from ray.util.placement_group import PlacementGroup
+import raydist
+
+noted = Path(sys.argv[1]) / "k" / "placement_group.json"
+group = {}
+
+def kill_the_controller():
+    while not noted.exists():
+        time.sleep(0.1)
+    group["id"] = json.loads(noted.read_text())["id"]
+    from ray.util.state import list_actors
+    (controller,) = list_actors(filters=[("class_name", "=", "TrainController"), ("state", "=", "ALIVE")])
+    os.kill(controller.pid, signal.SIGKILL)
+
+ray.init()  # the user's own connection, which raydist.fit leaves open: the job lives on after the fit
+threading.Thread(target=kill_the_controller, daemon=True).start()
+try:
+    raydist.fit("sync", train={"epochs": 200}, run={"storage_path": sys.argv[1], "name": "k"})
+except BaseException as e:
+    print(f"fit failed: {type(e).__name__}: {e}", file=sys.stderr)
+print(json.dumps(ray.util.placement_group_table(PlacementGroup(ray.PlacementGroupID.from_hex(group["id"])))))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.shared_ray
+def test_a_driver_that_lives_on_after_its_controller_was_killed_gets_the_workers_cpus_back(tmp_path):
+    """Ray removes a worker group's placement group once both its creator (Ray Train's controller) and its job are
+    gone; raydist starts no PlacementGroupCleaner (raydist.train.trainer), so its driver removes the group itself
+    when fit() fails: a Python API user who called ray.init() (whose job outlives the fit) finds the CPUs free."""
+    import sys
+
+    from jobutil import REPO, clean_env
+
+    proc = subprocess.run([sys.executable, "-c", KILL_THE_CONTROLLER, str(tmp_path)], cwd=REPO, env=clean_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "fit failed: RaydistError: training failed" in proc.stderr, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["state"] == "REMOVED", proc.stdout[-2000:]
+    assert not (tmp_path / "k" / "placement_group.json").exists()

@@ -27,9 +27,9 @@ def test_two_workers_reach_the_accuracy_threshold_on_digits(tmp_path):
     assert 0 < up["connect"] <= up["workers"] <= up["ready"] <= up["first_step"] < result["wall_s"] + 1, up
 
     # A quiet console (not a terminal here: plain progress lines, a bounded number), the JSON line last on stdout.
-    # Ray Train's PlacementGroupCleaner actor prints a traceback ("Found multiple active Ray instances") when other
-    # Ray instances run on this host, as when the suite runs in parallel: Ray's, and not about this run's console.
-    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "(PlacementGroupCleaner pid=" not in ln]
+    # (Ray Train's PlacementGroupCleaner printed a traceback here when other Ray instances ran on the host; raydist
+    # starts none: raydist.train.trainer.)
+    lines = (proc.stdout + proc.stderr).splitlines()
     assert len(lines) <= 30, "\n".join(lines)
     progress = [ln for ln in proc.stderr.splitlines() if ln.startswith("[raydist] sync: step ")]
     assert 3 <= len(progress) <= 12, proc.stderr

@@ -163,6 +163,11 @@ def test_train_startup_split_reads_the_raylet_and_controller_logs(tmp_path):
                                  "placement-group cleaner": 1.456, "worker actors": 1.97,
                                  "train context and synchronization actor": 2.44,
                                  "process group, callbacks, launch": 0.789}, abs=1e-3)
+    # raydist's runs start no placement-group cleaner (raydist.train.trainer): the state actor's step runs on
+    (tmp_path / "logs" / "train" / "ray-train-sys-controller-61ae.log").write_text("".join(
+        json.dumps({"asctime": f"2026-11-24 04:03:{t}", "message": m}) + "\n" for t, m in messages if "Cleaner" not in m))
+    got = split(str(tmp_path))
+    assert "placement-group cleaner" not in got and got["state actor"] == pytest.approx(2.753, abs=1e-3), got
 
 
 def test_listen_ports_come_from_below_the_ephemeral_range():

@@ -15,6 +15,7 @@ def train_worker(config: dict[str, Any]) -> None:
     """Ray Train's train_loop_per_worker for every loop strategy: the registry names the `Strategy` class."""
     from raydist.context import RayTrainContext
     from raydist.train.loop import Trainer
+    from raydist.train.trainer import note_placement_group
 
     entered = time.time()
     _threads_from_ray()
@@ -26,6 +27,8 @@ def train_worker(config: dict[str, Any]) -> None:
     strategy = registry.get(config["strategy"]).load("worker")
     ctx = RayTrainContext(async_upload=cfg.checkpoint.async_upload, run_dir=cfg.run.run_dir,
                           fit_id=config.get("fit_id", ""))
+    if ctx.rank == 0:
+        note_placement_group(cfg.run.run_dir)
     trainer = Trainer(cfg, ctx, strategy, entered)
     trainer.fit()
     if trainer.aborted and ctx.rank == 0:  # Ray Train keeps metrics only with checkpoints: say it in a file
