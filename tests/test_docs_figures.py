@@ -180,3 +180,10 @@ def test_the_start_up_before_and_after_table_is_the_stored_run():
     stored = json.loads((DATA / "startup_before_after.json").read_text())
     assert load_benchmark("startup_before_after").report(stored) in _doc("benchmarks.md"), \
         "docs/benchmarks.md is stale: paste `benchmarks/startup_before_after.py --report`"
+
+
+def test_the_two_helpers_fewer_table_is_the_stored_run():
+    stored = json.loads((DATA / "lean_trainer.json").read_text())
+    assert load_benchmark("startup_before_after").report(stored) in _doc("benchmarks.md"), \
+        "docs/benchmarks.md is stale: paste `benchmarks/startup_before_after.py --report docs/data/lean_trainer.json`"
+    assert len(stored["rounds"]) >= 5 and stored["machine"]["cpus"] and stored["commit"]
