@@ -11,8 +11,8 @@ Ray Train 2.60 starts, for every `fit()`, beside its controller:
 - a `DatasetManager` (through `DatasetsCallback`), which serves Ray Data shards; a raydist run passes no Ray Data
   set (each worker reads its own shard, `raydist.sharding`), so it is only started when one is passed.
 
-Measured side by side on a warm head (docs/benchmarks.md#time-to-the-first-step): dropping both cuts a one-epoch
-`jobs/sync.py`'s machine CPU time and its time to the first step. The hook is Ray's `_create_default_callbacks`, the
+Measured side by side (docs/benchmarks.md, "Two helpers fewer"): dropping both cut the machine's CPU time for a
+one-epoch `jobs/sync.py` by an eighth; its first step moved within the noise. The hook is Ray's `_create_default_callbacks`, the
 one place the list is made: if a later Ray renames it, nothing breaks, the helpers are started again, and
 tests/test_architecture.py fails so that the hook is moved.
 """
