@@ -27,15 +27,9 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import stored as stored_file  # noqa: E402
 from jobutil import clean_env  # noqa: E402
 from rayhead import ray_head  # noqa: E402
-from stored import spread  # noqa: E402
+from stored import busy_cpu_s, spread  # noqa: E402
 
 JOB = ["--set", "train.epochs=1", "--set", "run.tensorboard=false"]
-
-
-def busy_cpu_s() -> float:
-    """Seconds of CPU the machine has spent, all cores, idle and I/O wait excluded."""
-    ticks = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / 100
 
 
 def one_run(storage: str, name: str, env: dict[str, str]) -> dict:

@@ -31,17 +31,11 @@ sys.path.insert(0, str(REPO / "tests"))
 import stored as stored_file  # noqa: E402
 from jobutil import clean_env  # noqa: E402
 from raydist.observability.metrics import startup_records  # noqa: E402
-from stored import spread  # noqa: E402
+from stored import busy_cpu_s, spread  # noqa: E402
 from train_startup_split import split  # noqa: E402
 
 SESSION = "/tmp/ray/session_latest"
 JOB = ["--set", "scaling.num_workers=2", "--set", "run.tensorboard=false"]
-
-
-def busy_cpu_s() -> float:
-    """Seconds of CPU the whole machine has spent (all cores; idle and I/O wait excluded): Ray's daemons included."""
-    ticks = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / 100
 
 
 def one_run(tree: Path, storage: Path, name: str) -> dict:
