@@ -265,3 +265,25 @@ def test_a_ranks_last_line_is_relayed_even_when_its_pipe_ends_during_a_poll():
             code = got["exit_code"]
             break
     assert code == 0 and seen == ["done: 192 steps"], seen
+
+
+def test_a_cluster_job_gives_every_worker_the_ray_train_settings_its_servers_import_with(monkeypatch, tmp_path):
+    """A node's job server takes the settings of the job's first worker there, and imports Ray Train, which reads
+    RAY_TRAIN_V2_ENABLED; Ray Train gives that to its own actors only. Every worker of the job gets it, except where
+    the job's own runtime_env sets it (Ray refuses a variable set twice)."""
+    import json
+
+    from raydist.launcher import warm
+
+    exec_path = tmp_path / "warm_exec.py"
+    exec_path.write_text("")
+    monkeypatch.setenv(warm.WARM_ENV, str(tmp_path / "warm.sock"))
+    monkeypatch.setenv(warm.WARM_EXEC_ENV, str(exec_path))
+    monkeypatch.setenv("RAY_TRAIN_V2_ENABLED", "1")
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    assert warm.for_cluster_job()["env_vars"] == {"RAY_TRAIN_V2_ENABLED": "1"}
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR",
+                       json.dumps({"runtime_env": {"env_vars": {"RAY_TRAIN_V2_ENABLED": "1", "A": "b"}}}))
+    assert "env_vars" not in warm.for_cluster_job() and "py_executable" in warm.for_cluster_job()
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {"conda": "env"}}))
+    assert warm.for_cluster_job() == {}

@@ -36,6 +36,7 @@ DRIVER = textwrap.dedent("""
                 parent = f.read().replace(b"\\0", b" ").decode()
             torch = sys.modules.get("torch")
             return {"pid": os.getpid(), "parent": parent, "torch": torch is not None,
+                    "ray_train": "ray.train" in sys.modules,
                     "threads": torch.get_num_threads() if torch else None,
                     "job": ray.get_runtime_context().get_job_id(), "dedup": os.environ.get("RAY_DEDUP_LOGS"),
                     "random_id": ray.ObjectRef.from_random().hex()}
@@ -71,6 +72,8 @@ def test_the_embedded_instance_forks_its_ray_workers_with_torch_imported():
     first, other = out["first"], out["other"]
     # Forked by the job's server, a child of the warm interpreter: torch came with the fork.
     assert all("warm_server.py" in w["parent"] and w["torch"] for w in out["probes"]), out["probes"]
+    # And Ray Train, which Ray Train's own actors import next (this Probe imports none of it).
+    assert all(w["ray_train"] for w in out["probes"]), out["probes"]
     # With the one thread Ray gives a worker that holds one CPU or none, as torch imported after Ray set
     # OMP_NUM_THREADS would have: not one per CPU of the warm interpreter's (two workers would fight over them).
     assert first["threads"] == 1, first

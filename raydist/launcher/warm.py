@@ -50,6 +50,12 @@ def py_executable(exec_path: str | os.PathLike = WARM_EXEC) -> str:
     return f"{shlex.quote(sys.executable)} -I -S {shlex.quote(str(exec_path))}"
 
 
+JOB_WIDE = ("RAY_TRAIN_V2_ENABLED",)
+"""Set in the driver, read as Ray Train is imported, and given by Ray Train to its own actors only: given to every
+worker of the job too, so that a job's server (warm_server.RAY_JOB_PRELOAD), which takes the settings of the job's
+first worker on its node (Ray Data's autoscaling coordinator, say), has the value Ray Train's actors have."""
+
+
 def for_cluster_job() -> dict:
     """What the runtime_env of a job joining a cluster gains: the nodes' warm interpreters fork its Ray workers.
     Nothing where this node has none (not booted by raydist, or warm_python off), or where the job's own
@@ -63,7 +69,10 @@ def for_cluster_job() -> dict:
         return {}
     if set(job) & set(OWN_INTERPRETER):
         return {}
-    return {"py_executable": py_executable(exec_path)}
+    # Ray merges these per variable with the job's own, and refuses a variable set in both.
+    theirs = job.get("env_vars") or {}
+    env_vars = {k: os.environ[k] for k in JOB_WIDE if k in os.environ and k not in theirs}
+    return {"py_executable": py_executable(exec_path), **({"env_vars": env_vars} if env_vars else {})}
 
 
 def start_for_embedded(env_vars: dict[str, str], token: bool) -> dict:

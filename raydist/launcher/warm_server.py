@@ -47,13 +47,14 @@ KEPT_PYTHON_VARS = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONFAULTHAND
 """PYTHON* variables the child applies itself, or that Python reads later (PYTHONBREAKPOINT, which Ray sets for its
 workers, at each breakpoint()); any other that differs from the server's acts at a fresh start and is declined."""
 SAME_AS_SERVER = ("LD_PRELOAD", "LD_LIBRARY_PATH")
-RAY_JOB_PRELOAD = ("ray", "pyarrow", "pandas")
-"""What a Ray job's server imports (Server._become_ray_job_server), and with them what they import (gRPC, ...).
-Not in the node's server: Ray's C++ side reads settings the raylet gives each worker (RAY_JOB_ID, RAY_RAYLET_PID)
-once, as it is imported (ray/common/ray_internal_flag_def.h). Not ray.data nor ray.train (which imports it): their
-import draws a random ID, which seeds the process's one generator of Ray's IDs, and every worker forked after that
-would draw the same IDs (_ids_repeat_in_forks); only the libraries ray.data imports (pyarrow, pandas). Not
-ray.train for a second reason: its import reads RAY_TRAIN_V2_ENABLED, which Ray Train gives its own actors only."""
+RAY_JOB_PRELOAD = ("ray", "pyarrow", "pandas", "ray.data", "ray.train", "ray.train.torch")
+"""What a Ray job's server imports (Server._become_ray_job_server), and with them what they import (gRPC, ...):
+Ray, and what Ray Train's controller, its helper actors and its workers import next. Not in the node's server:
+Ray's C++ side reads settings the raylet gives each worker (RAY_JOB_ID, RAY_RAYLET_PID) once, as it is imported
+(ray/common/ray_internal_flag_def.h). Ray Data and Ray Train are imported without drawing a Ray ID
+(_actor_class_ids_from_urandom). Ray Train's import reads RAY_TRAIN_V2_ENABLED, which Ray Train gives its own
+actors: raydist gives it to every worker of its jobs (raydist.launcher.warm.JOB_WIDE), so that the job's first
+worker on a node, the one this server takes its settings from, has it as Ray Train's actors do."""
 RAY_READ_ONCE = ("RAY_JOB_ID", "RAY_RAYLET_PID", "RAY_OVERRIDE_NODE_ID_FOR_TESTING")
 RAY_JOB_IDLE_S = 60.0
 MAX_REQUEST = 16 << 20
@@ -359,7 +360,7 @@ class Server:
         # would record every variable as read. Ray Data imports it.
         with contextlib.suppress(ImportError):
             __import__("fsspec")
-        with _recording_reads(READ_AT_IMPORT):
+        with _recording_reads(READ_AT_IMPORT), _actor_class_ids_from_urandom():
             for name in RAY_JOB_PRELOAD:
                 with contextlib.suppress(ImportError):  # pyarrow and pandas come with ray[data], not ray
                     __import__(name)
@@ -575,6 +576,31 @@ def run(request: Request) -> None:
             tb = tb.tb_next
         sys.excepthook(type(e), e.with_traceback(tb), tb)
         sys.exit(1)
+
+
+@contextlib.contextmanager
+def _actor_class_ids_from_urandom():
+    """Meanwhile, `ray.remote` on a class takes its (otherwise unused) class ID from os.urandom instead of Ray's
+    generator of random IDs. Ray Data defines actor classes as it is imported, and each draws an ID: the first draw
+    seeds the process's one generator, which every fork would copy (Server._ids_repeat_in_forks). Where a later
+    Ray draws elsewhere, that check still sees it, and the server forks nothing."""
+    import ray.actor
+
+    real = getattr(ray.actor, "ActorClassID", None)
+    if real is None or not hasattr(real, "from_random"):
+        yield
+        return
+
+    class FromUrandom:
+        @staticmethod
+        def from_random():
+            return real(os.urandom(real.size()))
+
+    ray.actor.ActorClassID = FromUrandom
+    try:
+        yield
+    finally:
+        ray.actor.ActorClassID = real
 
 
 @contextlib.contextmanager
