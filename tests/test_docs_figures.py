@@ -187,3 +187,9 @@ def test_the_two_helpers_fewer_table_is_the_stored_run():
     assert load_benchmark("startup_before_after").report(stored) in _doc("benchmarks.md"), \
         "docs/benchmarks.md is stale: paste `benchmarks/startup_before_after.py --report docs/data/lean_trainer.json`"
     assert len(stored["rounds"]) >= 5 and stored["machine"]["cpus"] and stored["commit"]
+
+
+def test_the_job_server_preload_table_is_the_stored_run():
+    stored = json.loads((DATA / "job_server_preload.json").read_text())
+    assert load_benchmark("startup_before_after").report(stored) in _doc("benchmarks.md"), \
+        "docs/benchmarks.md is stale: paste `benchmarks/startup_before_after.py --report docs/data/job_server_preload.json`"
