@@ -15,6 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from raydist.job import job_main  # noqa: E402
+from raydist.process_exit import exit_now  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(job_main("compare", doc=__doc__))
+    exit_now(job_main("compare", doc=__doc__))

@@ -87,4 +87,6 @@ if __name__ == "__main__":
         from raydist.errors import fail
 
         fail(f"usage: python -m raydist.job JOB [--config FILE] [--set KEY=VALUE]... (JOB: {', '.join(registry.jobs())})")
-    sys.exit(job_main(sys.argv[1], sys.argv[2:]))
+    from raydist.process_exit import exit_now
+
+    exit_now(job_main(sys.argv[1], sys.argv[2:]))
