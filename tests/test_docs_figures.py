@@ -193,3 +193,9 @@ def test_the_job_server_preload_table_is_the_stored_run():
     stored = json.loads((DATA / "job_server_preload.json").read_text())
     assert load_benchmark("startup_before_after").report(stored) in _doc("benchmarks.md"), \
         "docs/benchmarks.md is stale: paste `benchmarks/startup_before_after.py --report docs/data/job_server_preload.json`"
+
+
+def test_the_fast_exit_table_is_the_stored_run():
+    stored = json.loads((DATA / "fast_exit.json").read_text())
+    assert load_benchmark("startup_before_after").report(stored) in _doc("benchmarks.md"), \
+        "docs/benchmarks.md is stale: paste `benchmarks/startup_before_after.py --report docs/data/fast_exit.json`"
