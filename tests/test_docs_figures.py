@@ -131,6 +131,10 @@ def _load_cluster_benchmark(name: str):
     ("desync_cost", "desync_cost.json", "faults.md"),
     ("desync_cost", "desync_cost_large.json", "faults.md"),
     ("doctor_allreduce", "doctor_allreduce.json", "doctor.md"),
+    ("startup_before_after", "startup_before_after.json", "benchmarks.md"),
+    ("startup_before_after", "lean_trainer.json", "benchmarks.md"),
+    ("startup_before_after", "job_server_preload.json", "benchmarks.md"),
+    ("startup_before_after", "fast_exit.json", "benchmarks.md"),
 ])
 def test_a_benchmarks_stored_report_is_what_the_doc_quotes(bench, data, doc):
     stored = json.loads((DATA / data).read_text())
@@ -174,28 +178,3 @@ def test_the_gpu_table_is_the_stored_run():
     assert load_benchmark("gpu_strategies").report(stored) in _doc("gpu.md"), \
         "docs/gpu.md is stale: paste `benchmarks/gpu_strategies.py --report docs/data/gpu_strategies.json`"
     assert stored["gpu"].startswith("NVIDIA") and "+cu" in stored["machine"]["torch"]
-
-
-def test_the_start_up_before_and_after_table_is_the_stored_run():
-    stored = json.loads((DATA / "startup_before_after.json").read_text())
-    assert load_benchmark("startup_before_after").report(stored) in _doc("benchmarks.md"), \
-        "docs/benchmarks.md is stale: paste `benchmarks/startup_before_after.py --report`"
-
-
-def test_the_two_helpers_fewer_table_is_the_stored_run():
-    stored = json.loads((DATA / "lean_trainer.json").read_text())
-    assert load_benchmark("startup_before_after").report(stored) in _doc("benchmarks.md"), \
-        "docs/benchmarks.md is stale: paste `benchmarks/startup_before_after.py --report docs/data/lean_trainer.json`"
-    assert len(stored["rounds"]) >= 5 and stored["machine"]["cpus"] and stored["commit"]
-
-
-def test_the_job_server_preload_table_is_the_stored_run():
-    stored = json.loads((DATA / "job_server_preload.json").read_text())
-    assert load_benchmark("startup_before_after").report(stored) in _doc("benchmarks.md"), \
-        "docs/benchmarks.md is stale: paste `benchmarks/startup_before_after.py --report docs/data/job_server_preload.json`"
-
-
-def test_the_fast_exit_table_is_the_stored_run():
-    stored = json.loads((DATA / "fast_exit.json").read_text())
-    assert load_benchmark("startup_before_after").report(stored) in _doc("benchmarks.md"), \
-        "docs/benchmarks.md is stale: paste `benchmarks/startup_before_after.py --report docs/data/fast_exit.json`"
