@@ -47,7 +47,8 @@ def one_round(workdir: Path) -> dict:
 
 def where_the_time_goes(suite: ET.Element, top: int = 25) -> dict:
     """From the JUnit report: each module's summed test time (the two xdist workers run modules side by side, so
-    these add up to about twice pytest's wall time), the slowest tests, and the ones that failed."""
+    these add up to about twice pytest's wall time), the slowest tests, every test's time (where to look when the
+    suite is to be shortened), and the ones that failed."""
     cases = [(c.get("classname", ""), c.get("name", ""), float(c.get("time", 0)),
               c.find("failure") is not None or c.find("error") is not None) for c in suite.iter("testcase")]
     modules: dict[str, float] = {}
@@ -57,6 +58,7 @@ def where_the_time_goes(suite: ET.Element, top: int = 25) -> dict:
     slowest = sorted(cases, key=lambda c: -c[2])[:top]
     return {"module_s": {m: round(t, 1) for m, t in sorted(modules.items(), key=lambda kv: -kv[1])},
             "slowest_s": {f"{c}::{n}": round(t, 1) for c, n, t, _ in slowest},
+            "tests_s": {f"{c}::{n}": round(t, 2) for c, n, t, _ in sorted(cases, key=lambda c: -c[2])},
             "failed": [f"{c}::{n}" for c, n, _, bad in cases if bad]}
 
 
