@@ -17,7 +17,7 @@ from raydist import registry
 from raydist.config import Config
 from raydist.errors import RaydistError, last_error_line
 from raydist.observability.metrics import METRICS_FILE
-from raydist.session import Session, connect, process_start_time, starts_embedded
+from raydist.session import Session, connect, process_start_time
 from raydist.summary import JobSummary
 from raydist.train.entry import FAILURE_FILE, train_worker
 from raydist.train.trainer import PLACEMENT_GROUP_FILE, release_placement_group
@@ -152,15 +152,10 @@ def start_autoscaling_coordinator() -> None:
 def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session) -> JobSummary:
     """Run a loop strategy on Ray Train; its summary comes from the final checkpoint's report."""
     from raydist.cluster_watch import dead_nodes
-    from raydist.driver_imports import import_while_ray_starts
 
-    # Starting the embedded instance leaves this thread idle for seconds: import meanwhile what comes next.
-    imports = import_while_ray_starts() if starts_embedded(cfg) else None
     # run_job checked the config (check_before_ray); connect checks what a named cluster can hold.
     session.ray = connect(cfg)
     connected = time.time()
-    if imports is not None:
-        imports.join()
     start_autoscaling_coordinator()
     failure = Path(cfg.run.run_dir) / FAILURE_FILE
     dead_before, refits = set(dead_nodes()), 0

@@ -7,8 +7,6 @@ import ast
 import os
 from pathlib import Path
 
-import pytest
-
 from raydist import registry
 
 PACKAGE = Path(__file__).resolve().parents[1] / "raydist"
@@ -192,36 +190,3 @@ def test_a_run_starts_neither_ray_trains_placement_group_cleaner_nor_its_dataset
     names = {type(c).__name__ for c in trainer._create_default_callbacks()}
     assert names and not names & {"PlacementGroupCleanerCallback", "DatasetsCallback"}, names
     assert "BackendSetupCallback" in names  # the list is Ray's, less the two
-
-
-@pytest.mark.slow
-def test_the_drivers_background_imports_share_no_module_with_starting_the_embedded_instance():
-    """raydist.driver_imports imports in a thread while the embedded instance starts: two threads importing one
-    module at once can see it half initialised. With RAY_INIT_IMPORTS imported first, what each thread imports is
-    disjoint; a Ray whose start imports something else fails here, naming the modules to add."""
-    import json
-    import shutil
-    import subprocess
-    import sys
-    import tempfile
-
-    from jobutil import clean_env
-
-    first = ("import importlib, json, sys\nfrom raydist import driver_imports as d\n"
-             "for name in d.RAY_INIT_IMPORTS: importlib.import_module(name)\nbefore = set(sys.modules)\n")
-    thread = first + "for name in d.AFTER_CONNECT: importlib.import_module(name)\n"
-    start = first + ("from raydist.session import prepare_ray_environment, start_local\n"
-                     "prepare_ray_environment(); start_local(1, notice=sys.stderr)\nimport ray; ray.shutdown()\n")
-    done = "print(json.dumps(sorted(set(sys.modules) - before)))\n"
-    imported = []
-    temp = tempfile.mkdtemp(prefix="di-", dir="/tmp")  # short: Ray's socket paths live under it
-    try:
-        for code in (thread, start):
-            out = subprocess.run([sys.executable, "-c", code + done], capture_output=True, text=True, timeout=120,
-                                 env=clean_env(RAY_TMPDIR=temp))
-            assert out.returncode == 0, out.stderr[-3000:]
-            imported.append(set(json.loads(out.stdout.splitlines()[-1])))
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)
-    assert "ray.train.torch" in imported[0], sorted(imported[0])[:20]
-    assert not imported[0] & imported[1], sorted(imported[0] & imported[1])
