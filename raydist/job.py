@@ -19,7 +19,7 @@ from raydist.cli import OneLineParser
 from raydist.config import Config, job_defaults, load_config
 from raydist.errors import UsageError, exits_cleanly
 from raydist.preflight import check_before_ray
-from raydist.session import Session, prepare_ray_environment, start_warm_before_checks
+from raydist.session import Session, prepare_ray_environment
 from raydist.summary import RESULT_ENV
 
 
@@ -50,7 +50,6 @@ def run_job(job: str, cfg: Config, started: float | None = None) -> Any:
     if why:
         print(f"[raydist] {why}: training with {job}, which restarts from checkpoints, instead", file=sys.stderr,
               flush=True)
-    start_warm_before_checks(cfg)
     check_before_ray(job, cfg)
     summary = finished.completed_summary(job, cfg)
     if summary is not None:

@@ -90,26 +90,9 @@ def _warm_ray_workers(cfg: Config) -> bool:
 def start_local(num_cpus: int, logging_level: int = logging.INFO, notice=None, warm: bool = False) -> None:
     """Start the embedded Ray instance: private, loopback only, ending with this process. Its token line goes to
     `notice` (stdout by default; `raydist launch` keeps stdout for the script's own output). With `warm`, its
-    Ray workers are forked from a warm interpreter started beside it (raydist.launcher.warm), unless
-    `prepare_local` has already started one."""
+    Ray workers are forked from a warm interpreter started beside it (raydist.launcher.warm)."""
     import ray
 
-    local = _LOCAL or prepare_local(warm)
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=True,
-             dashboard_host="127.0.0.1", dashboard_port=local["dashboard_port"],
-             _node_ip_address="127.0.0.1", runtime_env=local["runtime_env"], logging_level=logging_level)
-    if local["token"]:
-        print(f"[raydist] local Ray: token auth on; the dashboard's token is in {local['token']} (readable by this "
-              f"user only, removed when the job ends)", file=notice or sys.stdout, flush=True)
-
-
-_LOCAL: dict = {}
-"""What prepare_local made ready for the embedded instance this process starts."""
-
-
-def prepare_local(warm: bool) -> dict:
-    """What the embedded instance needs before ray.init: its dashboard's port and the settings its processes
-    inherit, its token and, with `warm`, the warm interpreter that forks its Ray workers."""
     token = private_auth_token()
     # The embedded default: a private instance that ends with this process.
     # address="local": a new instance even when /tmp/ray/ray_current_cluster names another (maybe dead) one.
@@ -132,17 +115,12 @@ def prepare_local(warm: bool) -> dict:
     # interpreter has it too; a private loopback instance reports no usage.
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     runtime_env = {"env_vars": env, **(start_for_embedded(env, token=bool(token)) if warm else {})}
-    _LOCAL.update(dashboard_port=dashboard_port, runtime_env=runtime_env, token=token)
-    return _LOCAL
-
-
-def start_warm_before_checks(cfg: Config) -> None:
-    """For a job whose Ray workers the embedded instance's warm interpreter forks: make the instance ready now,
-    before the job's checks, so that the warm interpreter imports torch on the core the checks (one thread) leave
-    idle, not while the instance's processes start and take both. A refused job stops it at exit, with its token."""
-    if starts_embedded(cfg) and _warm_ray_workers(cfg):
-        prepare_ray_environment()
-        prepare_local(warm=True)
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=True,
+             dashboard_host="127.0.0.1", dashboard_port=dashboard_port,
+             _node_ip_address="127.0.0.1", runtime_env=runtime_env, logging_level=logging_level)
+    if token:
+        print(f"[raydist] local Ray: token auth on; the dashboard's token is in {token} (readable by this user "
+              f"only, removed when the job ends)", file=notice or sys.stdout, flush=True)
 
 
 DEPRECATION_SKIPPED = "`ExecutionOptions.exclude_resources` is deprecated"
