@@ -2,17 +2,26 @@
 
     .venv/bin/python benchmarks/suite_time.py --out docs/data/suite_time.json [--rounds 2]
     .venv/bin/python benchmarks/suite_time.py --report docs/data/suite_time.json    # the quoted line again
+    .venv/bin/python benchmarks/suite_time.py --accounting --out ...    # and where the machine's CPU went
+
 
 Clones this checkout's HEAD into a temporary directory and runs `make test` there, as .ci/run does: set-up
 included (a new virtual environment), pytest's JUnit XML report on the side. Stores per round the commit it
 tested, the wall time of `make test`, pytest's own time and its counts (from the XML report, not from its
 output), with the machine. Root is needed for the SLURM tests, as for `make test` itself.
+
+With --accounting, the kernel's process accounting (Debian's `acct`: accton, dump-acct) is on during the run, and
+each round stores the CPU seconds of every process that ended meanwhile, summed by command name (Ray names its
+workers `ray::<class>`, its dashboard's modules `ray-dashboard-<module>`): where a shorter suite has to cut. It
+counts the whole machine's processes, so run nothing else meanwhile.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,15 +34,23 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from stored import stamp  # noqa: E402
 
 
-def one_round(workdir: Path) -> dict:
+def one_round(workdir: Path, accounting: bool = False) -> dict:
     clone = workdir / "clone"
     subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
     tested = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip()
     report = workdir / "junit.xml"
+    pacct = workdir / "pacct"
+    if accounting:
+        pacct.touch()
+        subprocess.run(["accton", str(pacct)], check=True, capture_output=True)
     t = time.monotonic()
-    r = subprocess.run(["make", "test", f"PYTEST_ARGS=--junitxml={report}"], cwd=clone, capture_output=True,
-                       text=True)
-    wall = time.monotonic() - t
+    try:
+        r = subprocess.run(["make", "test", f"PYTEST_ARGS=--junitxml={report}"], cwd=clone, capture_output=True,
+                           text=True)
+    finally:
+        wall = time.monotonic() - t
+        if accounting:
+            subprocess.run(["accton", "off"], capture_output=True)
     suites = ET.parse(report).getroot() if report.exists() else None
     counts = {}
     if suites is not None:
@@ -41,8 +58,30 @@ def one_round(workdir: Path) -> dict:
         counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
         counts["pytest_s"] = round(float(suite.get("time", 0)), 1)
         counts.update(where_the_time_goes(suite))
+    if accounting:
+        counts["cpu_by_process"] = cpu_by_process(pacct)
     return {"commit": tested, "wall_s": round(wall, 1), "exit_code": r.returncode, **counts,
             "tail": (r.stdout + r.stderr)[-1500:] if r.returncode else ""}
+
+
+def cpu_by_process(pacct: Path, top: int = 40) -> dict:
+    """From a process accounting file: the CPU seconds (user and system) of the processes that ended, summed by
+    command name, the largest `top` and the rest together, with how many processes each sum covers."""
+    out = subprocess.run(["dump-acct", str(pacct)], capture_output=True, text=True, check=True).stdout
+    sums: dict[str, list[float]] = {}
+    for line in out.splitlines():
+        fields = [f.strip() for f in line.split("|")]
+        if len(fields) < 5:
+            continue
+        name, cpu = fields[0], (float(fields[2]) + float(fields[3])) / os.sysconf("SC_CLK_TCK")
+        sums.setdefault(name, [0.0, 0])
+        sums[name][0] += cpu
+        sums[name][1] += 1
+    ranked = sorted(sums.items(), key=lambda kv: -kv[1][0])
+    rest = ranked[top:]
+    table = {name: {"cpu_s": round(c, 1), "processes": n} for name, (c, n) in ranked[:top]}
+    table["(the rest)"] = {"cpu_s": round(sum(c for _, (c, _) in rest), 1), "processes": sum(n for _, (_, n) in rest)}
+    return {"total_cpu_s": round(sum(c for c, _ in sums.values()), 1), "by_name": table}
 
 
 def where_the_time_goes(suite: ET.Element, top: int = 25) -> dict:
@@ -83,14 +122,20 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--out", type=Path, default=REPO / "docs" / "data" / "suite_time.json")
     p.add_argument("--report", type=Path, help="print the quoted line of a stored run and exit")
+    p.add_argument("--accounting", action="store_true", help="store the CPU time of the run's processes by name "
+                   "(process accounting: needs root and Debian's acct)")
     a = p.parse_args()
     if a.report:
         print(report(json.loads(a.report.read_text())))
         return 0
+    if a.accounting and not (shutil.which("accton") and shutil.which("dump-acct")):
+        print("suite_time: error: --accounting needs Debian's acct (accton, dump-acct): apt-get install acct",
+              file=sys.stderr)
+        return 2
     rounds = []
     for i in range(a.rounds):
         with tempfile.TemporaryDirectory(prefix="rd-suite-") as d:
-            rounds.append(one_round(Path(d)))
+            rounds.append(one_round(Path(d), a.accounting))
         print(f"round {i + 1}: {json.dumps({k: v for k, v in rounds[-1].items() if k != 'tail'})}", flush=True)
     stored = {"rounds": rounds, **stamp()}
     a.out.write_text(json.dumps(stored, indent=1) + "\n")
