@@ -106,7 +106,7 @@ def workload(a: argparse.Namespace) -> list[str]:
 
 def param_count(a: argparse.Namespace) -> int:
     from raydist.config import ModelConfig
-    from raydist.models import mlp_params, mlp_width
+    from raydist.model_size import mlp_params, mlp_width
 
     depth = ModelConfig().depth
     return mlp_params(a.features, a.classes, mlp_width(a.params, a.features, a.classes, depth), depth)

@@ -15,13 +15,15 @@ import re
 import shutil
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from raydist.atomic import write_atomic
 from raydist.errors import RaydistError
+
+if TYPE_CHECKING:  # torch is imported where it is used: a driver that only reads manifests needs none
+    import torch
 
 STATE_FILE = "train_state.pt"
 # One per rank, for a strategy whose replicas differ between sync points: each rank writes its own, in parallel.
@@ -42,10 +44,14 @@ class Progress:
 
 
 def rng_state() -> dict[str, Any]:
+    import torch
+
     return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    import torch
+
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
@@ -65,6 +71,8 @@ def save_state(
     """Write the state and then its manifest into `directory`; returns the state file's path. `model` and
     `optimizer` are None when the ranks have already written them into `directory` (a sharded strategy's shards,
     or every replica's `save_replica` file): the manifest, written last, covers those files too."""
+    import torch
+
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, STATE_FILE)
     state = {
@@ -84,12 +92,16 @@ def save_replica(directory: str, rank: int, model: torch.nn.Module, optimizer: t
                  fsync: bool = True) -> None:
     """This rank's own model and optimizer, into the checkpoint directory every rank shares; before the manifest,
     which then covers it. No rank gathers another's state, so a checkpoint costs no traffic between workers."""
+    import torch
+
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
     write_atomic(os.path.join(directory, REPLICA_FILE.format(rank=rank)), lambda f: torch.save(state, f), fsync=fsync)
 
 
 def load_replica(directory: str, rank: int) -> dict[str, Any]:
     """The model and optimizer state `rank` wrote with `save_replica` (the manifest has already been verified)."""
+    import torch
+
     return torch.load(os.path.join(directory, REPLICA_FILE.format(rank=rank)), map_location="cpu", weights_only=True)
 
 
@@ -98,6 +110,8 @@ def load_state(directory: str) -> dict[str, Any]:
     why = verify(directory, required=STATE_FILE)
     if why is not None:
         raise RaydistError(f"checkpoint {directory} is broken: {why}")
+    import torch
+
     # weights_only=False: the file holds RNG states (numpy and python tuples) that we wrote ourselves.
     state = torch.load(os.path.join(directory, STATE_FILE), map_location="cpu", weights_only=False)
     state["progress"] = Progress(**state["progress"])

@@ -6,12 +6,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
-from torch.utils.data import Dataset, TensorDataset
 
 from raydist.config import DataConfig
 from raydist.errors import RaydistError
+
+if TYPE_CHECKING:  # torch is imported where a data set is built: the driver's checks of a built-in set need none
+    from torch.utils.data import Dataset
 
 
 @dataclass
@@ -25,6 +28,10 @@ class Splits:
     known_classes: int | None = None
 
     @property
+    def num_train(self) -> int:
+        return len(self.train)
+
+    @property
     def num_features(self) -> int:
         """Input features of one sample (its input tensor's element count)."""
         if self.known_features is None:
@@ -35,6 +42,8 @@ class Splits:
     def num_classes(self) -> int:
         """1 + the largest integer target of the train set (a scan of your data set, done only when asked)."""
         if self.known_classes is None:
+            import torch
+
             self.known_classes = 1 + max(int(torch.as_tensor(self.train[i][1]).max()) for i in range(len(self.train)))
         return self.known_classes
 
@@ -100,21 +109,51 @@ def _synthetic(cfg: DataConfig) -> tuple[np.ndarray, np.ndarray, None]:
     return x, logits.argmax(axis=1).astype(np.int64), None
 
 
+@dataclass
+class BuiltinArrays:
+    """A built-in data set's split, as numpy arrays: what the driver's checks need, without torch."""
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    image_shape: tuple[int, int, int] | None
+
+    @property
+    def num_train(self) -> int:
+        return len(self.x_train)
+
+    @property
+    def num_features(self) -> int:
+        return int(self.x_train.shape[1])
+
+    @property
+    def num_classes(self) -> int:
+        return int(max(self.y_train.max(), self.y_test.max())) + 1
+
+
+def builtin_arrays(cfg: DataConfig) -> BuiltinArrays:
+    """A built-in set (data.name), split by a stratified shuffle that depends only on cfg.split_seed."""
+    x, y, image_shape = _digits(cfg) if cfg.name == "digits" else _synthetic(cfg)
+    train, test = stratified_split(y, cfg.test_fraction, cfg.split_seed)
+    return BuiltinArrays(x[train], y[train], x[test], y[test], image_shape)
+
+
 def load_splits(cfg: DataConfig) -> Splits:
-    """Your data.factory's train and test sets; or a built-in set, all in memory, split by a stratified shuffle that
-    depends only on cfg.split_seed."""
+    """Your data.factory's train and test sets; or a built-in set, all in memory (builtin_arrays)."""
     if cfg.factory:
         from raydist.factories import user_datasets
 
         train, test = user_datasets(cfg.factory, cfg.args)
         return Splits(train=train, test=test, image_shape=None)
-    x, y, image_shape = _digits(cfg) if cfg.name == "digits" else _synthetic(cfg)
-    train, test = stratified_split(y, cfg.test_fraction, cfg.split_seed)
-    x_tr, x_te, y_tr, y_te = x[train], x[test], y[train], y[test]
+    import torch
+    from torch.utils.data import TensorDataset
+
+    a = builtin_arrays(cfg)
     return Splits(
-        train=TensorDataset(torch.from_numpy(x_tr), torch.from_numpy(y_tr)),
-        test=TensorDataset(torch.from_numpy(x_te), torch.from_numpy(y_te)),
-        image_shape=image_shape,
-        known_features=x.shape[1],
-        known_classes=int(y.max()) + 1,
+        train=TensorDataset(torch.from_numpy(a.x_train), torch.from_numpy(a.y_train)),
+        test=TensorDataset(torch.from_numpy(a.x_test), torch.from_numpy(a.y_test)),
+        image_shape=a.image_shape,
+        known_features=a.num_features,
+        known_classes=a.num_classes,
     )

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 from torch import nn
 
 from raydist.config import ModelConfig
 from raydist.data import Splits
+from raydist.model_size import SIMPLE_HIDDEN, mlp_width, transformer_width
 
 
 class SimpleModel(nn.Module):
@@ -17,7 +17,8 @@ class SimpleModel(nn.Module):
 
     def __init__(self, in_features: int = 10, out_features: int = 2):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(in_features, 50), nn.ReLU(), nn.Linear(50, out_features))
+        self.net = nn.Sequential(nn.Linear(in_features, SIMPLE_HIDDEN), nn.ReLU(),
+                                 nn.Linear(SIMPLE_HIDDEN, out_features))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -100,36 +101,6 @@ class TinyTransformer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.embed(x.view(-1, self.tokens, self.piece)) + self.position
         return self.head(self.encoder(h).mean(dim=1))
-
-
-def transformer_params(in_features: int, out_features: int, tokens: int, width: int, depth: int) -> int:
-    """Weights of TinyTransformer: embedding, positions, per layer 12 w^2 + 13 w (attention, a 4w MLP, two norms),
-    the final norm and the head."""
-    w = width
-    return (in_features // tokens + 1) * w + tokens * w + depth * (12 * w * w + 13 * w) + 2 * w + (w + 1) * out_features
-
-
-def transformer_width(params: int, in_features: int, out_features: int, tokens: int, heads: int, depth: int) -> int:
-    """The width (a multiple of `heads`) whose TinyTransformer comes closest to `params` parameters."""
-    count = lambda w: transformer_params(in_features, out_features, tokens, w, depth)  # noqa: E731
-    w = heads
-    while count(w + heads) <= params:
-        w += heads
-    return min((w, w + heads), key=lambda v: abs(count(v) - params))
-
-
-def mlp_params(in_features: int, out_features: int, hidden: int, depth: int) -> int:
-    """Weights and biases of MLP(in, out, hidden, depth)."""
-    return (in_features + 1) * hidden + (depth - 1) * (hidden + 1) * hidden + (hidden + 1) * out_features
-
-
-def mlp_width(params: int, in_features: int, out_features: int, depth: int) -> int:
-    """The hidden width whose MLP comes closest to `params` parameters (at least 1)."""
-    # (depth-1) h^2 + (in + 1 + (depth-1) + out) h + out = params: the positive root, then the better neighbour.
-    a, b, c = depth - 1, in_features + depth + out_features, out_features - params
-    h = -c / b if a == 0 else (-b + math.sqrt(b * b - 4 * a * c)) / (2 * a)
-    candidates = {max(1, math.floor(h)), max(1, math.ceil(h))}
-    return min(candidates, key=lambda w: abs(mlp_params(in_features, out_features, w, depth) - params))
 
 
 def build_model(cfg: ModelConfig, data: Splits) -> nn.Module:

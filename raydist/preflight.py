@@ -243,26 +243,25 @@ def _splits(cfg: Config):
 
 def check_loop(cfg: Config, data=None) -> int:
     """Every strategy's check unless it has its own: the data and model fit in memory, and every worker's shard
-    fills at least one step. Returns the model's parameter count."""
-    data = data or _splits(cfg)
+    fills at least one step. Returns the model's parameter count. `data`: the splits, where the caller has loaded
+    them. A built-in data set and model are sized without torch (raydist.model_size), which a Ray Train driver
+    then never imports: a second of every job's start-up."""
+    from raydist.model_size import builtin_params
     from raydist.sharding import check_fits
 
-    check_fits(cfg, len(data.train))  # a bad batch size is exit 2 here, not a failed worker later
     if cfg.model.factory or cfg.data.factory or cfg.train.loss:
+        data = data or _splits(cfg)
+        check_fits(cfg, len(data.train))
         return check_user_code(cfg, data)
-    num_params = count_parameters(cfg, data)
+    if data is None:
+        check_data_memory(cfg)
+        from raydist.data import builtin_arrays
+
+        data = builtin_arrays(cfg.data)
+    check_fits(cfg, data.num_train)  # a bad batch size is exit 2 here, not a failed worker later
+    num_params = builtin_params(cfg.model, data.num_features, data.num_classes, data.image_shape)
     check_model_memory(cfg, num_params)
     return num_params
-
-
-def count_parameters(cfg: Config, data) -> int:
-    """The model's parameter count, without allocating it (built on torch's meta device)."""
-    import torch
-
-    from raydist.models import build_model
-
-    with torch.device("meta"):
-        return sum(p.numel() for p in build_model(cfg.model, data).parameters())
 
 
 def check_user_code(cfg: Config, data) -> int:

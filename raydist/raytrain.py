@@ -1,5 +1,5 @@
-"""The driver of every loop strategy: a Ray Train `TorchTrainer` running `raydist.train.entry.train_worker`, and
-the summary read from its final report.
+"""The driver of every loop strategy: Ray Train with its torch backend (raydist.train.trainer) running
+`raydist.train.entry.train_worker`, and the summary read from its final report.
 """
 
 from __future__ import annotations

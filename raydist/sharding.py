@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator
-
-import torch
-from torch.utils.data import DataLoader, Dataset
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from raydist.checkpoint import Progress
 from raydist.config import Config
 from raydist.errors import ConfigError
-from raydist.sampler import ResumableDistributedSampler
+
+if TYPE_CHECKING:  # torch is imported where a shard is built: the driver's check_fits needs none
+    from torch.utils.data import DataLoader, Dataset
+
+    from raydist.sampler import ResumableDistributedSampler
 
 
 def steps_per_epoch(num_train: int, world_size: int, batch_size: int, grad_accum: int = 1) -> int:
@@ -67,6 +68,11 @@ class Shard:
 
 def worker_shard(dataset: Dataset, cfg: Config, rank: int, world_size: int, loader_seed: int) -> Shard:
     """This rank's sample order (seed + epoch, as DistributedSampler) and a loader over it."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from raydist.sampler import ResumableDistributedSampler
+
     check_fits(cfg, len(dataset), world_size)
     sampler = ResumableDistributedSampler(
         dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.train.seed, drop_last=True

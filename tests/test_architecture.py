@@ -190,3 +190,19 @@ def test_a_run_starts_neither_ray_trains_placement_group_cleaner_nor_its_dataset
     names = {type(c).__name__ for c in trainer._create_default_callbacks()}
     assert names and not names & {"PlacementGroupCleanerCallback", "DatasetsCallback"}, names
     assert "BackendSetupCallback" in names  # the list is Ray's, less the two
+
+
+def test_a_builtin_ray_train_jobs_driver_needs_no_torch_to_check_and_build_its_trainer(tmp_path):
+    """A second of the driver's start-up, before Ray: its checks size a built-in data set and model without torch
+    (raydist.model_size), and its trainer is Ray Train's DataParallelTrainer with raydist's torch-free backend
+    config, not TorchTrainer, whose module imports torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom raydist import job, registry\nfrom raydist.preflight import check_before_ray\n"
+            "from raydist.raytrain import build_trainer\n"
+            "cfg = job.parse_job_args('sync', ['--set', 'run.storage_path=' + sys.argv[1]], '')\n"
+            "check_before_ray('sync', cfg)\nbuild_trainer(cfg, registry.get('sync'))\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout[-2000:] + out.stderr[-2000:]

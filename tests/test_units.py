@@ -50,7 +50,7 @@ def test_checkpoint_round_trip_restores_rng_and_progress(tmp_path):
 @pytest.mark.parametrize("params", [1_000_000, 10_000_000, 50_000_000])
 @pytest.mark.parametrize("depth", [1, 2, 4])
 def test_model_params_sizes_the_mlp_within_a_percent(params, depth):
-    from raydist.models import mlp_params, mlp_width
+    from raydist.model_size import mlp_params, mlp_width
 
     width = mlp_width(params, 64, 10, depth)
     assert abs(mlp_params(64, 10, width, depth) / params - 1) < 0.01
@@ -71,11 +71,36 @@ def test_model_params_builds_that_model_and_is_refused_for_other_models():
         load_config(None, [], ["model.name=cnn", "model.params=1000000"])
 
 
+@pytest.mark.parametrize("overrides", [
+    [], ["model.name=simple"], ["model.name=cnn"], ["model.name=transformer", "model.hidden=32", "model.depth=1"],
+    ["model.params=300000", "model.depth=3"],
+    ["data.name=synthetic", "data.synthetic_features=48", "data.synthetic_classes=5", "data.synthetic_samples=200"],
+    ["data.name=synthetic", "data.synthetic_features=64", "data.synthetic_samples=200", "model.name=transformer",
+     "model.params=200000", "model.heads=2"],
+])
+def test_the_drivers_count_of_a_builtin_model_is_the_built_models(overrides):
+    """The driver's checks size a built-in model without torch (raydist.model_size, from the data's numpy
+    arrays): the same count as the model built from the loaded splits."""
+    from raydist.config import load_config
+    from raydist.data import builtin_arrays, load_splits
+    from raydist.model_size import builtin_params
+    from raydist.models import build_model
+
+    cfg = load_config(None, [], overrides)
+    arrays = builtin_arrays(cfg.data)
+    splits = load_splits(cfg.data)
+    built = sum(p.numel() for p in build_model(cfg.model, splits).parameters())
+    assert builtin_params(cfg.model, arrays.num_features, arrays.num_classes, arrays.image_shape) == built
+    assert (arrays.num_train, arrays.num_features, arrays.num_classes) == (len(splits.train), splits.num_features,
+                                                                           splits.num_classes)
+
+
 @pytest.mark.parametrize("params", [1_000_000, 10_000_000])
 def test_the_transformer_is_sized_by_params_and_counted_exactly(params):
     from raydist.config import load_config
     from raydist.data import load_splits
-    from raydist.models import build_model, transformer_params
+    from raydist.model_size import transformer_params
+    from raydist.models import build_model
 
     cfg = load_config(None, [], ["data.name=synthetic", "data.synthetic_features=64", "data.synthetic_samples=100",
                                  "model.name=transformer", f"model.params={params}", "model.depth=4"])

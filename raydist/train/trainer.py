@@ -35,16 +35,21 @@ PLACEMENT_GROUP_FILE = "placement_group.json"
 """Written by rank 0 at each start of the worker group: the placement group it runs in."""
 
 
-def torch_trainer(**kwargs):
-    """`ray.train.torch.TorchTrainer(**kwargs)`, without the helpers in `UNUSED`."""
-    from ray.train.torch import TorchTrainer
+def torch_trainer(*, torch_config=None, **kwargs):
+    """What `ray.train.torch.TorchTrainer(torch_config=..., **kwargs)` builds, without the helpers in `UNUSED`:
+    Ray Train's `DataParallelTrainer` with the torch backend config (raydist.train.backend's, torch-free).
+    TorchTrainer adds to it only Ray Train's local mode, which raydist does not use, and its module imports torch:
+    a driver that sizes a built-in model without torch (raydist.preflight) then never imports it."""
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-    class RaydistTorchTrainer(TorchTrainer):
+    from raydist.train.backend import QuietTorchConfig
+
+    class RaydistTorchTrainer(DataParallelTrainer):
         def _create_default_callbacks(self):
             return [c for c in super()._create_default_callbacks()
                     if not UNUSED.get(type(c).__name__, lambda _: False)(self)]
 
-    return RaydistTorchTrainer(**kwargs)
+    return RaydistTorchTrainer(backend_config=torch_config or QuietTorchConfig(), **kwargs)
 
 
 def note_placement_group(run_dir: str) -> None:
