@@ -147,7 +147,7 @@ class _Backend(QuietController, PlainVersions, QuietShutdown, _TorchBackend):
 
 @dataclass
 class QuietTorchConfig(BackendConfig):
-    """`ray.train.torch.TorchConfig` with `init_method="env"`, for TorchTrainer(torch_config=...)."""
+    """`ray.train.torch.TorchConfig` with `init_method="env"`, for raydist.train.trainer.torch_trainer(torch_config=...)."""
 
     backend: str | None = None
     timeout_s: int = 1800

@@ -1,5 +1,5 @@
-"""Ray Train's `TorchTrainer` without two helper actors a raydist run has no use for, and the one guarantee the
-first of them gave, kept by the driver instead.
+"""Ray Train with its torch backend (what `TorchTrainer` builds) without two helper actors a raydist run has no use
+for, and the one guarantee the first of them gave, kept by the driver instead.
 
 Ray Train 2.60 starts, for every `fit()`, beside its controller:
 - a `PlacementGroupCleaner`: a detached actor that asks the dashboard's state API every second whether the
