@@ -116,8 +116,10 @@ def ray_head(num_cpus: int = 2, num_gpus: int | None = None, stop_wait_s: float 
     os.close(fd)
     gcs, dash, client, nm, om, agent_l, agent_g, metrics, rtenv, wmin = _ports()
     # RAY_API_SERVER_ADDRESS: Ray's own actors find this head's state API, not another test's Ray (launch.py).
+    # RAY_USAGE_STATS_ENABLED=0: the dashboard would otherwise try to report to Ray's project over the internet,
+    # which a test never reaches out to (the cluster's bring-up and the embedded instance switch it off too).
     env = clean_env(PATH=f"{VENV_BIN}:{os.environ['PATH']}", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token_path,
-                    RAY_API_SERVER_ADDRESS=f"http://127.0.0.1:{dash}", **extra_env)
+                    RAY_API_SERVER_ADDRESS=f"http://127.0.0.1:{dash}", RAY_USAGE_STATS_ENABLED="0", **extra_env)
     args = [
         str(VENV_BIN / "ray"), "start", "--head", "--block", f"--temp-dir={temp_dir}",
         "--node-ip-address=127.0.0.1", f"--port={gcs}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
@@ -125,7 +127,7 @@ def ray_head(num_cpus: int = 2, num_gpus: int | None = None, stop_wait_s: float 
         f"--dashboard-agent-listen-port={agent_l}", f"--dashboard-agent-grpc-port={agent_g}",
         f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={rtenv}",
         f"--min-worker-port={wmin}", f"--max-worker-port={wmin + 50}",
-        f"--num-cpus={num_cpus}", "--object-store-memory=200000000", "--include-dashboard=true",
+        f"--num-cpus={num_cpus}", "--object-store-memory=200000000", "--include-dashboard=true", "--disable-usage-stats",
         *([f"--num-gpus={num_gpus}"] if num_gpus is not None else []),
     ]
     warm_env = None

@@ -45,6 +45,11 @@ def _get(head, path: str, token: str | None):
         return e.code, e.read().decode(errors="replace")
     except TimeoutError as e:  # a busy 2-core machine (the SLURM tests beside this): the caller's deadline decides
         return None, f"no answer in 20 s ({e})"
+    except ConnectionError as e:
+        # Ray's dashboard closed the connection unanswered: seen once in CI, on a loaded machine, while the runs
+        # started. The dashboard is Ray's; what this test checks is that it shows the runs, so it asks again and
+        # its deadline decides, naming the head's logs if it never answers.
+        return None, f"connection closed unanswered ({e!r})"
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +90,7 @@ def running(head, tmp_path_factory):
                         runs[run["name"].removeprefix("dash-")] = run
             if time.monotonic() > deadline:
                 raise AssertionError(f"runs not RUNNING with 2 live workers in /api/train/v2/runs/v1 within 300 s: "
-                                     f"HTTP {status} {body[:1500]}")
+                                     f"HTTP {status} {body[:1500]}\n{head.state()}")
             time.sleep(1)
         yield runs
     finally:
