@@ -55,6 +55,13 @@ Ray's C++ side reads settings the raylet gives each worker (RAY_JOB_ID, RAY_RAYL
 (_actor_class_ids_from_urandom). Ray Train's import reads RAY_TRAIN_V2_ENABLED, which Ray Train gives its own
 actors: raydist gives it to every worker of its jobs (raydist.launcher.warm.JOB_WIDE), so that the job's first
 worker on a node, the one this server takes its settings from, has it as Ray Train's actors do."""
+RAY_DEPS_PRELOAD = ("pandas", "pyarrow", "pyarrow.compute", "pyarrow.dataset", "pydantic", "grpc", "google.protobuf",
+                    "requests", "jsonschema", "yaml", "aiohttp", "msgpack", "click", "filelock")
+"""What RAY_JOB_PRELOAD imports besides Ray itself: none of it reads the settings Ray gives its workers, so the node's
+server imports it, once it is idle after torch (IDLE_BEFORE_RAY_DEPS_S: a rank asked for meanwhile is forked
+first), and each Ray job's server, its fork, then imports only Ray: about half of what that server imported before
+its job's first worker on the node could start, on the path to a Ray Train run's first step."""
+IDLE_BEFORE_RAY_DEPS_S = 0.5
 RAY_READ_ONCE = ("RAY_JOB_ID", "RAY_RAYLET_PID", "RAY_OVERRIDE_NODE_ID_FOR_TESTING")
 RAY_JOB_IDLE_S = 60.0
 MAX_REQUEST = 16 << 20
@@ -165,6 +172,7 @@ class Server:
         self._loop_fds()
         signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the loop: reaping happens there
         self.stopping = False
+        self.ray_deps = False  # RAY_DEPS_PRELOAD imported (the node's server: when idle)
 
     def _loop_fds(self) -> None:
         self.sel = selectors.DefaultSelector()
@@ -183,7 +191,11 @@ class Server:
     def serve(self) -> Request:
         """Answers requests until one is this process's own: in a forked child, that request is returned."""
         while True:
-            for key, _ in self.sel.select(timeout=5.0):
+            waiting_for_ray_deps = not self.ray_deps and self.ray_job is None and not self.stopping
+            events = self.sel.select(timeout=IDLE_BEFORE_RAY_DEPS_S if waiting_for_ray_deps else 5.0)
+            if not events and waiting_for_ray_deps:
+                self._import_ray_deps()
+            for key, _ in events:
                 request = None
                 if key.data == "accept":
                     request = self._next()
@@ -212,6 +224,15 @@ class Server:
         except (OSError, ValueError):
             return None
         return self._answered(socket.socket(fileno=request.out_fds.pop(0)), request)
+
+    def _import_ray_deps(self) -> None:
+        self.ray_deps = True
+        with contextlib.suppress(ImportError):  # unrecorded, as in a Ray job's server (_become_ray_job_server)
+            __import__("fsspec")
+        with _recording_reads(READ_AT_IMPORT):
+            for name in RAY_DEPS_PRELOAD:
+                with contextlib.suppress(ImportError):  # Ray's dependencies, not raydist's: one may be missing
+                    __import__(name)
 
     def _job_over(self) -> bool:
         """A Ray job's server ends once it has had no worker for a while (its job is likely over; a later
