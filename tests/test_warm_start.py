@@ -213,6 +213,23 @@ def test_what_a_fork_cannot_reproduce_starts_cold(agent, server, argv, env, why)
     _run_to_end(a)
 
 
+def test_a_setting_of_rays_dependencies_read_at_their_import_starts_the_rank_cold(agent, server):
+    """The idle server imports Ray's dependencies too (for Ray jobs' servers, its forks): a rank whose setting of
+    theirs differs from the server's, as a setting of torch's would, cannot be forked with the server's value."""
+    log = server[2] / "server.log"
+    deadline = time.monotonic() + 60
+    while "imported Ray's dependencies" not in log.read_text():
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
+    a = agent()
+    started = a.start([sys.executable, "train.py"], _env(PANDAS_COPY_ON_WRITE="1"), str(server[2]), 1, 0)
+    assert not started["warm"] and "PANDAS_COPY_ON_WRITE differs" in started["cold_why"], started
+    _run_to_end(a)
+    same = agent()
+    assert same.start([sys.executable, "train.py"], _env(), str(server[2]), 1, 0)["warm"]
+    assert _run_to_end(same)[1] == 3
+
+
 def test_warm_false_starts_the_rank_cold_beside_a_warm_interpreter(agent, server):
     a = agent()
     started = a.start([sys.executable, "train.py"], _env(), str(server[2]), 1, 0, warm=False)

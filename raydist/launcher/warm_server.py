@@ -226,13 +226,15 @@ class Server:
         return self._answered(socket.socket(fileno=request.out_fds.pop(0)), request)
 
     def _import_ray_deps(self) -> None:
-        self.ray_deps = True
+        self.ray_deps, start = True, time.monotonic()
         with contextlib.suppress(ImportError):  # unrecorded, as in a Ray job's server (_become_ray_job_server)
             __import__("fsspec")
         with _recording_reads(READ_AT_IMPORT):
             for name in RAY_DEPS_PRELOAD:
                 with contextlib.suppress(ImportError):  # Ray's dependencies, not raydist's: one may be missing
                     __import__(name)
+        print(f"warm interpreter: pid {self.pid} imported Ray's dependencies in {time.monotonic() - start:.1f} s",
+              flush=True)
 
     def _job_over(self) -> bool:
         """A Ray job's server ends once it has had no worker for a while (its job is likely over; a later
