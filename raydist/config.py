@@ -118,7 +118,7 @@ class ScalingConfig(WorkerRange):
         parse=worker_count, shown="N or MIN-MAX")
     use_gpu: bool = opt(False, "one GPU per worker")
     engine: Literal["ray_train", "launch"] = opt(
-        "ray_train", "what starts and watches the workers: ray_train, Ray Train's TorchTrainer (a controller, its "
+        "ray_train", "what starts and watches the workers: ray_train, Ray Train with the torch backend (a controller, its "
         "helper actors and one actor per worker); launch, one plain process per worker started by raydist launch's "
         "agents, as torchrun would (docs/launch.md: the whole group restarts from the newest checkpoint after a "
         "failure, a hang is named with every rank's stack, the stop signal at the time limit), with fewer "
