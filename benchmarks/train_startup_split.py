@@ -4,8 +4,10 @@
     .venv/bin/python benchmarks/train_startup_split.py /tmp/ray/session_latest
 
 Reads the raylet's worker starts (the first is a worker Ray prestarts as the driver connects; the next one the
-controller's) and Ray Train's controller log (`logs/train/ray-train-sys-controller-*.log`), and prints one JSON line
-of seconds per step (docs/benchmarks.md, "Time to the first step"). A session of a run that used more than one
+job's first worker, which was the controller's until the driver started Ray Data's autoscaling coordinator right
+after connecting, and is the coordinator's since: the step names stay those of the stored results, and
+docs/benchmarks.md says how they read) and Ray Train's controller log (`logs/train/ray-train-sys-controller-*.log`),
+and prints one JSON line of seconds per step (docs/benchmarks.md, "Time to the first step"). A session of a run that used more than one
 Ray Train controller gives the first one's split.
 """
 
