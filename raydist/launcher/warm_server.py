@@ -227,12 +227,7 @@ class Server:
 
     def _import_ray_deps(self) -> None:
         self.ray_deps, start = True, time.monotonic()
-        with contextlib.suppress(ImportError):  # unrecorded, as in a Ray job's server (_become_ray_job_server)
-            __import__("fsspec")
-        with _recording_reads(READ_AT_IMPORT):
-            for name in RAY_DEPS_PRELOAD:
-                with contextlib.suppress(ImportError):  # Ray's dependencies, not raydist's: one may be missing
-                    __import__(name)
+        _import_recorded(RAY_DEPS_PRELOAD)
         print(f"warm interpreter: pid {self.pid} imported Ray's dependencies in {time.monotonic() - start:.1f} s",
               flush=True)
 
@@ -383,14 +378,7 @@ class Server:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
         os.environ.clear()
         os.environ.update(env)
-        # Unrecorded: it copies the whole environment at its import (to pick its FSSPEC_* settings out), which
-        # would record every variable as read. Ray Data imports it.
-        with contextlib.suppress(ImportError):
-            __import__("fsspec")
-        with _recording_reads(READ_AT_IMPORT), _actor_class_ids_from_urandom():
-            for name in RAY_JOB_PRELOAD:
-                with contextlib.suppress(ImportError):  # pyarrow and pandas come with ray[data], not ray
-                    __import__(name)
+        _import_recorded(RAY_JOB_PRELOAD, around=_actor_class_ids_from_urandom)
         READ_AT_IMPORT.update(RAY_READ_ONCE)
         print(f"warm interpreter: pid {self.pid} imported Ray for Ray job {job[0]} (raylet {job[1]})", flush=True)
         if self._ids_repeat_in_forks():
@@ -631,6 +619,20 @@ def _actor_class_ids_from_urandom():
         yield
     finally:
         ray.actor.ActorClassID = real
+
+
+def _import_recorded(names: tuple[str, ...], around=contextlib.nullcontext) -> None:
+    """Ray's or its dependencies' modules, recording the settings they read (READ_AT_IMPORT); one that is missing is
+    skipped (pyarrow and pandas come with ray[data], not ray). `around` is entered inside the recording: what it
+    imports itself (Ray, for _actor_class_ids_from_urandom) is recorded too."""
+    # fsspec unrecorded: it copies the whole environment at its import (to pick its FSSPEC_* settings out), which
+    # would record every variable as read. Ray Data imports it.
+    with contextlib.suppress(ImportError):
+        __import__("fsspec")
+    with _recording_reads(READ_AT_IMPORT), around():
+        for name in names:
+            with contextlib.suppress(ImportError):
+                __import__(name)
 
 
 @contextlib.contextmanager
