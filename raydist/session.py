@@ -109,15 +109,18 @@ def start_local(num_cpus: int, logging_level: int = logging.INFO, notice=None, w
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     # RUST_LOG: torchft's lighthouse (the heal strategy) logs every quorum at its default level.
     env = {"PYTHONWARNINGS": QUIET_WARNINGS, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
+    from raydist.launcher.ray_python import starting_ray_with
     from raydist.launcher.warm import start_for_embedded
 
     # What ray.init would set (to 1) before it starts the instance's processes, set first so that the warm
     # interpreter has it too; a private loopback instance reports no usage.
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    runtime_env = {"env_vars": env, **(start_for_embedded(env, token=bool(token)) if warm else {})}
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=True,
-             dashboard_host="127.0.0.1", dashboard_port=dashboard_port,
-             _node_ip_address="127.0.0.1", runtime_env=runtime_env, logging_level=logging_level)
+    fields, interpreter = start_for_embedded(env, token=bool(token)) if warm else ({}, None)
+    with starting_ray_with(interpreter):
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=True,
+                 dashboard_host="127.0.0.1", dashboard_port=dashboard_port,
+                 _node_ip_address="127.0.0.1", runtime_env={"env_vars": env, **fields},
+                 logging_level=logging_level)
     if token:
         print(f"[raydist] local Ray: token auth on; the dashboard's token is in {token} (readable by this user "
               f"only, removed when the job ends)", file=notice or sys.stdout, flush=True)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterator
 
 from jobutil import REPO, clean_env
+from raydist.launcher import ray_python
 from raydist.launcher.warm import WARM_ENV, WARM_EXEC, WARM_EXEC_ENV, WARM_LOG, WARM_SERVER
 from raydist.listen_port import free_port
 
@@ -137,7 +138,8 @@ def ray_head(num_cpus: int = 2, num_gpus: int | None = None, stop_wait_s: float 
         # Started by the shell that becomes `ray start`: a descendant of the head's pid like Ray's processes, so that
         # the tests find the workers it forks (jobutil.processes_titled), and ending with it (--parent).
         args = ["bash", "-c", f'"$0" {WARM_SERVER} "$1" --parent $$ >> "$2" 2>&1 & shift 2; exec "$@"',
-                sys.executable, warm_env[WARM_ENV], os.path.join(temp_dir, WARM_LOG), *args]
+                sys.executable, warm_env[WARM_ENV], os.path.join(temp_dir, WARM_LOG),
+                *ray_python.command(ray_python.write(temp_dir, WARM_EXEC), args)]
     log = open(os.path.join(temp_dir, "ray_start.log"), "w")
     proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     head = Head(f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dash}", token_path, temp_dir, proc.pid, warm_env)

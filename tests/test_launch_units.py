@@ -3,6 +3,8 @@ settings and the command checks. No Ray here (tests/test_launch.py runs real scr
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from raydist.errors import ConfigError, UsageError
@@ -287,3 +289,47 @@ def test_a_cluster_job_gives_every_worker_the_ray_train_settings_its_servers_imp
     assert "env_vars" not in warm.for_cluster_job() and "py_executable" in warm.for_cluster_job()
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {"conda": "env"}}))
     assert warm.for_cluster_job() == {}
+
+
+def _setup_worker_args(context: dict, language: str = "PYTHON") -> list[str]:
+    """What the raylet runs for a worker of a job with a runtime_env, after the interpreter (Ray 2.60)."""
+    import json
+
+    return ["/ray/_private/workers/setup_worker.py", "/ray/_private/workers/default_worker.py", "--node-ip-address=x",
+            "--startup-token=3", f"--language={language}", f"--serialized-runtime-env-context={json.dumps(context)}"]
+
+
+def test_ray_worker_set_up_is_done_without_ray_only_for_raydist_jobs_context(monkeypatch):
+    """Ray's setup_worker.py sets the runtime_env's variables and execs its py_executable with the worker's
+    command; warm_exec does that itself (no Ray to import) when that py_executable is warm_exec, and leaves every
+    other context to Ray's setup_worker.py (None)."""
+    from raydist.launcher import warm, warm_exec
+
+    ours = {"command_prefix": [], "env_vars": {"RUST_LOG": "warn", "RAYDIST_T": "1"},
+            "py_executable": warm.py_executable(), "override_worker_entrypoint": None, "java_jars": []}
+    monkeypatch.delenv("RAYDIST_T", raising=False)
+    assert warm_exec.setup_worker(_setup_worker_args(ours)) == [
+        "/ray/_private/workers/default_worker.py", "--node-ip-address=x", "--startup-token=3"]
+    assert os.environ["RAYDIST_T"] == "1"
+    for other in ({"py_executable": "/usr/bin/python3"}, {"command_prefix": ["conda", "activate", "x"]},
+                  {"env_vars": {"PATH": "${PATH}:/opt"}}, {"override_worker_entrypoint": "w.py"},
+                  {"a_later_field": 1}):
+        assert warm_exec.setup_worker(_setup_worker_args(ours | other)) is None, other
+    assert warm_exec.setup_worker(_setup_worker_args(ours, language="JAVA")) is None
+    assert warm_exec.setup_worker(_setup_worker_args(ours)[:-1]) is None  # no context
+
+
+def test_the_ray_interpreter_script_runs_anything_but_ray_worker_set_up_as_python_itself(tmp_path):
+    """Ray starts its dashboard, agents and monitors with the interpreter it was given: those get Python itself
+    (exec'd: same pid, same arguments)."""
+    import json
+    import subprocess
+    import sys
+
+    from raydist.launcher import ray_python, warm
+
+    script = ray_python.write(tmp_path, warm.WARM_EXEC)
+    probe = "import json, sys; print(json.dumps([sys.executable, sys.argv[1:]]))"
+    out = subprocess.run([str(script), "-c", probe, "a b", "c"], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == [sys.executable, ["a b", "c"]]
+    assert oct(script.stat().st_mode & 0o777) == "0o700"

@@ -1,7 +1,8 @@
 """Ray's own worker processes forked by the warm interpreter (raydist.launcher.warm_exec, scaling.warm_python): on
 the embedded instance every actor of a job (Ray Train's controller, helpers and workers alike) is forked by the
-job's server under the warm interpreter, with torch imported; a worker whose settings differ from that server's
-starts the cold way and works the same; a killed forked worker is seen dead by Ray.
+job's server under the warm interpreter, with torch imported, and set up without Ray's setup_worker.py; a worker
+whose settings differ from that server's starts the cold way and works the same; a killed forked worker is seen
+dead by Ray.
 
 One driver process per test, as a user's job is one: the embedded instance it starts ends with it.
 """
@@ -22,10 +23,25 @@ from jobutil import REPO, clean_env
 pytestmark = pytest.mark.slow
 
 DRIVER = textwrap.dedent("""
-    import json, os, signal, sys
+    import json, os, signal, sys, threading, time
     import ray
     from raydist.session import prepare_ray_environment, start_local
 
+    ray_set_up = set()  # Ray's own setup_worker.py processes (a fresh interpreter importing Ray, per worker)
+
+    def watch():
+        while True:
+            for pid in os.listdir("/proc"):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        argv = f.read().split(b"\\0")
+                except OSError:
+                    continue
+                if len(argv) > 1 and argv[1].endswith(b"setup_worker.py"):
+                    ray_set_up.add(pid)
+            time.sleep(0.02)
+
+    threading.Thread(target=watch, daemon=True).start()
     prepare_ray_environment()
     start_local(4, warm=sys.argv[1] == "warm")
 
@@ -47,7 +63,8 @@ DRIVER = textwrap.dedent("""
     # Another setting of Ray's read at its import than the job's server has (that server took the settings of the
     # job's first worker on the node, hence after the others): this one starts the cold way.
     other = Probe.options(runtime_env={"env_vars": {"RAY_DEDUP_LOGS": "0"}}).remote()
-    out = {"first": wheres[0], "probes": wheres, "other": ray.get(other.where.remote()), "driver": os.getpid()}
+    out = {"first": wheres[0], "probes": wheres, "other": ray.get(other.where.remote()), "driver": os.getpid(),
+           "ray_set_up": len(ray_set_up)}
     os.kill(out["first"]["pid"], signal.SIGKILL)
     try:
         ray.get(first.where.remote(), timeout=60)
@@ -81,6 +98,10 @@ def test_the_embedded_instance_forks_its_ray_workers_with_torch_imported():
     # same IDs, and Ray Train's synchronization actor crashes on that (warm_server.RAY_JOB_PRELOAD).
     assert len({w["random_id"] for w in out["probes"]}) == 3, out["probes"]
     assert first["job"] == other["job"]
+    # Each worker's runtime_env set up by raydist.launcher.warm_exec, without Ray's setup_worker.py (a fresh
+    # interpreter importing Ray per worker, the "other" one's included): the instance runs it through
+    # raydist.launcher.ray_python.
+    assert out["ray_set_up"] == 0, out
     # Its RAY_DEDUP_LOGS differs from the job server's, which Ray read at its import: a fresh Python instead,
     # named on the worker's stderr (Ray shows it on the driver's console).
     assert "warm_server.py" not in other["parent"] and not other["torch"] and other["dedup"] == "0", other
@@ -94,3 +115,4 @@ def test_warm_python_off_starts_every_ray_worker_as_ray_does():
     out = _drive("cold")
     assert "warm_server.py" not in out["first"]["parent"] and not out["first"]["torch"], out["first"]
     assert "warm interpreter" not in out["stderr"], out["stderr"][-3000:]
+    assert out["ray_set_up"] >= 4, out  # the job's runtime_env set up by Ray, as without raydist

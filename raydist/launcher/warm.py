@@ -18,6 +18,8 @@ import threading
 import time
 from pathlib import Path
 
+from raydist.launcher import ray_python
+
 WARM_ENV = "RAYDIST_WARM_SOCKET"
 """Set by the SLURM bring-up in its Ray's environment (so in every agent's): the node's warm interpreter."""
 CONNECT_TIMEOUT_S = 60.0  # for the answer too: it listens before its imports, and answers once they are done
@@ -75,11 +77,11 @@ def for_cluster_job() -> dict:
     return {"py_executable": py_executable(exec_path), **({"env_vars": env_vars} if env_vars else {})}
 
 
-def start_for_embedded(env_vars: dict[str, str], token: bool) -> dict:
+def start_for_embedded(env_vars: dict[str, str], token: bool) -> tuple[dict, Path | None]:
     """A warm interpreter for the embedded Ray instance this process is about to start, ending with this process;
-    returns what the job's runtime_env gains for Ray to fork its workers from it. Its environment is what Ray's
-    workers will have: this process's, the job's variables, and token auth, which ray.init turns on itself
-    (raydist.local_auth)."""
+    returns what the job's runtime_env gains for Ray to fork its workers from it, and the interpreter Ray should
+    start its processes with (raydist.launcher.ray_python). Its environment is what Ray's workers will have: this
+    process's, the job's variables, and token auth, which ray.init turns on itself (raydist.local_auth)."""
     from raydist.local_auth import remove_stale_dirs
 
     remove_stale_dirs(WARM_DIR_PREFIX)
@@ -96,7 +98,7 @@ def start_for_embedded(env_vars: dict[str, str], token: bool) -> dict:
         if proc is not None:
             proc.kill()
         shutil.rmtree(temp, ignore_errors=True)
-        return {}
+        return {}, None
     os.environ[WARM_ENV] = str(sock)  # the embedded instance's processes inherit it
 
     def stop() -> None:
@@ -104,7 +106,7 @@ def start_for_embedded(env_vars: dict[str, str], token: bool) -> dict:
         shutil.rmtree(temp, ignore_errors=True)
 
     atexit.register(stop)
-    return {"py_executable": py_executable()}
+    return {"py_executable": py_executable()}, ray_python.write(temp, WARM_EXEC)
 
 
 class WarmProcess:

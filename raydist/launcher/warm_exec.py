@@ -8,6 +8,11 @@ over with the request, the worker's exit code comes back as this process's own, 
 is passed on.
 Ray itself finds the worker by the pid the worker registers with (its own), as always.
 
+Ray's worker set-up comes through here too where the node's Ray was started with raydist.launcher.ray_python as
+its interpreter: `setup_worker.py ARGS` (Ray's, a fresh interpreter importing Ray for every worker of a job with a
+runtime_env) is done here without Ray for the one context raydist's jobs have, and handed to Ray's own
+setup_worker.py for any other.
+
 Where there is no warm interpreter (RAYDIST_WARM_SOCKET unset, or nothing listening), or it declines the request
 (another environment that acts at start-up), this process becomes `python default_worker.py ARGS` itself: the
 worker starts the cold way, exactly as without raydist. Run by path with `python -I -S`, it imports nothing but
@@ -76,7 +81,51 @@ def wait(pid, answers):
     return -signal.SIGKILL
 
 
+SETUP_WORKER = "setup_worker.py"
+CONTEXT_FIELDS = {"command_prefix", "env_vars", "py_executable", "override_worker_entrypoint", "java_jars"}
+CONTEXT_ARG, LANGUAGE_ARG = "--serialized-runtime-env-context=", "--language="
+
+
+def setup_worker(args):
+    """What Ray's setup_worker.py (ray/_private/workers/setup_worker.py, RuntimeEnvContext.exec_worker) does with
+    `args` (its own path, the worker's command, the worker's language and the runtime_env's context), done here
+    for the context of raydist's jobs: its variables set (as given: Ray would expand a `$`), then `exec
+    <py_executable> ARGS` where the py_executable is this file, so this process goes on as it. Returns the
+    worker's ARGS; None for any other context (another interpreter, a command prefix, another language), which
+    Ray's own setup_worker.py then handles."""
+    worker, context, language = [], None, None
+    for arg in args[1:]:
+        if arg.startswith(CONTEXT_ARG):
+            context = arg[len(CONTEXT_ARG):]
+        elif arg.startswith(LANGUAGE_ARG):
+            language = arg[len(LANGUAGE_ARG):]
+        elif arg.startswith(("--serialized-runtime-env", "--language")):
+            return None  # a form this file does not read the way argparse would
+        else:
+            worker.append(arg)
+    try:
+        ctx = json.loads(context or "")
+    except ValueError:
+        return None
+    if language != "PYTHON" or not isinstance(ctx, dict) or set(ctx) - CONTEXT_FIELDS or not worker:
+        return None
+    if ctx.get("command_prefix") or ctx.get("override_worker_entrypoint") or ctx.get("java_jars"):
+        return None
+    if str(ctx.get("py_executable") or "").split(" ") != [sys.executable, "-I", "-S", os.path.abspath(__file__)]:
+        return None  # another interpreter: Ray's own set-up execs it
+    env = ctx.get("env_vars") or {}
+    if not isinstance(env, dict) or any("$" in str(v) for v in env.values()):
+        return None  # Ray expands ${VAR} in them
+    os.environ.update({str(k): str(v) for k, v in env.items()})
+    return worker
+
+
 def main(args):
+    if args and os.path.basename(args[0]) == SETUP_WORKER:
+        worker = setup_worker(args)
+        if worker is None:
+            cold(args, "")  # Ray's set-up, as the raylet asked for it
+        args = worker
     path = os.environ.get(WARM_ENV, "")
     if not path:
         cold(args, "")
