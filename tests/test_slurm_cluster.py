@@ -13,11 +13,13 @@ import shutil
 import stat
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import yaml
 
 import rayup
+from raydist.launcher import ray_python
 from raydist.slurm import ports, teardown
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
@@ -229,6 +231,9 @@ def test_sync_ddp_job_trains_one_worker_per_host_over_gloo(slurm_cluster, ray_up
     # which would say why on its stderr, forwarded here by --verbose.
     assert "starts without the warm interpreter" not in out, out[-4000:]
     assert sorted(_warm_ray_jobs(slurm_cluster, ray_up)) == sorted(EXPECTED_IFACES), out[-3000:]
+    # Each node's Ray was started with raydist.launcher.ray_python as its interpreter, which bring-up writes
+    # beside the warm interpreter's socket: its workers' set-up went through warm_exec, not a fresh Python.
+    assert all((_node_temp(slurm_cluster, ray_up, h) / ray_python.SCRIPT_NAME).exists() for h in EXPECTED_IFACES)
 
 
 def test_your_own_script_runs_under_ray_job_submit_one_rank_per_host_on_its_interface(slurm_cluster, ray_up):
@@ -395,11 +400,15 @@ def test_a_job_whose_clean_up_slurm_killed_is_swept_by_the_next_job_and_no_live_
     assert not b.job_dir.exists()
 
 
+def _node_temp(cluster, up, host: str) -> Path:
+    return cluster.host_dir(host) / "tmp" / f"raydist-{up.job_id}"
+
+
 def _warm_ray_jobs(cluster, up) -> list[str]:
     """The hosts whose warm interpreter imported Ray for a Ray job (its log, in the job's temp dir there)."""
     hosts = []
     for host in EXPECTED_IFACES:
-        log = cluster.host_dir(host) / "tmp" / f"raydist-{up.job_id}" / "warm-interpreter.log"
+        log = _node_temp(cluster, up, host) / "warm-interpreter.log"
         if log.exists() and "imported Ray for Ray job" in log.read_text():
             hosts.append(host)
     return hosts
