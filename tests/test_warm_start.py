@@ -121,7 +121,8 @@ def test_lightning_fabric_forked_warm_finds_its_launcher_and_trains(agent, serve
     for slot in slots:
         ranks.append(agent())
         env = {**_env(), **E.rank_environment(slot, group)}
-        assert ranks[-1].start([sys.executable, str(script), str(tmp_path)], env, str(tmp_path), slot.rank, 0)["warm"]
+        started = ranks[-1].start([sys.executable, str(script), str(tmp_path)], env, str(tmp_path), slot.rank, 0)
+        assert started["warm"], started
     for a in ranks:
         lines, code = _run_to_end(a, timeout=120)
         assert code == 0, lines
@@ -228,6 +229,39 @@ def test_a_setting_of_rays_dependencies_read_at_their_import_starts_the_rank_col
     same = agent()
     assert same.start([sys.executable, "train.py"], _env(), str(server[2]), 1, 0)["warm"]
     assert _run_to_end(same)[1] == 3
+
+
+DDP_SCRIPT = textwrap.dedent("""\
+    import os, sys
+    dynamo_before = "torch._dynamo" in sys.modules
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{os.path.abspath('pg')}", rank=0, world_size=1)
+    loaded = set(sys.modules)
+    torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+    print(dynamo_before, len(set(sys.modules) - loaded), os.environ.get("TORCHINDUCTOR_CACHE_DIR"), flush=True)
+""")
+
+
+def test_a_forked_rank_builds_ddp_without_importing_torchs_compiler_front_end_again(agent, server, tmp_path):
+    """DistributedDataParallel imports torch._dynamo as it is built, about a second of a fresh process: a forked
+    rank has it, and what its import set in the environment (inductor's cache dir), as a fresh rank would."""
+    (tmp_path / "ddp.py").write_text(DDP_SCRIPT)
+    a = agent()
+    assert a.start([sys.executable, "ddp.py"], _env(), str(tmp_path), 1, 0)["warm"]
+    lines, code = _run_to_end(a)
+    cold = subprocess.run([sys.executable, "ddp.py"], cwd=tmp_path, capture_output=True, text=True,
+                          env={**_env(), "PYTHONPATH": ""}, timeout=120)
+    assert code == cold.returncode == 0, (lines, cold.stderr[-2000:])
+    warm_line, cold_line = lines[-1].split(), cold.stdout.split()
+    assert warm_line[:2] == ["True", "0"] and cold_line[0] == "False" and int(cold_line[1]) > 100, (lines, cold.stdout)
+    assert warm_line[2] == cold_line[2] != "None"
+
+
+def test_a_rank_with_another_setting_of_torchs_compiler_starts_cold(agent, server, tmp_path):
+    a = agent()
+    started = a.start([sys.executable, "train.py"], _env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path)), str(server[2]), 1, 0)
+    assert not started["warm"] and "TORCHINDUCTOR_CACHE_DIR differs" in started["cold_why"], started
+    assert _run_to_end(a)[1] == 3
 
 
 def test_warm_false_starts_the_rank_cold_beside_a_warm_interpreter(agent, server):

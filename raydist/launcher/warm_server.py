@@ -41,7 +41,9 @@ import sys
 import time
 import types
 
-PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch.utils.data")
+PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch.utils.data", "torch._dynamo")
+"""torch._dynamo too: DistributedDataParallel imports it as it is built (torch 2.13), about a second of a fresh
+process's imports (sympy, inductor's config) on the path to a DDP script's first step."""
 KEPT_PYTHON_VARS = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE",
                               "PYTHONBREAKPOINT"})
 """PYTHON* variables the child applies itself, or that Python reads later (PYTHONBREAKPOINT, which Ray sets for its
@@ -100,19 +102,32 @@ class Request:
             return "interpreter options other than -u, or no script file (a directory, a zip, stdin)"
         if not os.path.isdir(self.cwd):
             return f"no directory {self.cwd}"
-        differ = sorted(k for k in set(self.env) | set(os.environ)
-                        if _acts_at_start(k) and self.env.get(k) != os.environ.get(k))
+        # A variable the imports set may also come set to that value (from a process that made the same imports).
+        differ = sorted(k for k in set(self.env) | set(ENV_BEFORE_IMPORT) if _acts_at_start(k)
+                        and self.env.get(k) not in (ENV_BEFORE_IMPORT.get(k), SET_AT_IMPORT.get(k, "\0")))
         if differ:
             return f"{', '.join(differ)} differ{'s' if len(differ) == 1 else ''} from the warm interpreter's"
         return None
 
 
+ENV_BEFORE_IMPORT: dict[str, str] = {}
+"""This server's environment before its preloaded modules were imported: a request's must equal it where
+_acts_at_start says, as a fresh interpreter's would before the same imports."""
+SET_AT_IMPORT: dict[str, str] = {}
+"""What those imports put in os.environ (torch._dynamo's: TORCHINDUCTOR_CACHE_DIR, from the temp dir and the
+user): a fresh interpreter's imports would put it there too, so a fork gets it where its request has none."""
 READ_AT_IMPORT: set[str] = set()
 """The variables the preloaded modules read through os.environ while they were imported: in a fork they keep
 the server's values."""
-RECORDED_PREFIXES = ("RAY_", "TORCH", "PYTORCH_", "PANDAS_", "ARROW_", "GRPC_", "PROTOCOL_BUFFERS_", "MSGPACK_")
+RECORDED_PREFIXES = ("RAY_", "TORCH", "PYTORCH_", "PANDAS_", "ARROW_", "GRPC_", "PROTOCOL_BUFFERS_", "MSGPACK_",
+                     "SYMPY_", "MPMATH_", "INDUCTOR_", "AOTINDUCTOR_", "AOT_INDUCTOR_", "AOT_PARTITIONER_",
+                     "PARTITIONER_", "PT2_", "CUTLASS_", "CUTEDSL_", "ENABLE_", "LOG_AUTOTUNE_", "LOG_TLPARSE",
+                     "DUMP_AOTI_", "FAKE_ALLOW_", "UNSAFE_SKIP_FSDP_", "CXX", "CI")
 """The preloaded modules' own settings among them (not HOME, PATH and the like, which some read only to pass
-on): these must equal the server's for a fork to be the same process."""
+on): these must equal the server's for a fork to be the same process. From SYMPY_ on: what torch._dynamo's import
+reads (sympy, mpmath, inductor's and its partitioner's config, the C++ compiler inductor would use, CI)."""
+RECORDED_NAMES = ("TMPDIR", "TEMP", "TMP")
+"""Recorded too: torch._dynamo's import fixes the temp dir (tempfile's, and inductor's cache dir in it)."""
 
 
 def ray_job_of(request: Request) -> tuple[str, str] | None:
@@ -131,7 +146,8 @@ def _acts_at_start(key: str) -> bool:
     modules' settings read at their import: it must then equal the server's."""
     if key.startswith("PYTHON"):
         return key not in KEPT_PYTHON_VARS
-    return key in SAME_AS_SERVER or (key in READ_AT_IMPORT and key.startswith(RECORDED_PREFIXES))
+    return key in SAME_AS_SERVER or (key in READ_AT_IMPORT and (key.startswith(RECORDED_PREFIXES)
+                                                                or key in RECORDED_NAMES))
 
 
 def _which(name: str, path: str, cwd: str) -> str | None:
@@ -378,6 +394,8 @@ class Server:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
         os.environ.clear()
         os.environ.update(env)
+        ENV_BEFORE_IMPORT.clear()
+        ENV_BEFORE_IMPORT.update(env)
         _import_recorded(RAY_JOB_PRELOAD, around=_actor_class_ids_from_urandom)
         READ_AT_IMPORT.update(RAY_READ_ONCE)
         print(f"warm interpreter: pid {self.pid} imported Ray for Ray job {job[0]} (raylet {job[1]})", flush=True)
@@ -510,6 +528,8 @@ def become(request: Request, base_path: list[str]) -> None:
                                                    errors="backslashreplace")
     os.environ.clear()
     os.environ.update(request.env)
+    for key, value in SET_AT_IMPORT.items():
+        os.environ.setdefault(key, value)
     os.chdir(request.cwd)
     sys.dont_write_bytecode = bool(request.env.get("PYTHONDONTWRITEBYTECODE"))
     if request.env.get("PYTHONFAULTHANDLER"):
@@ -633,6 +653,11 @@ def _import_recorded(names: tuple[str, ...], around=contextlib.nullcontext) -> N
         for name in names:
             with contextlib.suppress(ImportError):
                 __import__(name)
+    _note_set_at_import()
+
+
+def _note_set_at_import() -> None:
+    SET_AT_IMPORT.update({k: v for k, v in os.environ.items() if ENV_BEFORE_IMPORT.get(k) != v})
 
 
 @contextlib.contextmanager
@@ -666,9 +691,11 @@ def main(argv: list[str]) -> Request:
         os.unlink(argv[1])  # a socket left by a server of this job that was killed
     # Listening before the imports: a request that comes meanwhile waits in the backlog, not the cold way.
     server = Server(argv[1])
+    ENV_BEFORE_IMPORT.update(os.environ)
     with _recording_reads(READ_AT_IMPORT):
         for name in PRELOAD:
             __import__(name)
+    _note_set_at_import()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, server.stop)
     print(f"warm interpreter: pid {os.getpid()}, torch imported, listening on {argv[1]}", flush=True)
