@@ -333,3 +333,14 @@ def test_the_ray_interpreter_script_runs_anything_but_ray_worker_set_up_as_pytho
     out = subprocess.run([str(script), "-c", probe, "a b", "c"], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == [sys.executable, ["a b", "c"]]
     assert oct(script.stat().st_mode & 0o777) == "0o700"
+
+
+def test_only_rays_own_command_line_runs_through_the_ray_interpreter_module(tmp_path):
+    import sys
+
+    from raydist.launcher import ray_python
+
+    wrapped = ray_python.command(tmp_path / "ray-python", ["/venv/bin/ray", "start", "--block"])
+    assert wrapped == [sys.executable, "-m", "raydist.launcher.ray_python", str(tmp_path / "ray-python"),
+                       "/venv/bin/ray", "start", "--block"]
+    assert ray_python.command(tmp_path / "ray-python", [sys.executable, "-c", "pass"]) == [sys.executable, "-c", "pass"]

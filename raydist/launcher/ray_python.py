@@ -52,7 +52,10 @@ def starting_ray_with(script: str | os.PathLike | None):
 
 
 def command(script: str | os.PathLike, ray_cmd: list[str]) -> list[str]:
-    """`ray_cmd` (`ray start ...`) run so that the node it starts has `script` as its interpreter."""
+    """`ray_cmd` (`ray start ...`) run so that the node it starts has `script` as its interpreter: Ray's
+    command-line tool, run in this interpreter; any other command (a stand-in for Ray in a test) as it is."""
+    if not ray_cmd or os.path.basename(ray_cmd[0]) != "ray":
+        return list(ray_cmd)
     return [sys.executable, "-m", __name__, str(script), *ray_cmd]
 
 
