@@ -42,8 +42,8 @@ import time
 import types
 
 PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch.utils.data", "torch._dynamo")
-"""torch._dynamo too: DistributedDataParallel imports it as it is built (torch 2.13), about a second of a fresh
-process's imports (sympy, inductor's config) on the path to a DDP script's first step."""
+"""torch._dynamo too: DistributedDataParallel imports it as it is built, and torch's optimizers at their first step
+(torch 2.13): about a second of a fresh process's imports (sympy, inductor's config) before its first step."""
 KEPT_PYTHON_VARS = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE",
                               "PYTHONBREAKPOINT"})
 """PYTHON* variables the child applies itself, or that Python reads later (PYTHONBREAKPOINT, which Ray sets for its
