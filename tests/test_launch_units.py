@@ -299,10 +299,12 @@ def _setup_worker_args(context: dict, language: str = "PYTHON") -> list[str]:
             "--startup-token=3", f"--language={language}", f"--serialized-runtime-env-context={json.dumps(context)}"]
 
 
-def test_ray_worker_set_up_is_done_without_ray_only_for_raydist_jobs_context(monkeypatch):
+def test_ray_worker_set_up_is_done_without_ray_only_for_raydist_jobs_context(monkeypatch, tmp_path):
     """Ray's setup_worker.py sets the runtime_env's variables and execs its py_executable with the worker's
     command; warm_exec does that itself (no Ray to import) when that py_executable is warm_exec, and leaves every
     other context to Ray's setup_worker.py (None)."""
+    import shlex
+
     from raydist.launcher import warm, warm_exec
 
     ours = {"command_prefix": [], "env_vars": {"RUST_LOG": "warn", "RAYDIST_T": "1"},
@@ -311,11 +313,21 @@ def test_ray_worker_set_up_is_done_without_ray_only_for_raydist_jobs_context(mon
     assert warm_exec.setup_worker(_setup_worker_args(ours)) == [
         "/ray/_private/workers/default_worker.py", "--node-ip-address=x", "--startup-token=3"]
     assert os.environ["RAYDIST_T"] == "1"
-    for other in ({"py_executable": "/usr/bin/python3"}, {"command_prefix": ["conda", "activate", "x"]},
+    for other in ({"py_executable": "/usr/bin/python3"}, {"command_prefix": ["conda", "activate", "x", "&&"]},
+                  {"command_prefix": ["cd", "/tmp", "&&", "cd", "/", "&&"]}, {"command_prefix": ["cd", "/nowhere/x", "&&"]},
                   {"env_vars": {"PATH": "${PATH}:/opt"}}, {"override_worker_entrypoint": "w.py"},
                   {"a_later_field": 1}):
         assert warm_exec.setup_worker(_setup_worker_args(ours | other)) is None, other
     assert warm_exec.setup_worker(_setup_worker_args(ours, language="JAVA")) is None
+    # A job's working_dir (`ray job submit --working-dir`): Ray's plugin gives `cd DIR &&`, DIR quoted for the shell.
+    here = os.getcwd()
+    work = tmp_path / "a dir"
+    work.mkdir()
+    try:
+        with_dir = ours | {"command_prefix": ["cd", shlex.quote(str(work)), "&&"]}
+        assert warm_exec.setup_worker(_setup_worker_args(with_dir)) is not None and os.getcwd() == str(work)
+    finally:
+        os.chdir(here)
     assert warm_exec.setup_worker(_setup_worker_args(ours)[:-1]) is None  # no context
 
 

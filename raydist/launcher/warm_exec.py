@@ -89,10 +89,10 @@ CONTEXT_ARG, LANGUAGE_ARG = "--serialized-runtime-env-context=", "--language="
 def setup_worker(args):
     """What Ray's setup_worker.py (ray/_private/workers/setup_worker.py, RuntimeEnvContext.exec_worker) does with
     `args` (its own path, the worker's command, the worker's language and the runtime_env's context), done here
-    for the context of raydist's jobs: its variables set (as given: Ray would expand a `$`), then `exec
-    <py_executable> ARGS` where the py_executable is this file, so this process goes on as it. Returns the
-    worker's ARGS; None for any other context (another interpreter, a command prefix, another language), which
-    Ray's own setup_worker.py then handles."""
+    for the context of raydist's jobs: into the job's working_dir where it has one (`cd DIR &&`), its variables
+    set (as given: Ray would expand a `$`), then `exec <py_executable> ARGS` where the py_executable is this file,
+    so this process goes on as it. Returns the worker's ARGS; None for any other context (another interpreter,
+    another command prefix, another language), which Ray's own setup_worker.py then handles."""
     worker, context, language = [], None, None
     for arg in args[1:]:
         if arg.startswith(CONTEXT_ARG):
@@ -109,15 +109,34 @@ def setup_worker(args):
         return None
     if language != "PYTHON" or not isinstance(ctx, dict) or set(ctx) - CONTEXT_FIELDS or not worker:
         return None
-    if ctx.get("command_prefix") or ctx.get("override_worker_entrypoint") or ctx.get("java_jars"):
+    directory = _cd_only(ctx.get("command_prefix") or [])
+    if directory is False or ctx.get("override_worker_entrypoint") or ctx.get("java_jars"):
         return None
     if str(ctx.get("py_executable") or "").split(" ") != [sys.executable, "-I", "-S", os.path.abspath(__file__)]:
         return None  # another interpreter: Ray's own set-up execs it
     env = ctx.get("env_vars") or {}
     if not isinstance(env, dict) or any("$" in str(v) for v in env.values()):
         return None  # Ray expands ${VAR} in them
+    try:
+        if directory:
+            os.chdir(directory)
+    except OSError:
+        return None  # Ray's own set-up fails there the same way
     os.environ.update({str(k): str(v) for k, v in env.items()})
     return worker
+
+
+def _cd_only(prefix):
+    """The directory of the one command prefix Ray's working_dir and py_modules give (`cd DIR &&`, DIR quoted for
+    the shell): None without a prefix, False for any other prefix (conda's activation, say)."""
+    if not prefix:
+        return None
+    if len(prefix) != 3 or prefix[0] != "cd" or prefix[2] != "&&":
+        return False
+    import shlex
+
+    words = shlex.split(str(prefix[1]))
+    return words[0] if len(words) == 1 else False
 
 
 def main(args):
