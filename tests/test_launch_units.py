@@ -315,6 +315,7 @@ def test_ray_worker_set_up_is_done_without_ray_only_for_raydist_jobs_context(mon
     assert os.environ["RAYDIST_T"] == "1"
     for other in ({"py_executable": "/usr/bin/python3"}, {"command_prefix": ["conda", "activate", "x", "&&"]},
                   {"command_prefix": ["cd", "/tmp", "&&", "cd", "/", "&&"]}, {"command_prefix": ["cd", "/nowhere/x", "&&"]},
+                  {"command_prefix": ["cd", "'/tmp", "&&"]},
                   {"env_vars": {"PATH": "${PATH}:/opt"}}, {"override_worker_entrypoint": "w.py"},
                   {"a_later_field": 1}):
         assert warm_exec.setup_worker(_setup_worker_args(ours | other)) is None, other

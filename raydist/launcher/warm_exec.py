@@ -127,15 +127,18 @@ def setup_worker(args):
 
 
 def _cd_only(prefix):
-    """The directory of the one command prefix Ray's working_dir and py_modules give (`cd DIR &&`, DIR quoted for
-    the shell): None without a prefix, False for any other prefix (conda's activation, say)."""
+    """The directory of the one command prefix Ray's working_dir gives (`cd DIR &&`, DIR quoted for the shell):
+    None without a prefix, False for any other prefix (conda's activation, say)."""
     if not prefix:
         return None
     if len(prefix) != 3 or prefix[0] != "cd" or prefix[2] != "&&":
         return False
     import shlex
 
-    words = shlex.split(str(prefix[1]))
+    try:
+        words = shlex.split(str(prefix[1]))
+    except ValueError:  # not one shell word
+        return False
     return words[0] if len(words) == 1 else False
 
 
