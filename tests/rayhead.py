@@ -19,7 +19,7 @@ from typing import Iterator
 
 from jobutil import REPO, clean_env
 from raydist.launcher import ray_python
-from raydist.launcher.warm import WARM_ENV, WARM_EXEC, WARM_EXEC_ENV, WARM_LOG, WARM_SERVER
+from raydist.launcher.warm import WARM_ENV, WARM_EXEC, WARM_EXEC_ENV, WARM_LOG, WARM_SERVER, py_executable
 from raydist.listen_port import free_port
 
 VENV_BIN = Path(os.sys.executable).parent  # the venv that runs the tests runs the cluster too
@@ -139,7 +139,7 @@ def ray_head(num_cpus: int = 2, num_gpus: int | None = None, stop_wait_s: float 
         # the tests find the workers it forks (jobutil.processes_titled), and ending with it (--parent).
         args = ["bash", "-c", f'"$0" {WARM_SERVER} "$1" --parent $$ >> "$2" 2>&1 & shift 2; exec "$@"',
                 sys.executable, warm_env[WARM_ENV], os.path.join(temp_dir, WARM_LOG),
-                *ray_python.command(ray_python.write(temp_dir, WARM_EXEC), args)]
+                *ray_python.command(ray_python.write(temp_dir, py_executable()), args)]
     log = open(os.path.join(temp_dir, "ray_start.log"), "w")
     proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     head = Head(f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dash}", token_path, temp_dir, proc.pid, warm_env)

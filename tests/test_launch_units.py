@@ -341,7 +341,7 @@ def test_the_ray_interpreter_script_runs_anything_but_ray_worker_set_up_as_pytho
 
     from raydist.launcher import ray_python, warm
 
-    script = ray_python.write(tmp_path, warm.WARM_EXEC)
+    script = ray_python.write(tmp_path, warm.py_executable())
     probe = "import json, sys; print(json.dumps([sys.executable, sys.argv[1:]]))"
     out = subprocess.run([str(script), "-c", probe, "a b", "c"], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == [sys.executable, ["a b", "c"]]

@@ -29,16 +29,20 @@ DRIVER = textwrap.dedent("""
 
     ray_set_up = set()  # Ray's own setup_worker.py processes (a fresh interpreter importing Ray, per worker)
 
-    def watch():
+    def parent(pid):
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+
+    def watch():  # this instance's only (its raylet is this driver's child): other tests' Ray runs beside it
         while True:
             for pid in os.listdir("/proc"):
                 try:
                     with open(f"/proc/{pid}/cmdline", "rb") as f:
                         argv = f.read().split(b"\\0")
-                except OSError:
+                    if len(argv) > 1 and argv[1].endswith(b"setup_worker.py") and parent(parent(pid)) == os.getpid():
+                        ray_set_up.add(pid)
+                except (OSError, ValueError, IndexError):
                     continue
-                if len(argv) > 1 and argv[1].endswith(b"setup_worker.py"):
-                    ray_set_up.add(pid)
             time.sleep(0.02)
 
     threading.Thread(target=watch, daemon=True).start()

@@ -25,13 +25,13 @@ from pathlib import Path
 SCRIPT_NAME = "ray-python"
 
 
-def write(directory: str | os.PathLike, exec_path: str | os.PathLike) -> Path:
-    """The interpreter script in `directory` (private to this user: it runs what the warm interpreter forks)."""
+def write(directory: str | os.PathLike, stand_in: str) -> Path:
+    """The interpreter script in `directory` (private to this user: it runs what the warm interpreter forks);
+    `stand_in` is the command of raydist.launcher.warm_exec (raydist.launcher.warm.py_executable)."""
     path = Path(directory) / SCRIPT_NAME
-    py, warm_exec = shlex.quote(sys.executable), shlex.quote(str(exec_path))
     path.write_text("#!/bin/sh\n"
-                    f'case "$1" in */setup_worker.py) exec {py} -I -S {warm_exec} "$@";; esac\n'
-                    f'exec {py} "$@"\n')
+                    f'case "$1" in */setup_worker.py) exec {stand_in} "$@";; esac\n'
+                    f'exec {shlex.quote(sys.executable)} "$@"\n')
     path.chmod(0o700)
     return path
 

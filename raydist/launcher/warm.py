@@ -106,7 +106,7 @@ def start_for_embedded(env_vars: dict[str, str], token: bool) -> tuple[dict, Pat
         shutil.rmtree(temp, ignore_errors=True)
 
     atexit.register(stop)
-    return {"py_executable": py_executable()}, ray_python.write(temp, WARM_EXEC)
+    return {"py_executable": py_executable()}, ray_python.write(temp, py_executable())
 
 
 class WarmProcess:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from raydist.errors import RaydistError
 from raydist.launcher import ray_python
-from raydist.launcher.warm import WARM_EXEC_ENV
+from raydist.launcher.warm import WARM_EXEC_ENV, py_executable
 from raydist.slurm import netif, ports, sweep, teardown
 from raydist.slurm.dashboard_client import HOST_LABEL, IFACE_LABEL
 from raydist.slurm.jobdir import JobDir, Plan
@@ -164,7 +164,7 @@ def run_node(cfg: ClusterConfig, alloc: Allocation, log=print) -> int:
     env = ray_environment(plan, node, choice.iface)
     warm = start_warm_interpreter(env, temp) if cfg.warm_python else None
     if warm is not None:  # Ray's worker set-up goes through it too (raydist.launcher.ray_python)
-        cmd = ray_python.command(ray_python.write(temp, env[WARM_EXEC_ENV]), cmd)
+        cmd = ray_python.command(ray_python.write(temp, py_executable(env[WARM_EXEC_ENV])), cmd)
     # Both halves of the teardown budget must fit in SLURM's KillWait, after which everything gets SIGKILL.
     half = cfg.timeouts.teardown / 2
     try:
