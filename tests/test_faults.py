@@ -172,7 +172,9 @@ try:
     raydist.fit("sync", train={"epochs": 200}, run={"storage_path": sys.argv[1], "name": "k"})
 except BaseException as e:
     print(f"fit failed: {type(e).__name__}: {e}", file=sys.stderr)
-print(json.dumps(ray.util.placement_group_table(PlacementGroup(ray.PlacementGroupID.from_hex(group["id"])))))
+# one write, on a line of its own: Ray's log thread prints to the same stdout ("(raylet) A worker died ...")
+sys.stdout.write("placement group: " + json.dumps(ray.util.placement_group_table(
+    PlacementGroup(ray.PlacementGroupID.from_hex(group["id"])))) + "\n")
 """
 
 
@@ -189,5 +191,6 @@ def test_a_driver_that_lives_on_after_its_controller_was_killed_gets_the_workers
     proc = subprocess.run([sys.executable, "-c", KILL_THE_CONTROLLER, str(tmp_path)], cwd=REPO, env=clean_env(),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "fit failed: RaydistError: training failed" in proc.stderr, proc.stderr[-3000:]
-    assert json.loads(proc.stdout.strip().splitlines()[-1])["state"] == "REMOVED", proc.stdout[-2000:]
+    table = [ln for ln in proc.stdout.splitlines() if ln.startswith("placement group: ")]
+    assert table and json.loads(table[-1].split(": ", 1)[1])["state"] == "REMOVED", proc.stdout[-2000:]
     assert not (tmp_path / "k" / "placement_group.json").exists()
