@@ -174,7 +174,7 @@ except BaseException as e:
     print(f"fit failed: {type(e).__name__}: {e}", file=sys.stderr)
 # one write, on a line of its own: Ray's log thread prints to the same stdout ("(raylet) A worker died ...")
 sys.stdout.write("placement group: " + json.dumps(ray.util.placement_group_table(
-    PlacementGroup(ray.PlacementGroupID.from_hex(group["id"])))) + "\n")
+    PlacementGroup(ray.PlacementGroupID.from_hex(group["id"])))) + "\\n")
 """
 
 
