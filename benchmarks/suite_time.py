@@ -12,8 +12,10 @@ output), with the machine. Root is needed for the SLURM tests, as for `make test
 
 With --accounting, the kernel's process accounting (Debian's `acct`: accton, dump-acct) is on during the run, and
 each round stores the CPU seconds of every process that ended meanwhile, summed by command name (Ray names its
-workers `ray::<class>`, its dashboard's modules `ray-dashboard-<module>`): where a shorter suite has to cut. It
-counts the whole machine's processes, so run nothing else meanwhile.
+workers `ray::<class>`, its dashboard's modules `ray-dashboard-<module>`), and the CPU seconds of each test and
+module, their process trees included (benchmarks/cpu_per_test.py, a pytest plugin that gives each xdist worker a
+cgroup): where a shorter suite has to cut. Process accounting and the machine's busy time count the whole
+machine's processes, so run nothing else meanwhile.
 """
 
 from __future__ import annotations
@@ -43,12 +45,19 @@ def one_round(workdir: Path, accounting: bool = False) -> dict:
     if accounting:
         pacct.touch()
         subprocess.run(["accton", str(pacct)], check=True, capture_output=True)
-    t = time.monotonic()
+    pytest_args, env, per_test = f"--junitxml={report}", dict(os.environ), workdir / "cpu_per_test.jsonl"
+    if accounting:  # the plugin alone on the path: every process of the suite inherits PYTHONPATH
+        (workdir / "plugin").mkdir()
+        shutil.copy(REPO / "benchmarks" / "cpu_per_test.py", workdir / "plugin")
+        env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(workdir / "plugin"), env.get("PYTHONPATH")])),
+                   RAYDIST_CPU_PER_TEST=str(per_test))
+        pytest_args += " -p cpu_per_test"
+    t, busy = time.monotonic(), busy_cpu_s()
     try:
-        r = subprocess.run(["make", "test", f"PYTEST_ARGS=--junitxml={report}"], cwd=clone, capture_output=True,
-                           text=True)
+        r = subprocess.run(["make", "test", f"PYTEST_ARGS={pytest_args}"], cwd=clone, capture_output=True,
+                           text=True, env=env)
     finally:
-        wall = time.monotonic() - t
+        wall, busy = time.monotonic() - t, busy_cpu_s() - busy
         if accounting:
             subprocess.run(["accton", "off"], capture_output=True)
     suites = ET.parse(report).getroot() if report.exists() else None
@@ -59,7 +68,9 @@ def one_round(workdir: Path, accounting: bool = False) -> dict:
         counts["pytest_s"] = round(float(suite.get("time", 0)), 1)
         counts.update(where_the_time_goes(suite))
     if accounting:
+        counts["machine_busy_cpu_s"] = round(busy, 1)
         counts["cpu_by_process"] = cpu_by_process(pacct)
+        counts.update(cpu_by_test(per_test))
     return {"commit": tested, "wall_s": round(wall, 1), "exit_code": r.returncode, **counts,
             "tail": (r.stdout + r.stderr)[-1500:] if r.returncode else ""}
 
@@ -82,6 +93,26 @@ def cpu_by_process(pacct: Path, top: int = 40) -> dict:
     table = {name: {"cpu_s": round(c, 1), "processes": n} for name, (c, n) in ranked[:top]}
     table["(the rest)"] = {"cpu_s": round(sum(c for _, (c, _) in rest), 1), "processes": sum(n for _, (_, n) in rest)}
     return {"total_cpu_s": round(sum(c for c, _ in sums.values()), 1), "by_name": table}
+
+
+def busy_cpu_s() -> float:
+    """The machine's CPU seconds spent outside idle and I/O wait since boot (/proc/stat), all processes and the
+    kernel's: what a run took of the machine, whoever ran it."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, Path("/proc/stat").read_text().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_by_test(lines: Path) -> dict:
+    """From benchmarks/cpu_per_test.py's lines: each test's CPU seconds (its whole process tree), largest first,
+    and each module's sum: the CPU a shorter suite has to cut, where wall time also counts the wait for cores."""
+    rows = [json.loads(x) for x in lines.read_text().splitlines()] if lines.exists() else []
+    modules: dict[str, float] = {}
+    for row in rows:
+        module = Path(row["id"].split("::")[0]).stem
+        modules[module] = modules.get(module, 0.0) + row["cpu_s"]
+    return {"tests_cpu_s": round(sum(row["cpu_s"] for row in rows), 1),
+            "module_cpu_s": {m: round(c, 1) for m, c in sorted(modules.items(), key=lambda kv: -kv[1])},
+            "test_cpu_s": {row["id"]: row["cpu_s"] for row in sorted(rows, key=lambda row: -row["cpu_s"])}}
 
 
 def where_the_time_goes(suite: ET.Element, top: int = 25) -> dict:
