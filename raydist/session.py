@@ -110,11 +110,14 @@ def start_local(num_cpus: int, logging_level: int = logging.INFO, notice=None, w
     # RUST_LOG: torchft's lighthouse (the heal strategy) logs every quorum at its default level.
     env = {"PYTHONWARNINGS": QUIET_WARNINGS, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
     from raydist.launcher.ray_python import starting_ray_with
-    from raydist.launcher.warm import start_for_embedded
+    from raydist.launcher.warm import NO_PRESTART, start_for_embedded
 
     # What ray.init would set (to 1) before it starts the instance's processes, set first so that the warm
     # interpreter has it too; a private loopback instance reports no usage.
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if warm:
+        for key, value in NO_PRESTART.items():
+            os.environ.setdefault(key, value)
     fields, interpreter = start_for_embedded(env, token=bool(token)) if warm else ({}, None)
     with starting_ray_with(interpreter):
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=True,

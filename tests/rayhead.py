@@ -19,7 +19,7 @@ from typing import Iterator
 
 from jobutil import REPO, clean_env
 from raydist.launcher import ray_python
-from raydist.launcher.warm import WARM_ENV, WARM_EXEC, WARM_EXEC_ENV, WARM_LOG, WARM_SERVER, py_executable
+from raydist.launcher.warm import NO_PRESTART, WARM_ENV, WARM_EXEC, WARM_EXEC_ENV, WARM_LOG, WARM_SERVER, py_executable
 from raydist.listen_port import free_port
 
 VENV_BIN = Path(os.sys.executable).parent  # the venv that runs the tests runs the cluster too
@@ -134,7 +134,7 @@ def ray_head(num_cpus: int = 2, num_gpus: int | None = None, stop_wait_s: float 
     warm_env = None
     if warm:
         warm_env = {WARM_ENV: os.path.join(temp_dir, "warm.sock"), WARM_EXEC_ENV: str(WARM_EXEC)}
-        env.update(warm_env)
+        env.update(warm_env, **NO_PRESTART)
         # Started by the shell that becomes `ray start`: a descendant of the head's pid like Ray's processes, so that
         # the tests find the workers it forks (jobutil.processes_titled), and ending with it (--parent).
         args = ["bash", "-c", f'"$0" {WARM_SERVER} "$1" --parent $$ >> "$2" 2>&1 & shift 2; exec "$@"',

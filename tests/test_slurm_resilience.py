@@ -28,6 +28,10 @@ MEASURED: dict[str, float] = {}
 # kill to exit, fixed-size run, node_loss_timeout_s=15: 25.5 s median of 3 (25.2-26.6 s; Ray notices the death, the
 # restart waits the 15 s, the job ends; docs/data/slurm_resilience.json); the bound is 2.4x that.
 MIDRUN_LOSS_BOUND_S = 60.0
+# The requeue cap and the refused requeue depend on neither the node count nor torch: their batch command fails at
+# once. One node without a warm interpreter (whose torch import, per node and start, costs the 2-core suite more
+# CPU than the rest of such a bring-up).
+NO_TORCH = {"warm_python": False}
 
 
 @pytest.mark.parametrize("engine", ["ray_train", "launch"])
@@ -89,8 +93,8 @@ def test_async_batch_job_keeps_its_servers_and_budget_across_the_requeue(slurm_c
 
 def test_a_failing_batch_job_stops_requeueing_at_the_cap_with_one_line(slurm_cluster):
     slurm_cluster.wait_idle(60)
-    cfg = rayup.write_config(slurm_cluster, "cap", requeue={"max_requeues": 1, "on_failure": True})
-    job = rayup.submit(slurm_cluster, cfg, command=("python", "-c", "import sys; sys.exit(3)"))
+    cfg = rayup.write_config(slurm_cluster, "cap", requeue={"max_requeues": 1, "on_failure": True}, **NO_TORCH)
+    job = rayup.submit(slurm_cluster, cfg, nodes=1, command=("python", "-c", "import sys; sys.exit(3)"))
     wait_text(job, r"requeueing after a failure \(exit 3\) \(1 of at most 1\)", timeout=150)
     release_after_requeue(job)
     assert slurm_cluster.wait_job(job.job_id, timeout=200) == "FAILED", job.text()[-4000:]
@@ -105,8 +109,10 @@ def test_a_refused_requeue_ends_the_job_with_one_line_and_nothing_left(slurm_clu
     config asks for is refused by scontrol; the job fails with one line that quotes SLURM's reason, and Ray is
     down on every node."""
     slurm_cluster.wait_idle(60)
-    cfg = rayup.write_config(slurm_cluster, "norequeue", requeue={"max_requeues": 1, "on_failure": True})
-    job = rayup.submit(slurm_cluster, cfg, "--no-requeue", command=("python", "-c", "import sys; sys.exit(3)"))
+    cfg = rayup.write_config(slurm_cluster, "norequeue", requeue={"max_requeues": 1, "on_failure": True},
+                             **NO_TORCH)
+    job = rayup.submit(slurm_cluster, cfg, "--no-requeue", nodes=1,
+                       command=("python", "-c", "import sys; sys.exit(3)"))
     assert slurm_cluster.wait_job(job.job_id, timeout=200) == "FAILED", job.text()[-4000:]
     errors = [ln for ln in job.text().splitlines() if ln.startswith("raydist: error:")]
     assert len(errors) == 1 and errors[0].startswith(f"raydist: error: scontrol requeue {job.job_id} failed: "), \

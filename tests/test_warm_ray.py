@@ -48,6 +48,16 @@ DRIVER = textwrap.dedent("""
     threading.Thread(target=watch, daemon=True).start()
     prepare_ray_environment()
     start_local(4, warm=sys.argv[1] == "warm")
+    time.sleep(2)  # a driver's registration makes the raylet start its prestarted workers at once
+    ahead = 0  # Ray's default workers started before any task asked for one
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read()  # a worker retitles itself (ray::IDLE) once it is up
+                if (b"default_worker.py" in argv or argv.startswith(b"ray::IDLE")) and parent(parent(pid)) == os.getpid():
+                    ahead += 1
+        except (OSError, ValueError, IndexError):
+            continue
 
     @ray.remote(num_cpus=0)
     class Probe:
@@ -68,7 +78,7 @@ DRIVER = textwrap.dedent("""
     # job's first worker on the node, hence after the others): this one starts the cold way.
     other = Probe.options(runtime_env={"env_vars": {"RAY_DEDUP_LOGS": "0"}}).remote()
     out = {"first": wheres[0], "probes": wheres, "other": ray.get(other.where.remote()), "driver": os.getpid(),
-           "ray_set_up": len(ray_set_up)}
+           "ray_set_up": len(ray_set_up), "prestarted": ahead}
     os.kill(out["first"]["pid"], signal.SIGKILL)
     try:
         ray.get(first.where.remote(), timeout=60)
@@ -107,6 +117,9 @@ def test_the_embedded_instance_forks_its_ray_workers_with_torch_imported():
     # interpreter importing Ray per worker, the "other" one's included): the instance runs it through
     # raydist.launcher.ray_python.
     assert out["ray_set_up"] == 0, out
+    # No default worker started ahead for the driver: this job's workers come from the warm interpreter, which
+    # Ray's prestarted ones (one per CPU, without the job's runtime_env) could never serve (warm.NO_PRESTART).
+    assert out["prestarted"] == 0, out
     # Its RAY_DEDUP_LOGS differs from the job server's, which Ray read at its import: a fresh Python instead,
     # named on the worker's stderr (Ray shows it on the driver's console).
     assert "warm_server.py" not in other["parent"] and not other["torch"] and other["dedup"] == "0", other
@@ -121,3 +134,4 @@ def test_warm_python_off_starts_every_ray_worker_as_ray_does():
     assert "warm_server.py" not in out["first"]["parent"] and not out["first"]["torch"], out["first"]
     assert "warm interpreter" not in out["stderr"], out["stderr"][-3000:]
     assert out["ray_set_up"] >= 4, out  # the job's runtime_env set up by Ray, as without raydist
+    assert out["prestarted"] >= 1, out  # Ray's own default: workers started ahead, which cold jobs may use

@@ -52,6 +52,12 @@ def py_executable(exec_path: str | os.PathLike = WARM_EXEC) -> str:
     return f"{shlex.quote(sys.executable)} -I -S {shlex.quote(str(exec_path))}"
 
 
+NO_PRESTART = {"RAY_prestart_worker_first_driver": "0"}
+"""For a Ray instance whose raydist jobs have their workers forked by a warm interpreter: without it, a job's
+driver makes the raylet start one default worker per CPU ahead of need (ray::IDLE), which those jobs never use
+(their runtime_env names the warm interpreter; Ray keeps workers per runtime_env), so each only costs about half
+a second of CPU at every job's start. Set before the warm interpreter starts: it records RAY_ settings."""
+
 JOB_WIDE = ("RAY_TRAIN_V2_ENABLED",)
 """Set in the driver, read as Ray Train is imported, and given by Ray Train to its own actors only: given to every
 worker of the job too, so that a job's server (warm_server.RAY_JOB_PRELOAD), which takes the settings of the job's

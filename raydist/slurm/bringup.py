@@ -15,7 +15,7 @@ from pathlib import Path
 
 from raydist.errors import RaydistError
 from raydist.launcher import ray_python
-from raydist.launcher.warm import WARM_EXEC_ENV, py_executable
+from raydist.launcher.warm import NO_PRESTART, WARM_EXEC_ENV, py_executable
 from raydist.slurm import netif, ports, sweep, teardown
 from raydist.slurm.dashboard_client import HOST_LABEL, IFACE_LABEL
 from raydist.slurm.jobdir import JobDir, Plan
@@ -162,6 +162,8 @@ def run_node(cfg: ClusterConfig, alloc: Allocation, log=print) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, stop.on_signal)
     env = ray_environment(plan, node, choice.iface)
+    if cfg.warm_python:
+        env = {**NO_PRESTART, **env}  # a user's own setting wins
     warm = start_warm_interpreter(env, temp) if cfg.warm_python else None
     if warm is not None:  # Ray's worker set-up goes through it too (raydist.launcher.ray_python)
         cmd = ray_python.command(ray_python.write(temp, py_executable(env[WARM_EXEC_ENV])), cmd)
