@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/suite_time.py --out docs/data/suite_time.json [--rounds 2]
     .venv/bin/python benchmarks/suite_time.py --report docs/data/suite_time.json    # the quoted line again
     .venv/bin/python benchmarks/suite_time.py --accounting --out ...    # and where the machine's CPU went
+    .venv/bin/python benchmarks/suite_time.py --accounting --commit REV --out ...    # an earlier commit, same hour
 
 
 Clones this checkout's HEAD into a temporary directory and runs `make test` there, as .ci/run does: set-up
@@ -36,9 +37,11 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from stored import stamp  # noqa: E402
 
 
-def one_round(workdir: Path, accounting: bool = False) -> dict:
+def one_round(workdir: Path, accounting: bool = False, commit: str = "") -> dict:
     clone = workdir / "clone"
     subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+    if commit:
+        subprocess.run(["git", "checkout", "-q", commit], cwd=clone, check=True)
     tested = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip()
     report = workdir / "junit.xml"
     pacct = workdir / "pacct"
@@ -153,6 +156,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--out", type=Path, default=REPO / "docs" / "data" / "suite_time.json")
     p.add_argument("--report", type=Path, help="print the quoted line of a stored run and exit")
+    p.add_argument("--commit", default="", help="test this commit instead of HEAD (a run before a change, on the "
+                   "same hour as the run after it; the accounting plugin is this checkout's)")
     p.add_argument("--accounting", action="store_true", help="store the CPU time of the run's processes by name "
                    "(process accounting: needs root and Debian's acct)")
     a = p.parse_args()
@@ -166,7 +171,7 @@ def main() -> int:
     rounds = []
     for i in range(a.rounds):
         with tempfile.TemporaryDirectory(prefix="rd-suite-") as d:
-            rounds.append(one_round(Path(d), a.accounting))
+            rounds.append(one_round(Path(d), a.accounting, a.commit))
         print(f"round {i + 1}: {json.dumps({k: v for k, v in rounds[-1].items() if k != 'tail'})}", flush=True)
     stored = {"rounds": rounds, **stamp()}
     a.out.write_text(json.dumps(stored, indent=1) + "\n")
