@@ -2,7 +2,7 @@
 the embedded instance every actor of a job (Ray Train's controller, helpers and workers alike) is forked by the
 job's server under the warm interpreter, with torch imported, and set up without Ray's setup_worker.py; a worker
 whose settings differ from that server's starts the cold way and works the same; a killed forked worker is seen
-dead by Ray.
+dead by Ray; Ray starts no default workers ahead for such a job, which could not use them (warm.NO_PRESTART).
 
 One driver process per test, as a user's job is one: the embedded instance it starts ends with it.
 """
