@@ -33,31 +33,28 @@ DRIVER = textwrap.dedent("""
         with open(f"/proc/{pid}/stat") as f:
             return int(f.read().rsplit(")", 1)[1].split()[1])
 
-    def watch():  # this instance's only (its raylet is this driver's child): other tests' Ray runs beside it
+    def started_by_raylet(matches):  # this instance's only (its raylet is this driver's child), not other tests' Ray
+        found = set()
+        for pid in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if matches(f.read().split(b"\\0")) and parent(parent(pid)) == os.getpid():
+                        found.add(pid)
+            except (OSError, ValueError, IndexError):
+                continue
+        return found
+
+    def watch():
         while True:
-            for pid in os.listdir("/proc"):
-                try:
-                    with open(f"/proc/{pid}/cmdline", "rb") as f:
-                        argv = f.read().split(b"\\0")
-                    if len(argv) > 1 and argv[1].endswith(b"setup_worker.py") and parent(parent(pid)) == os.getpid():
-                        ray_set_up.add(pid)
-                except (OSError, ValueError, IndexError):
-                    continue
+            ray_set_up.update(started_by_raylet(lambda argv: len(argv) > 1 and argv[1].endswith(b"setup_worker.py")))
             time.sleep(0.02)
 
     threading.Thread(target=watch, daemon=True).start()
     prepare_ray_environment()
     start_local(4, warm=sys.argv[1] == "warm")
     time.sleep(2)  # a driver's registration makes the raylet start its prestarted workers at once
-    ahead = 0  # Ray's default workers started before any task asked for one
-    for pid in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read()  # a worker retitles itself (ray::IDLE) once it is up
-                if (b"default_worker.py" in argv or argv.startswith(b"ray::IDLE")) and parent(parent(pid)) == os.getpid():
-                    ahead += 1
-        except (OSError, ValueError, IndexError):
-            continue
+    # Ray's default workers started before any task asked for one (each retitles itself ray::IDLE once it is up)
+    ahead = len(started_by_raylet(lambda argv: argv[0].startswith(b"ray::IDLE") or b"default_worker.py" in argv[1:2]))
 
     @ray.remote(num_cpus=0)
     class Probe:
