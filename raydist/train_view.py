@@ -40,9 +40,20 @@ def _whereabouts(_actor: Any) -> dict[str, Any]:
 
 
 def _torch_version() -> str:
-    import torch
+    """torch's version without importing torch, which the drivers that show a run here (`raydist launch`, the async
+    PS) need for nothing else: a second of CPU at every start."""
+    import sys
 
-    return torch.__version__
+    if "torch" in sys.modules:
+        return sys.modules["torch"].__version__
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:  # a build without package metadata (from source, say)
+        import torch
+
+        return torch.__version__
 
 
 def _enabled() -> bool:

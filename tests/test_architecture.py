@@ -208,3 +208,17 @@ def test_a_builtin_ray_train_jobs_driver_needs_no_torch_to_check_and_build_its_t
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def test_the_dashboards_run_list_learns_torchs_version_without_importing_torch():
+    """`raydist launch`'s driver and the async PS's show their run in the dashboard's run list, which names torch's
+    version; importing torch for it cost each of their starts about a second of CPU (tests/test_launch.py,
+    tests/test_dashboard.py run them)."""
+    import subprocess
+    import sys
+
+    import torch
+
+    code = "import sys\nfrom raydist.train_view import _torch_version\nprint(_torch_version(), 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split() == [torch.__version__, "False"], out.stdout + out.stderr[-2000:]
