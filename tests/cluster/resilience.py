@@ -77,11 +77,11 @@ class Warned:
 
 
 def warn_and_resume(cluster: EmulatedCluster, name: str, command: list[str], run_dir: Path,
-                    after: str = "") -> Warned:
-    """Batch job; the time-limit warning once `run_dir`'s run trains (and `after` exists); waits until the job
-    completes after its requeue."""
+                    after: str = "", nodes: int = 3) -> Warned:
+    """Batch job on `nodes` nodes; the time-limit warning once `run_dir`'s run trains (and `after` exists); waits
+    until the job completes after its requeue."""
     cluster.wait_idle(60)
-    job = rayup.submit(cluster, rayup.write_config(cluster, name), command=tuple(command))
+    job = rayup.submit(cluster, rayup.write_config(cluster, name), nodes=nodes, command=tuple(command))
     deadline = time.monotonic() + 240
     while not trained_past(run_dir, 0) or (after and not Path(after).exists()):
         assert time.monotonic() < deadline and cluster.job_state(job.job_id) in ("PENDING", "RUNNING"), \
