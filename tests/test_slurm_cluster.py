@@ -265,7 +265,7 @@ def test_a_second_job_on_the_same_nodes_skips_busy_ports_and_stops_alone_at_its_
                                    f"s.bind(('0.0.0.0', {natural.start})); s.listen(); sys.stdin.read()"],
                                    stdin=subprocess.PIPE)
     try:
-        job = rayup.submit(slurm_cluster, ray_up.config)
+        job = rayup.submit(slurm_cluster, rayup.write_config(slurm_cluster, "second", **rayup.NO_TORCH))
         TIMINGS["second_job_sbatch_to_ready_s"] = job.wait_for("Ray cluster ready", timeout=150)
         TIMINGS["memory_two_idle_clusters_mib"] = rayup.memory_mib(slurm_cluster)
         mine, other = ray_up.env(), job.env()
@@ -334,7 +334,7 @@ def test_a_job_whose_clean_up_slurm_killed_is_swept_by_the_next_job_and_no_live_
         # each node's clean-up, and `raydist slurm down` while it waits for the node step (srun: KillWait + 2 s).
         _reconfigure(c, re.sub(r"(?m)^KillWait=\d+$", "KillWait=5", original))
         a = rayup.submit(c, rayup.write_config(c, "killed", timeouts={"ready": 120, "head_reachable": 30,
-                                                                     "teardown": 30}))
+                                                                     "teardown": 30}, **rayup.NO_TORCH))
         jobs.append(a.job_id)
         took["a_sbatch_to_ready_s"] = a.wait_for("Ray cluster ready", timeout=150)
         stubborn = [_stubborn(c, host, a.job_id) for host in c.hosts]
@@ -366,7 +366,7 @@ def test_a_job_whose_clean_up_slurm_killed_is_swept_by_the_next_job_and_no_live_
         for path in [p for p in planted if p.name == "raydist-999999"] + [jobs_root / "999997"]:
             os.chown(path, 65534, 65534)  # nobody's
 
-        b = rayup.submit(c, rayup.write_config(c, "sweeper"))
+        b = rayup.submit(c, rayup.write_config(c, "sweeper", **rayup.NO_TORCH))
         jobs.append(b.job_id)
         took["b_sbatch_to_ready_s"] = b.wait_for("Ray cluster ready", timeout=150)
         text = b.text()

@@ -24,7 +24,8 @@ def _wait_gone(cluster, job_id: int, timeout: float = 60) -> dict[str, list[str]
 
 def test_two_clusters_on_the_same_nodes_keep_apart_and_one_outlives_the_other(slurm_cluster):
     slurm_cluster.wait_idle(60)
-    a = rayup.submit(slurm_cluster, rayup.write_config(slurm_cluster, "share-a"))
+    # a is torn down without a run: no warm interpreter for it
+    a = rayup.submit(slurm_cluster, rayup.write_config(slurm_cluster, "share-a", **rayup.NO_TORCH))
     b = rayup.submit(slurm_cluster, rayup.write_config(slurm_cluster, "share-b"))
     try:
         for job in (a, b):

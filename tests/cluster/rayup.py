@@ -13,6 +13,9 @@ from emucluster import REPO, EmulatedCluster, shared_tmp_paths
 
 DAEMONS = ("munged", "slurmd", "slurmctld", ": slurmscriptd")
 SLURM_PORTS = {6817, 6818}
+# For a bring-up whose nodes run no training (or a batch command that fails at once): no warm interpreter, whose
+# torch import, per node and start, costs the 2-core suite more CPU than the rest of such a bring-up.
+NO_TORCH = {"warm_python": False}
 
 
 def write_config(cluster: EmulatedCluster, name: str, **changes) -> Path:
