@@ -22,12 +22,14 @@ pytestmark = pytest.mark.slow
 
 ARTIFACTS = REPO / "tests" / "artifacts"
 STRATEGIES = ("sync", "async")
-# Each run stays alive, and mostly idle, while the browser looks: sync's rank 1 pauses for longer than the test
-# takes (DDP holds rank 0 with it), and the async run gets a budget it cannot spend in that time. Both are
-# killed at the end; the head goes with the module.
+# Each run stays alive, and idle, while the browser looks: worker 1 pauses for longer than the test takes, and
+# holds worker 0 back with it (sync: DDP's all-reduce; async: the staleness bound, which lets worker 0 add no more
+# than one server version that worker 1's paused step would not have seen). The async PS would count a worker
+# without a step for faults.hang_timeout_s as hung. Both are killed at the end; the head goes with the module.
+PAUSED = ["straggler.worker=1", "straggler.pause_at_step=3", "straggler.pause_s=600"]
 KEEP_ALIVE = {
-    "sync": ["straggler.worker=1", "straggler.pause_at_step=3", "straggler.pause_s=600"],
-    "async": ["train.epochs=500", "straggler.worker=1", "straggler.slowdown=4"],
+    "sync": PAUSED,
+    "async": [*PAUSED, "async_ps.max_staleness=1", "faults.hang_timeout_s=900"],
 }
 
 

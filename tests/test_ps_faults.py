@@ -2,17 +2,19 @@
 
 The jobs run as subprocesses with their own embedded Ray instance; the kills go to the processes Ray titled
 `ray::ParameterShard` / `ray::DownpourWorker` among the job's descendants (benchmarks/ps_chaos.py, which also runs
-the long version: three kills of each).
+the long version, three kills of each, beside an undisturbed run: the accuracy these tests hold the killed run to
+is the one it stored).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 
 import pytest
 
-from jobutil import load_benchmark
+from jobutil import REPO, load_benchmark
 from raydist.observability.metrics import read_steps
 
 pytestmark = pytest.mark.slow
@@ -21,15 +23,12 @@ pytestmark = pytest.mark.slow
 chaos = load_benchmark("ps_chaos")
 
 
-@pytest.fixture(scope="module")
-def undisturbed(tmp_path_factory):
-    """The same run without kills, started at once: it trains while the tests below kill theirs."""
-    job = chaos.Job(tmp_path_factory.mktemp("undisturbed"), "undisturbed", chaos.CONFIG)
-    yield job
-    job.stop()
+# The undisturbed run's accuracy as benchmarks/ps_chaos.py stored it (the benchmark runs one beside its chaos run:
+# undisturbed runs of this config agree within 0.002); the kills may cost no more than 0.01 of it.
+UNDISTURBED_ACCURACY = json.loads((REPO / "docs/data/ps_chaos.json").read_text())["undisturbed"]["test_accuracy"]
 
 
-def test_killed_server_and_worker_are_replaced_and_the_run_spends_its_whole_budget(undisturbed, tmp_path):
+def test_killed_server_and_worker_are_replaced_and_the_run_spends_its_whole_budget(tmp_path):
     job = chaos.Job(tmp_path, "chaos", chaos.CONFIG)  # scaling.max_failures: the default 3
     try:
         kills = chaos.chaos(job, ["server", "worker"], seed=1)
@@ -42,9 +41,7 @@ def test_killed_server_and_worker_are_replaced_and_the_run_spends_its_whole_budg
     assert result["steps"] == result["total_steps"] == sum(result["steps_per_worker"])  # the whole budget, once
     # Every step has its record; a recomputed step's record replaced the one written before the kill.
     assert sorted(read_steps(result["metrics_file"])) == list(range(1, result["total_steps"] + 1))
-    code, baseline = undisturbed.finish()
-    assert code == 0 and baseline["restarts"] == 0, undisturbed.stderr()[-3000:]
-    assert abs(result["test_accuracy"] - baseline["test_accuracy"]) <= 0.01, (result, baseline)
+    assert result["test_accuracy"] >= UNDISTURBED_ACCURACY - 0.01, (result, UNDISTURBED_ACCURACY)
 
 
 def test_a_kill_beyond_max_failures_fails_the_run_with_one_line_naming_the_actor(tmp_path):
