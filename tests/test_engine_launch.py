@@ -1,6 +1,11 @@
-"""scaling.engine=launch: a loop strategy's workers as plain processes of `raydist launch`, end to end on the
-embedded Ray instance: it learns, stops on the launcher's signal with a checkpoint, resumes at the exact step with
-the losses of an uninterrupted run, survives a killed rank, and refuses the strategies it cannot run."""
+"""scaling.engine=launch: a loop strategy's workers as plain processes of `raydist launch`, end to end: it learns,
+stops on the launcher's signal with a checkpoint, resumes at the exact step with the losses of an uninterrupted run,
+survives a killed rank, and refuses the strategies it cannot run.
+
+The killed rank and the stop signal run on the job's embedded Ray instance, where the ranks start before Ray does;
+the tests marked `shared_ray` join the module's Ray head (tests/sharedray.py) as a job joins a cluster, where the
+head's warm interpreter forks the ranks, as a SLURM node's does (an embedded instance costs each run about 13 s of
+CPU more, on a 2-core suite)."""
 
 from __future__ import annotations
 
@@ -40,6 +45,7 @@ def top_workers(temp_dir: Path, run: str, job: subprocess.Popen, timeout: float 
         time.sleep(1)
 
 
+@pytest.mark.shared_ray
 def test_sync_learns_and_a_stopped_run_resumes_with_identical_losses(tmp_path):
     common = [f"run.storage_path={tmp_path}", ENGINE, "train.epochs=2", "checkpoint.every_steps=10",
               "model.dropout=0.2"]  # dropout draws random numbers: resuming must restore each rank's RNG
@@ -110,12 +116,14 @@ def test_strategies_that_need_ray_train_or_actors_are_refused(job):
     assert f"scaling.engine=launch runs sync, local_sgd, fsdp; {job} needs Ray Train" in line, line
 
 
+@pytest.mark.shared_ray
 def test_local_sgd_and_fsdp_run_on_the_launch_engine(tmp_path):
     for job in ("local_sgd", "fsdp"):
         result = summary(run_job(job, f"run.storage_path={tmp_path}", ENGINE, "train.epochs=1"))
         assert result["status"] == "completed" and result["steps"] == 22 and result["workers"] == 2, result
 
 
+@pytest.mark.shared_ray
 def test_a_run_the_workers_end_as_failed_exits_1_with_one_line(tmp_path):
     proc = run_job("sync", f"run.storage_path={tmp_path}", ENGINE, "train.epochs=2", "faults.inject_desync_rank=1",
                    "faults.on_desync=stop", "faults.desync_every_steps=5")
@@ -125,6 +133,7 @@ def test_a_run_the_workers_end_as_failed_exits_1_with_one_line(tmp_path):
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
+@pytest.mark.shared_ray
 def test_your_own_model_and_data_train_and_resume_on_the_launch_engine(tmp_path):
     # examples/tinygpt, given by import path and run from examples/ as a user runs one from their project: the
     # ranks import it from the directory the job was started in.

@@ -3,7 +3,12 @@ SLURM_PROCID or RANK, init_process_group, DDP, DistributedSampler, its own snaps
 checksum, survives a SIGKILLed rank by restarting the group from the script's snapshot, names a SIGSTOPped rank with
 every rank's stack, stops every rank with SIGTERM and resumes, gives each rank a coherent launcher environment (the
 one Lightning Fabric detects), and refuses a script that exits 2 with one line, leaving nothing running.
-The same on emulated SLURM hosts: tests/test_slurm_launch.py."""
+The same on emulated SLURM hosts: tests/test_slurm_launch.py.
+
+torchrun's checksum, SIGTERM and the launcher environment run on the embedded instance, where the first start's ranks
+begin before Ray does; the tests marked `shared_ray` join the module's Ray head (tests/sharedray.py) as `raydist
+launch` joins a cluster, its warm interpreter forking the ranks as a SLURM node's does (an embedded instance costs
+each run about 13 s of CPU more, on a 2-core suite)."""
 
 from __future__ import annotations
 
@@ -121,6 +126,7 @@ def test_a_torchrun_script_trains_unmodified_to_torchruns_checksum(work, torchru
     assert stderr.strip().splitlines()[-1].startswith("[raydist] plain: completed (every rank exited 0)")
 
 
+@pytest.mark.shared_ray
 def test_a_killed_rank_restarts_the_group_which_resumes_from_the_scripts_snapshot(work, torchrun_checksum):
     snap, out = work / "kill-snap.pt", work / "kill.json"
     proc = launch(work, "kill", "--workers", "2", "--max-restarts", "2",
@@ -142,6 +148,7 @@ def test_a_killed_rank_restarts_the_group_which_resumes_from_the_scripts_snapsho
     assert "start 2, rank 1" in log
 
 
+@pytest.mark.shared_ray
 def test_a_stopped_rank_is_named_with_every_ranks_stack_within_the_bound(work):
     # The bound counts from each rank's start (a rank that hangs in init_process_group is the case users meet most):
     # it must outlast a silent start-up of Python, torch and DDP on 2 loaded cores (6 s once did not).
@@ -270,6 +277,7 @@ def test_each_rank_sees_one_coherent_launcher_and_none_of_the_ray_start_steps_ta
         assert e["SLURM_NODELIST"] == got["hostname"]
 
 
+@pytest.mark.shared_ray
 def test_lightning_fabric_finds_one_launcher_and_trains_under_it(work):
     pytest.importorskip("lightning_fabric")
     seen = work / "fabric"
@@ -288,6 +296,7 @@ def test_lightning_fabric_finds_one_launcher_and_trains_under_it(work):
         assert views["TorchElasticEnvironment"][4:] == views["SLURMEnvironment"][4:]  # same MASTER_ADDR:PORT
 
 
+@pytest.mark.shared_ray
 def test_a_script_that_refuses_its_input_is_one_line_exit_2_and_nothing_left_running(work):
     script = work / "refuses.py"
     script.write_text("import sys\nprint('usage: refuses.py --data DIR', file=sys.stderr)\nsys.exit(2)\n")

@@ -76,6 +76,7 @@ def test_the_python_api_returns_what_the_job_script_returns(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.shared_ray  # its ranks forked by the head's warm interpreter, as on a cluster; test_launch's run embedded
 def test_the_example_script_runs_unmodified_under_raydist_launch(tmp_path):
     proc = subprocess.run([str(REPO / ".venv" / "bin" / "raydist"), "launch", "--workers", "2", "--storage",
                            str(tmp_path), "--", sys.executable, "-m", "tinygpt.train", "--steps", "60"],
