@@ -63,7 +63,7 @@ def compared(tmp_path_factory):
         out_path, err_path = logs / "stdout", logs / "stderr"
         snapshots = []
         with open(out_path, "w") as out, open(err_path, "w") as err:
-            proc = subprocess.Popen(args, cwd=REPO, env=head.client_env(), stdout=out, stderr=err, text=True)
+            proc = subprocess.Popen(args, cwd=REPO, env=head.node_env(), stdout=out, stderr=err, text=True)
             deadline = time.monotonic() + 600
             while proc.poll() is None and time.monotonic() < deadline:
                 try:

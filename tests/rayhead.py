@@ -72,6 +72,12 @@ class Head:
         log = Path(self.temp_dir, WARM_LOG)
         return log.read_text(errors="replace").count("imported Ray for Ray job") if self.warm and log.exists() else 0
 
+    def node_env(self) -> dict[str, str]:
+        """A shell on the head's node, for a driver given the head by `run.address`: the token, and the warm
+        interpreter's settings, which the SLURM bring-up gives every process on its nodes (the driver's Ray workers
+        are forked from it; without them each would import torch itself)."""
+        return {**self.client_env(), **(self.warm or {})}
+
     def client_env(self, with_token: bool = True) -> dict[str, str]:
         """The environment of a `ray job submit` client: with the token, or without any auth settings."""
         env = clean_env(PATH=f"{VENV_BIN}:{os.environ['PATH']}")

@@ -66,7 +66,7 @@ def running(head, tmp_path_factory):
     each run's latest attempt has its 2 workers alive."""
     storage = tmp_path_factory.mktemp("runs")
     token = Path(head.token_path).read_text().strip()
-    env = clean_env(RAY_ADDRESS=head.gcs_address, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=head.token_path)
+    env = clean_env(**head.job_env())  # the head's address, its token and its warm interpreter
     procs = {}
     for strategy in STRATEGIES:
         args = [sys.executable, str(REPO / "jobs" / f"{strategy}.py"), "--set", f"run.name=dash-{strategy}",
