@@ -99,13 +99,40 @@ def _pids_using(path: str) -> list[int]:
     return pids
 
 
-def _ports() -> list[int]:
-    """Nine free ports, and a tenth that starts a range of 51 worker ports holding none of the nine (Ray refuses
-    to start when two of its components would share a port)."""
-    while True:
-        *named, wmin = free_ports(10)
-        if not any(wmin <= p <= wmin + 50 for p in named) and wmin + 50 <= 65535:
-            return [*named, wmin]
+WORKER_PORTS = (61000, 65535)
+"""Where test heads' worker ports come from: above the kernel's ephemeral range (32768-60999 here) and away from the
+ports raydist picks for its own servers (raydist.listen_port), the SLURM port blocks and an embedded instance's
+worker ports (Ray's 10002-19999)."""
+WORKER_BLOCK = 51
+
+
+@contextlib.contextmanager
+def _worker_block() -> Iterator[int]:
+    """The first of WORKER_BLOCK worker ports that no other test head on this machine holds, held (a lock on a file
+    per block) while the head lives. Ray's workers bind their ports as they start, long after a head did: a block
+    chosen as free when its head started, as the named ports are, was once another head's dashboard port by then,
+    which then found a Ray worker answering there (http.client.BadStatusLine)."""
+    import fcntl
+    import random
+
+    from raydist.listen_port import claims_dir
+
+    claims_dir().mkdir(parents=True, exist_ok=True, mode=0o700)
+    starts = list(range(WORKER_PORTS[0], WORKER_PORTS[1] - WORKER_BLOCK + 2, WORKER_BLOCK))
+    random.shuffle(starts)
+    for start in starts:
+        fd = os.open(claims_dir() / f"test-head-workers-{start}", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        try:
+            yield start
+        finally:
+            os.close(fd)  # releases the lock
+        return
+    raise RuntimeError(f"every block of {WORKER_BLOCK} worker ports in {WORKER_PORTS} is held by a test head")
 
 
 @contextlib.contextmanager
@@ -121,7 +148,9 @@ def ray_head(num_cpus: int = 2, num_gpus: int | None = None, stop_wait_s: float 
     fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     os.write(fd, secrets.token_hex(32).encode())
     os.close(fd)
-    gcs, dash, client, nm, om, agent_l, agent_g, metrics, rtenv, wmin = _ports()
+    gcs, dash, client, nm, om, agent_l, agent_g, metrics, rtenv = free_ports(9)
+    block = contextlib.ExitStack()
+    wmin = block.enter_context(_worker_block())
     # RAY_API_SERVER_ADDRESS: Ray's own actors find this head's state API, not another test's Ray (launch.py).
     # RAY_USAGE_STATS_ENABLED=0: the dashboard would otherwise try to report to Ray's project over the internet,
     # which a test never reaches out to (the cluster's bring-up and the embedded instance switch it off too).
@@ -133,7 +162,7 @@ def ray_head(num_cpus: int = 2, num_gpus: int | None = None, stop_wait_s: float 
         f"--ray-client-server-port={client}", f"--node-manager-port={nm}", f"--object-manager-port={om}",
         f"--dashboard-agent-listen-port={agent_l}", f"--dashboard-agent-grpc-port={agent_g}",
         f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={rtenv}",
-        f"--min-worker-port={wmin}", f"--max-worker-port={wmin + 50}",
+        f"--min-worker-port={wmin}", f"--max-worker-port={wmin + WORKER_BLOCK - 1}",
         f"--num-cpus={num_cpus}", "--object-store-memory=200000000", "--include-dashboard=true", "--disable-usage-stats",
         *([f"--num-gpus={num_gpus}"] if num_gpus is not None else []),
     ]
@@ -164,6 +193,7 @@ def ray_head(num_cpus: int = 2, num_gpus: int | None = None, stop_wait_s: float 
             proc.wait(timeout=10)  # reaped, killed or not
         log.close()
         shutil.rmtree(temp_dir, ignore_errors=True)
+        block.close()  # the worker ports, for the next head
 
 
 def _wait_for_dashboard(head: Head, proc: subprocess.Popen, deadline: float) -> None:
