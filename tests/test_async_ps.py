@@ -1,4 +1,5 @@
-"""The async parameter server on a real local Ray instance: staleness, sharding, bounds, checkpoint and resume."""
+"""The async parameter server, jobs/async.py as users run it, on the module's Ray head (tests/sharedray.py), whose
+warm interpreter forks its servers and workers: staleness, sharding, bounds, checkpoint and resume."""
 
 from __future__ import annotations
 
@@ -6,33 +7,19 @@ import pytest
 import torch
 
 from boardutil import config_texts, read_board, scalar_steps
-from jobutil import refusal
-from raydist.config import job_defaults, load_config
+from jobutil import refusal, run_job, summary
 from raydist.observability.metrics import read_steps
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    """One private Ray instance for the module: the driver runs in-process, as jobs/async.py runs it."""
-    import ray
-
-    ray.init(address="local", num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 @pytest.fixture
-def run_async(ray_local, tmp_path):
-    from raydist.strategies.async_ps.driver import train
-
+def run_async(tmp_path):
     def run(name: str, *overrides: str) -> dict:
-        cfg = load_config(job_defaults("async"), [], [f"run.storage_path={tmp_path}", f"run.name={name}", *overrides])
-        return train(cfg).to_dict()
+        return summary(run_job("async", f"run.storage_path={tmp_path}", f"run.name={name}", *overrides))
 
     return run
 
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
 
 
 @pytest.mark.parametrize("optimizer", ["optim.name=sgd", "optim.name=adagrad"])
@@ -88,10 +75,10 @@ def test_stopped_run_resumes_from_the_servers_checkpoint(run_async, tmp_path):
     assert evals[0] == 25 and evals[-1] == 60 and evals == sorted(evals), evals
     assert sorted(config_texts(board)) == [0, 25]
 
-    from raydist.errors import RaydistError
-
-    with pytest.raises(RaydistError, match="holds 1 server shards but async_ps.num_servers=2"):
-        run_async("resumed", *common, "async_ps.num_servers=2")
+    # Another shard count than the checkpoint's: refused as bad input, with one line
+    line = refusal("async", "--set", f"run.storage_path={tmp_path}", "--set", "run.name=resumed",
+                   *(a for o in common for a in ("--set", o)), "--set", "async_ps.num_servers=2")
+    assert "holds 1 server shards but async_ps.num_servers=2: keep the shard count or use a new run.name" in line, line
 
 
 @pytest.mark.parametrize(

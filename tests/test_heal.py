@@ -161,7 +161,7 @@ def test_an_elastic_heal_run_that_loses_a_node_continues_on_the_workers_that_fit
         run_dir = tmp_path / "lost"
         proc = subprocess.Popen(
             [sys.executable, "jobs/heal.py", *(a for o in ("scaling.num_workers=2-3", f"run.storage_path={tmp_path}",
-             "run.name=lost", "train.epochs=8", "checkpoint.every_steps=20", "scaling.node_loss_timeout_s=20",
+             "run.name=lost", "train.epochs=4", "checkpoint.every_steps=20", "scaling.node_loss_timeout_s=20",
              "scaling.max_failures=4") for a in ("--set", o))],
             cwd=REPO, env=clean_env(RAY_ADDRESS=cluster.address), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True)
