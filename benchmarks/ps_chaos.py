@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import stored as stored_file  # noqa: E402
-from jobutil import clean_env, processes_titled  # noqa: E402
+from jobutil import clean_env, processes_titled, ray_root  # noqa: E402
 # 2 shards and 2 workers, 2000 steps (6-8 s of training on 2 cores: time for six kills). The synthetic data's 4000
 # test samples make the final test accuracy of undisturbed async runs agree within 0.002 (digits' 360 vary by 0.011
 # after 40 epochs, more than the 0.01 the comparison allows).
@@ -69,6 +69,11 @@ class Job:
             args += ["--set", o]
         with open(self.out, "w") as out, open(self.err, "w") as err:
             self.proc = subprocess.Popen(args, cwd=REPO, env=clean_env(), stdout=out, stderr=err, text=True)
+
+    def titled(self, role: str) -> list[int]:
+        """The job's processes Ray titled for `role` (TITLES): under the job itself (its embedded instance), or
+        under the shared head a test runs it on."""
+        return titled(ray_root(self.proc), TITLES[role])
 
     def stdout(self) -> str:
         return self.out.read_text()
@@ -153,9 +158,9 @@ def chaos(job: Job, plan: list[str], seed: int = 0, min_records: int = 20) -> li
                        lambda: job.newest_checkpoint() > restarted_from and job.records() >= records_at_start + min_records)
         time.sleep(rng.uniform(0, KILL_SPREAD_S))
         # The actors of this start; those of the last one may linger for a moment after the driver killed them.
-        pids = job.wait_until(f"the {role}s of this start", lambda: [p for p in titled(job.proc.pid, TITLES[role])
+        pids = job.wait_until(f"the {role}s of this start", lambda: [p for p in job.titled(role)
                                                                       if p not in gone] or None)
-        gone |= {p for title in TITLES.values() for p in titled(job.proc.pid, title)}
+        gone |= {p for r in TITLES for p in job.titled(r)}
         seen = len(job.restarts())
         killed = time.monotonic()
         os.kill(rng.choice(pids), signal.SIGKILL)

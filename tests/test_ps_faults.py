@@ -1,9 +1,9 @@
 """The async PS replaces SIGKILLed server shards and workers within scaling.max_failures: real jobs, real kills.
 
-The jobs run as subprocesses with their own embedded Ray instance; the kills go to the processes Ray titled
-`ray::ParameterShard` / `ray::DownpourWorker` among the job's descendants (benchmarks/ps_chaos.py, which also runs
-the long version, three kills of each, beside an undisturbed run: the accuracy these tests hold the killed run to
-is the one it stored).
+The jobs run as subprocesses on the module's Ray head (tests/sharedray.py), one at a time; the kills go to the
+processes Ray titled `ray::ParameterShard` / `ray::DownpourWorker` among the head's descendants. benchmarks/ps_chaos.py
+runs the long version, three kills of each, beside an undisturbed run, each on an embedded instance of its own: the
+accuracy these tests hold the killed run to is the one it stored.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from jobutil import REPO, load_benchmark
 from raydist.observability.metrics import read_steps
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
 
 
 chaos = load_benchmark("ps_chaos")
@@ -48,7 +48,7 @@ def test_a_kill_beyond_max_failures_fails_the_run_with_one_line_naming_the_actor
     job = chaos.Job(tmp_path, "fragile", [*chaos.CONFIG, "scaling.max_failures=0"])
     try:
         job.wait_until("a checkpoint", lambda: job.newest_checkpoint() > 0)
-        worker = job.wait_until("a worker", lambda: chaos.titled(job.proc.pid, chaos.TITLES["worker"]))[0]
+        worker = job.wait_until("a worker", lambda: job.titled("worker"))[0]
         os.kill(worker, signal.SIGKILL)
         code, _ = job.finish()
     finally:
@@ -65,14 +65,13 @@ def test_a_kill_beyond_max_failures_fails_the_run_with_one_line_naming_the_actor
 def test_a_stopped_shard_and_a_stopped_worker_are_replaced_within_the_bound(tmp_path):
     """SIGSTOP (not a death: Ray reports nothing) of a server shard, then of a worker: each is named within
     faults.hang_timeout_s, every actor restarts from the last checkpoint, and the run completes its budget."""
-    job = chaos.Job(tmp_path, "frozen", [*chaos.CONFIG, "train.epochs=8", "faults.hang_timeout_s=5",
-                                         "scaling.max_failures=2"])
+    job = chaos.Job(tmp_path, "frozen", [*chaos.CONFIG, "faults.hang_timeout_s=5", "scaling.max_failures=2"])
     stopped: list[int] = []
     try:
         for n, role in enumerate(["server", "worker"]):
             job.wait_until("a checkpoint after the last start",
                            lambda: job.newest_checkpoint() > max([int(m["step"] or 0) for m in job.restarts()] or [0]))
-            victim = job.wait_until(f"a {role}", lambda: chaos.titled(job.proc.pid, chaos.TITLES[role]))[0]
+            victim = job.wait_until(f"a {role}", lambda: job.titled(role))[0]
             os.kill(victim, signal.SIGSTOP)
             stopped.append(victim)
             job.wait_until(f"restart {n + 1}", lambda: len(job.restarts()) > n, timeout=120)
