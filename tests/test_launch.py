@@ -1,4 +1,4 @@
-"""`raydist launch` on the embedded Ray instance, with scripts as users write them (examples/ddp_train.py: reads
+"""`raydist launch` on one machine, with scripts as users write them (examples/ddp_train.py: reads
 SLURM_PROCID or RANK, init_process_group, DDP, DistributedSampler, its own snapshot): it trains to torchrun's
 checksum, survives a SIGKILLed rank by restarting the group from the script's snapshot, names a SIGSTOPped rank with
 every rank's stack, stops every rank with SIGTERM and resumes, gives each rank a coherent launcher environment (the
@@ -7,8 +7,8 @@ The same on emulated SLURM hosts: tests/test_slurm_launch.py.
 
 torchrun's checksum, SIGTERM and the launcher environment run on the embedded instance, where the first start's ranks
 begin before Ray does; the tests marked `shared_ray` join the module's Ray head (tests/sharedray.py) as `raydist
-launch` joins a cluster, its warm interpreter forking the ranks as a SLURM node's does (an embedded instance costs
-each run about 13 s of CPU more, on a 2-core suite)."""
+launch` joins a cluster, its warm interpreter forking the ranks as a SLURM node's does: an embedded instance of its
+own costs a short run much CPU on the 2-core suite (benchmarks/shared_head.py, docs/testing.md)."""
 
 from __future__ import annotations
 
