@@ -3,7 +3,7 @@ stopped run resumes exactly from its sharded checkpoint, and the checkpoint resu
 
 Five runs on one Ray head (each job joins it with run.address instead of starting Ray), one after another: the
 straight digits run, the synthetic one, the stopped one and its two resumes. Not side by side: on 2 cores three FSDP
-jobs at once took 133 s of CPU and 102 s of wall time, one after another about 60 s of each.
+jobs at once took more CPU and more wall time than one after another (docs/testing.md).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def _start(head, storage, name: str, *overrides: str) -> subprocess.Popen:
     args = [sys.executable, str(REPO / "jobs" / "fsdp.py")]
     for o in (f"run.storage_path={storage}", f"run.name={name}", f"run.address={head.gcs_address}", *overrides):
         args += ["--set", o]
-    # Files, not pipes: jobs left running while the test waits on another must never block on a full pipe.
+    # Files, not pipes: a job whose pipe filled while nobody read it would never end for _finish's wait().
     out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
     proc = subprocess.Popen(args, cwd=REPO, env=head.node_env(), stdout=out, stderr=err, text=True)
     proc.out, proc.err = out, err  # type: ignore[attr-defined]
