@@ -30,8 +30,7 @@ MEASURED: dict[str, float] = {}
 # restart waits the 15 s, the job ends; docs/data/slurm_resilience.json); the bound is 2.4x that.
 MIDRUN_LOSS_BOUND_S = 60.0
 # The requeue cap and the refused requeue depend on neither the node count nor torch: their batch command fails at
-# once. One node without a warm interpreter.
-NO_TORCH = rayup.NO_TORCH
+# once. One node without a warm interpreter (rayup.NO_TORCH).
 
 
 # 10 epochs (220 steps): the warning stopped the run at step 18-43 in docs/data/slurm_resilience.json's rounds.
@@ -73,7 +72,7 @@ def test_sync_batch_job_checkpoints_at_the_warning_requeues_and_resumes_with_ide
 
 def test_a_failing_batch_job_stops_requeueing_at_the_cap_with_one_line(slurm_cluster):
     slurm_cluster.wait_idle(60)
-    cfg = rayup.write_config(slurm_cluster, "cap", requeue={"max_requeues": 1, "on_failure": True}, **NO_TORCH)
+    cfg = rayup.write_config(slurm_cluster, "cap", requeue={"max_requeues": 1, "on_failure": True}, **rayup.NO_TORCH)
     job = rayup.submit(slurm_cluster, cfg, nodes=1, command=("python", "-c", "import sys; sys.exit(3)"))
     wait_text(job, r"requeueing after a failure \(exit 3\) \(1 of at most 1\)", timeout=150)
     release_after_requeue(job)
@@ -90,7 +89,7 @@ def test_a_refused_requeue_ends_the_job_with_one_line_and_nothing_left(slurm_clu
     down on every node."""
     slurm_cluster.wait_idle(60)
     cfg = rayup.write_config(slurm_cluster, "norequeue", requeue={"max_requeues": 1, "on_failure": True},
-                             **NO_TORCH)
+                             **rayup.NO_TORCH)
     job = rayup.submit(slurm_cluster, cfg, "--no-requeue", nodes=1,
                        command=("python", "-c", "import sys; sys.exit(3)"))
     assert slurm_cluster.wait_job(job.job_id, timeout=200) == "FAILED", job.text()[-4000:]
