@@ -26,7 +26,7 @@ run: setup
 	$(PY) jobs/sync.py $(ARGS)
 
 test: setup
-	$(PY) -m pytest -q -ra -n 2 --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -q -ra -n 2 --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,6 +1,6 @@
-"""One Ray head per test module, shared by its tests marked `shared_ray`: their jobs join it as a user's job joins a
-running cluster, instead of each starting (and stopping) an embedded instance of its own. Started at the first
-such test, stopped after the module's last test (conftest.py).
+"""One Ray head shared by the tests marked `shared_ray`: their jobs join it as a user's job joins a running cluster,
+instead of each starting (and stopping) an embedded instance of its own. Started at the first such test, stopped
+when the next test's module has none (conftest.py, which also runs those modules one after another).
 
 The suite is CPU-bound on 2 cores, and an embedded instance's own processes (GCS, raylet, the dashboard and its
 modules, agents) are a large part of a short job's CPU time (benchmarks/shared_head.py). Not marked, and so on an

@@ -142,12 +142,44 @@ def _trained_past(run_dir, step: int) -> bool:
     return any(r.get("step", 0) > step for r in records)
 
 
+@pytest.fixture
+def warm_interpreter(monkeypatch):
+    """One warm interpreter for the raylets a test starts on this machine (each Ray job's workers are forked per
+    raylet: warm_server.ray_job_of), as the SLURM bring-up starts one per node: set in this process's environment,
+    which the raylets and the job's driver inherit."""
+    import os
+    import shutil
+    import tempfile
+    import time
+    from pathlib import Path
+
+    from raydist.launcher.warm import NO_PRESTART, WARM_ENV, WARM_EXEC, WARM_EXEC_ENV, WARM_LOG, start_server
+
+    temp = Path(tempfile.mkdtemp(prefix="rdw-", dir="/tmp"))  # short: a unix socket path fits 107 bytes
+    sock = temp / "warm.sock"
+    for key, value in {WARM_ENV: str(sock), WARM_EXEC_ENV: str(WARM_EXEC), **NO_PRESTART}.items():
+        monkeypatch.setenv(key, value)
+    server = start_server(dict(os.environ), sock, temp / WARM_LOG, parent=os.getpid())
+    assert server is not None
+    deadline = time.monotonic() + 30
+    while not sock.exists():
+        assert server.poll() is None and time.monotonic() < deadline, (temp / WARM_LOG).read_text()
+        time.sleep(0.05)
+    yield temp / WARM_LOG
+    server.terminate()  # it ends once the workers it forked have
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+    shutil.rmtree(temp, ignore_errors=True)
+
+
 @pytest.mark.slow
-def test_an_elastic_heal_run_that_loses_a_node_continues_on_the_workers_that_fit(tmp_path):
-    """A Ray cluster of three one-CPU nodes (Ray's own multi-node cluster on one machine: a raylet each), heal over
-    scaling.num_workers=2-3, and one worker's node SIGKILLed past the first checkpoint. Ray Train cannot replace
-    that replica in place; the run starts again on the two workers that fit, from the checkpoint, says so in one
-    line, and completes its step budget."""
+def test_an_elastic_heal_run_that_loses_a_node_continues_on_the_workers_that_fit(tmp_path, warm_interpreter):
+    """A Ray cluster of three one-CPU nodes (Ray's own multi-node cluster on one machine: a raylet each, their
+    jobs' Ray workers forked by one warm interpreter), heal over scaling.num_workers=2-3, and one worker's node
+    SIGKILLed past the first checkpoint. Ray Train cannot replace that replica in place; the run starts again on
+    the two workers that fit, from the checkpoint, says so in one line, and completes its step budget."""
     import time
 
     from ray.cluster_utils import Cluster
@@ -188,6 +220,7 @@ def test_an_elastic_heal_run_that_loses_a_node_continues_on_the_workers_that_fit
     assert at < 0, out[max(0, at - 1500):at + 3500]
     assert "torchft::lighthouse" not in out, out[-5000:]
     assert (run_dir / "lighthouse.log").exists()  # where torchft's log went instead
+    assert "imported Ray for Ray job" in warm_interpreter.read_text()  # the raylets' workers were forked
 
 
 def test_an_elastic_in_place_run_that_lost_a_node_starts_again_within_its_failure_budget():

@@ -247,7 +247,11 @@ def test_sigterm_reaches_every_rank_which_snapshots_and_a_rerun_resumes(work, to
     m = re.search(r"SIGTERM: snapshot at step (\d+), exiting", stdout)
     assert m, stdout[-2000:]
     assert not out.exists()
-    rc, stdout, stderr = finish(launch(work, "term", "--workers", "2", script_args=args))
+    import sharedray
+
+    # The rerun joins the shared head, as `raydist launch` joins a cluster: where it resumes is the script's own.
+    rc, stdout, stderr = finish(launch(work, "term", "--workers", "2", script_args=args,
+                                       extra_env=sharedray.job_env()))
     assert rc == 0, stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["resumed_from"] == int(m.group(1)) and result["checksum"] == torchrun_checksum
