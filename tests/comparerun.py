@@ -14,7 +14,7 @@ import pytest
 from jobutil import REPO, summary
 
 STRATEGIES = ("sync", "local_sgd", "async")
-EPOCHS = 40
+EPOCHS = 25
 """Long enough (a few seconds of training per strategy) for metrics exported every second to be seen."""
 METRICS = ("step", "total_steps", "loss", "samples_per_s", "comm_wait_share", "staleness", "ps_updates_per_s",
            "peak_memory_bytes", "last_checkpoint_step", "test_accuracy", "comm_bytes_total")

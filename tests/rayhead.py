@@ -80,7 +80,8 @@ class Head:
 
     def client_env(self, with_token: bool = True) -> dict[str, str]:
         """The environment of a `ray job submit` client: with the token, or without any auth settings."""
-        env = clean_env(PATH=f"{VENV_BIN}:{os.environ['PATH']}")
+        # Without the settings a test marked `shared_ray` gives its jobs: the client's own choice only.
+        env = {k: v for k, v in clean_env(PATH=f"{VENV_BIN}:{os.environ['PATH']}").items() if not k.startswith("RAY_")}
         if with_token:
             env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=self.token_path)
         return env

@@ -1,8 +1,8 @@
 """jobs/fsdp.py end to end: it learns on digits and on the synthetic task (with the transformer), each worker holds half the parameters, a
 stopped run resumes exactly from its sharded checkpoint, and the checkpoint resumes with another worker count.
 
-Five runs on one Ray head (each job joins it with run.address instead of starting Ray), one after another: the
-straight digits run, the synthetic one, the stopped one and its two resumes. Not side by side: on 2 cores three FSDP
+Five runs on the shared Ray head (tests/sharedray.py; each job joins it with run.address instead of starting Ray), one
+after another: the straight digits run, the synthetic one, the stopped one and its two resumes. Not side by side: on 2 cores three FSDP
 jobs at once took more CPU and more wall time than one after another (docs/testing.md).
 """
 
@@ -19,7 +19,7 @@ from jobutil import REPO, summary
 from raydist.checkpoint import MANIFEST, STATE_FILE, checkpoint_dirs, read_manifest, verify
 from raydist.observability.metrics import read_steps
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
 
 # Digits in 5 epochs (22 steps each with 2 workers), with dropout (resume must restore each rank's RNG) and
 # gradient accumulation (only the last micro-batch reduce-scatters).
@@ -54,18 +54,18 @@ def _finish(procs: dict[str, subprocess.Popen]) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from rayhead import ray_head
+    import sharedray
 
     storage = tmp_path_factory.mktemp("fsdp")
-    with ray_head(num_cpus=6, num_gpus=0) as head:
-        done = _finish({"straight": _start(head, storage, "straight", *DIGITS)})
-        done |= _finish({"synthetic": _start(head, storage, "synthetic", *SYNTHETIC)})
-        done |= _finish({"stopped": _start(head, storage, "resumed", *DIGITS, f"train.stop_at_step={STOP}")})
-        # The stopped run's checkpoints (not Ray's snapshot: the scan finds them) for a resume on one worker.
-        for _, path in checkpoint_dirs(str(storage / "resumed")):
-            shutil.copytree(path, storage / "one" / path.rsplit("/", 1)[1])
-        done |= _finish({"resumed": _start(head, storage, "resumed", *DIGITS)})
-        done |= _finish({"one": _start(head, storage, "one", *DIGITS, "scaling.num_workers=1")})
+    head = sharedray.head()
+    done = _finish({"straight": _start(head, storage, "straight", *DIGITS)})
+    done |= _finish({"synthetic": _start(head, storage, "synthetic", *SYNTHETIC)})
+    done |= _finish({"stopped": _start(head, storage, "resumed", *DIGITS, f"train.stop_at_step={STOP}")})
+    # The stopped run's checkpoints (not Ray's snapshot: the scan finds them) for a resume on one worker.
+    for _, path in checkpoint_dirs(str(storage / "resumed")):
+        shutil.copytree(path, storage / "one" / path.rsplit("/", 1)[1])
+    done |= _finish({"resumed": _start(head, storage, "resumed", *DIGITS)})
+    done |= _finish({"one": _start(head, storage, "one", *DIGITS, "scaling.num_workers=1")})
     return {**done, "storage": storage}
 
 

@@ -1,5 +1,5 @@
-"""`ray job submit` of jobs/sync.py to a token-protected Ray head: accepted with the token; refused without it (401)
-or with a wrong one (403)."""
+"""`ray job submit` of jobs/sync.py to a token-protected Ray head (the shared one, tests/sharedray.py): accepted with
+the token; refused without it (401) or with a wrong one (403)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,16 @@ from pathlib import Path
 import pytest
 
 from jobutil import REPO
-from rayhead import VENV_BIN, ray_head
+from rayhead import VENV_BIN
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
 
 
 @pytest.fixture(scope="module")
 def head():
-    with ray_head() as h:
-        yield h
+    import sharedray
+
+    return sharedray.head()
 
 
 def _submit(head, env, *job_args, timeout=300):
