@@ -33,8 +33,8 @@ MIDRUN_LOSS_BOUND_S = 60.0
 # once. One node without a warm interpreter (rayup.NO_TORCH).
 
 
-# 10 epochs (220 steps): the warning stopped the run at step 18-43 in docs/data/slurm_resilience.json's rounds.
-EPOCHS = 10
+# 6 epochs (132 steps): the warning stopped the run at step 18-43 in docs/data/slurm_resilience.json's rounds.
+EPOCHS = 6
 
 
 def test_sync_batch_job_checkpoints_at_the_warning_requeues_and_resumes_with_identical_losses(slurm_cluster):
@@ -179,7 +179,7 @@ def test_heal_replaces_a_killed_training_process_on_one_node_while_the_others_tr
     job = cluster_losing_node02
     runs = slurm_cluster.shared / "runs"
     sets = " ".join(f"--set {o}" for o in ("scaling.num_workers=2", f"run.storage_path={runs}", "run.name=healed",
-                                             "train.epochs=20", "checkpoint.every_steps=20"))
+                                             "train.epochs=10", "checkpoint.every_steps=20"))
     proc = slurm_cluster.popen("master-node", f"ray job submit --working-dir . -- python jobs/heal.py {sets}",
                                env=job.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 240
