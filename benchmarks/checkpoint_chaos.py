@@ -4,8 +4,8 @@
     .venv/bin/python benchmarks/checkpoint_chaos.py --report docs/data/checkpoint_chaos.json   # its lines again
     .venv/bin/python benchmarks/checkpoint_chaos.py --save-cost 50     # what one save costs, with and without fsync
 
-Three writers, each a subprocess that resumes from the newest valid checkpoint and then saves one checkpoint after
-another until it is SIGKILLed:
+Three writers, each a process of its own (forked from a server that imported torch once) that resumes from the
+newest valid checkpoint and then saves one checkpoint after another until it is SIGKILLed:
   sync  the Ray Train path: `save_state` into a local directory, then what Ray Train does with it: a copy into
         <run_dir>/checkpoint_stepNNNNNNNN (file by file, not atomic), an in-place rewrite of
         checkpoint_manager_snapshot.json, the deletion of the oldest beyond `keep`; onto storage at ~100 MB/s
@@ -24,7 +24,6 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,7 +45,7 @@ CHUNK = 256 * 1024
 STATE = {"sync": "train_state.pt", "local_sgd": "train_state.pt", "ps": "ps_state.pt"}
 
 
-# ---- the writers (run in the subprocess) ----------------------------------------------------------------------
+# ---- the writers (run in their own process) -------------------------------------------------------------------
 
 
 def _model(step: int):
@@ -124,7 +123,7 @@ def _warm_up() -> None:
 
 
 def write_forever(writer: str, run_dir: str) -> None:
-    """The subprocess: resume where the reader says, then save step after step, logging each finished save."""
+    """The writer's process: resume where the reader says, then save step after step, logging each finished save."""
     _warm_up()  # so that the random kills land in the saves, not in first-use imports
 
     chosen = choose(writer, run_dir)
@@ -218,11 +217,35 @@ def _log_lines(run_dir: str) -> list[str]:
         return f.read().splitlines()
 
 
-def _wait_ready(run_dir: str, before: int, proc: subprocess.Popen) -> None:
+def _wait_ready(run_dir: str, before: int, proc, err: str) -> None:
     while len(_log_lines(run_dir)) <= before:
-        if proc.poll() is not None:
-            raise RuntimeError(f"writer exited {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
+        if not proc.is_alive():
+            with open(err, errors="replace") as f:
+                raise RuntimeError(f"writer exited {proc.exitcode}: {f.read()[-2000:]}")
         time.sleep(0.02)
+
+
+def _start_writer(writer: str, run_dir: str):
+    """The writer in a process of its own, forked from a server that imported torch once: a fresh process per kill,
+    as a restarted worker is, without each paying torch's import."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "raydist.checkpoint", "raydist.context"])
+    # The staging directories a killed sync writer leaves behind (as a killed worker would) stay in the run.
+    staging, err = os.path.join(run_dir, ".staging"), os.path.join(run_dir, ".writer-stderr")
+    os.makedirs(staging, exist_ok=True)
+    proc = ctx.Process(target=_writer_process, args=(writer, run_dir, staging, err), daemon=True)
+    proc.start()
+    return proc, err
+
+
+def _writer_process(writer: str, run_dir: str, staging: str, err: str) -> None:
+    os.environ["TMPDIR"] = staging
+    tempfile.tempdir = None  # tempfile reads TMPDIR again
+    fd = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(fd, 2)
+    write_forever(writer, run_dir)
 
 
 def _last_saved(run_dir: str) -> int:
@@ -238,18 +261,14 @@ def chaos(writer: str, kills: int, run_dir: str, seed: int = 0, max_delay_s: flo
 
     rng = random.Random(seed)
     result = ChaosResult(writer)
-    script = os.path.abspath(__file__)
     while result.kills < kills or (result.mid_save < mid_save_at_least and result.kills < 4 * kills):
         before = len(_log_lines(run_dir))
         partial_before = _partials(run_dir, writer)
-        # The staging directories a killed sync writer leaves behind (as a killed worker would) stay in the run.
-        env = {**os.environ, "TMPDIR": os.path.join(run_dir, ".staging")}
-        os.makedirs(env["TMPDIR"], exist_ok=True)
-        proc = subprocess.Popen([sys.executable, script, "--write", writer, run_dir], stderr=subprocess.PIPE, env=env)
-        _wait_ready(run_dir, before, proc)
+        proc, err = _start_writer(writer, run_dir)
+        _wait_ready(run_dir, before, proc, err)
         time.sleep(rng.uniform(0, max_delay_s))
         proc.kill()
-        proc.wait()
+        proc.join()
         result.kills += 1
         result.mid_save += bool(_partials(run_dir, writer) - partial_before)
         readers = [True, False] if writer != "ps" else [True]  # with Ray's snapshot, and the scan alone
@@ -370,11 +389,7 @@ def main() -> None:
                     "(stored with --out as docs/data/save_cost.json; --report with --save-cost prints its table)")
     ap.add_argument("--out", type=Path, help="store the rounds, the machine and the commit in this JSON file")
     ap.add_argument("--report", type=Path, help="print the lines of a stored run and exit")
-    ap.add_argument("--write", nargs=2, metavar=("WRITER", "RUN_DIR"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.write:
-        write_forever(*args.write)
-        return
     if args.report:
         stored = json.loads(args.report.read_text())
         print(save_cost_report(stored) if "cases" in stored else report(stored))

@@ -1,4 +1,4 @@
-"""The async parameter server, jobs/async.py as users run it, on the module's Ray head (tests/sharedray.py), whose
+"""The async parameter server, jobs/async.py as users run it, on the shared Ray head (tests/sharedray.py), whose
 warm interpreter forks its servers and workers: staleness, sharding, bounds, checkpoint and resume."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ stops on the launcher's signal with a checkpoint, resumes at the exact step with
 survives a killed rank, and refuses the strategies it cannot run.
 
 The killed rank and the stop signal run on the job's embedded Ray instance, where the ranks start before Ray does;
-the tests marked `shared_ray` join the module's Ray head (tests/sharedray.py) as a job joins a cluster, where the
+the tests marked `shared_ray` join the shared Ray head (tests/sharedray.py) as a job joins a cluster, where the
 head's warm interpreter forks the ranks, as a SLURM node's does: an embedded instance of its own costs a short job
 much CPU on the 2-core suite (benchmarks/shared_head.py, docs/testing.md)."""
 

@@ -6,7 +6,7 @@ one Lightning Fabric detects), and refuses a script that exits 2 with one line, 
 The same on emulated SLURM hosts: tests/test_slurm_launch.py.
 
 torchrun's checksum, SIGTERM and the launcher environment run on the embedded instance, where the first start's ranks
-begin before Ray does; the tests marked `shared_ray` join the module's Ray head (tests/sharedray.py) as `raydist
+begin before Ray does; the tests marked `shared_ray` join the shared Ray head (tests/sharedray.py) as `raydist
 launch` joins a cluster, its warm interpreter forking the ranks as a SLURM node's does: an embedded instance of its
 own costs a short run much CPU on the 2-core suite (benchmarks/shared_head.py, docs/testing.md)."""
 

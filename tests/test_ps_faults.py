@@ -1,6 +1,6 @@
 """The async PS replaces SIGKILLed server shards and workers within scaling.max_failures: real jobs, real kills.
 
-The jobs run as subprocesses on the module's Ray head (tests/sharedray.py), one at a time; the kills go to the
+The jobs run as subprocesses on the shared Ray head (tests/sharedray.py), one at a time; the kills go to the
 processes Ray titled `ray::ParameterShard` / `ray::DownpourWorker` among the head's descendants. benchmarks/ps_chaos.py
 runs the long version, three kills of each, beside an undisturbed run, each on an embedded instance of its own: the
 accuracy these tests hold the killed run to is the one it stored.

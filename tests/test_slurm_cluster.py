@@ -197,11 +197,11 @@ def test_submission_without_the_token_is_refused(slurm_cluster, ray_up, tmp_path
 def test_sync_ddp_job_trains_one_worker_per_host_over_gloo(slurm_cluster, ray_up):
     t = time.monotonic()
     peak = [0.0]
-    # 40 epochs: a few seconds of training, long enough for `raydist top` to see the workers at work.
+    # 20 epochs (300 steps): seconds of training, long enough for `raydist top` to see the workers at work.
     proc = slurm_cluster.popen(
         "master-node",
         f"ray job submit --working-dir . -- python jobs/sync.py --verbose --set scaling.num_workers=3 "
-        f"--set run.storage_path={slurm_cluster.shared}/runs --set run.name=slurm-e2e --set train.epochs=40 "
+        f"--set run.storage_path={slurm_cluster.shared}/runs --set run.name=slurm-e2e --set train.epochs=20 "
         f"--set scaling.warm_python=true",
         env=ray_up.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     top_seen: dict[int, dict] = {}  # rank -> the worker's row, from `raydist top --once --json --job` on node01
@@ -236,25 +236,6 @@ def test_sync_ddp_job_trains_one_worker_per_host_over_gloo(slurm_cluster, ray_up
     assert all((_node_temp(slurm_cluster, ray_up, h) / ray_python.SCRIPT_NAME).exists() for h in EXPECTED_IFACES)
 
 
-def test_your_own_script_runs_under_ray_job_submit_one_rank_per_host_on_its_interface(slurm_cluster, ray_up):
-    """`ray job submit --working-dir . -- raydist launch`: the unmodified script on the warm cluster; on node01 and
-    node02 it runs from Ray's copy of the working dir (the driver's directory is on master-node only)."""
-    storage = slurm_cluster.shared / "runs"
-    r = slurm_cluster.run(
-        "master-node", ["ray", "job", "submit", "--working-dir", ".", "--", "raydist", "launch", "--workers", "3",
-                        "--name", "submitted", "--storage", str(storage), "--output", "all", "--", "python",
-                        "examples/ddp_train.py", "--epochs", "1", "--snapshot", str(slurm_cluster.shared / "sub.pt")],
-        env=ray_up.env(), timeout=300)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    summary = json.loads((storage / "submitted" / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["workers"] == 3
-    assert {(x["node"], x["iface"]) for x in summary["ranks"]} == set(EXPECTED_IFACES.items())
-    assert re.search(r"\[rank 0 master-node\] done: 22 steps, checksum", r.stdout), r.stdout[-3000:]
-    # Each node's warm interpreter (started at bring-up) forked its rank, on node01 and node02 in Ray's copy of
-    # the working dir: no rank imported torch anew.
-    assert "3 of them forked with torch imported" in r.stdout, r.stdout[-3000:]
-
-
 def test_a_second_job_on_the_same_nodes_skips_busy_ports_and_stops_alone_at_its_time_limit(slurm_cluster, ray_up):
     cfg = yaml.safe_load(ray_up.config.read_text())
     p = cfg["ports"]
@@ -270,6 +251,13 @@ def test_a_second_job_on_the_same_nodes_skips_busy_ports_and_stops_alone_at_its_
         TIMINGS["memory_two_idle_clusters_mib"] = rayup.memory_mib(slurm_cluster)
         mine, other = ray_up.env(), job.env()
         assert mine["RAY_ADDRESS"] != other["RAY_ADDRESS"] and mine["RAY_AUTH_TOKEN_PATH"] != other["RAY_AUTH_TOKEN_PATH"]
+        assert Path(mine["RAY_AUTH_TOKEN_PATH"]).read_text() != Path(other["RAY_AUTH_TOKEN_PATH"]).read_text()
+        for host in slurm_cluster.hosts:  # each its own temp dir on every node
+            tmp = slurm_cluster.host_dir(host) / "tmp"
+            assert (tmp / f"raydist-{ray_up.job_id}").is_dir() and (tmp / f"raydist-{job.job_id}").is_dir(), host
+        crossed = slurm_cluster.run("master-node", ["ray", "job", "list"],
+                                    env={**other, "RAY_AUTH_TOKEN_PATH": mine["RAY_AUTH_TOKEN_PATH"]})
+        assert crossed.returncode != 0 and "Authentication failed" in crossed.stdout + crossed.stderr
         assert job.job_id == next_id
         assert f":{natural.port('dashboard')}" not in other["RAY_ADDRESS"], other["RAY_ADDRESS"]
         r = slurm_cluster.run("node01", ["raydist", "status", "--job", str(job.job_id)], env=other)
@@ -288,6 +276,26 @@ def test_a_second_job_on_the_same_nodes_skips_busy_ports_and_stops_alone_at_its_
     # The neighbour's teardown left this job's cluster whole.
     r = slurm_cluster.run("node01", ["raydist", "status", "--job", str(ray_up.job_id)], env=mine)
     assert r.returncode == 0 and "3/3 nodes alive" in r.stdout, r.stdout + r.stderr
+
+
+def test_your_own_script_runs_under_ray_job_submit_one_rank_per_host_on_its_interface(slurm_cluster, ray_up):
+    """`ray job submit --working-dir . -- raydist launch`: the unmodified script on the warm cluster; on node01 and
+    node02 it runs from Ray's copy of the working dir (the driver's directory is on master-node only). After the
+    test above: the cluster a second job on the same nodes came and went beside trains on all three hosts."""
+    storage = slurm_cluster.shared / "runs"
+    r = slurm_cluster.run(
+        "master-node", ["ray", "job", "submit", "--working-dir", ".", "--", "raydist", "launch", "--workers", "3",
+                        "--name", "submitted", "--storage", str(storage), "--output", "all", "--", "python",
+                        "examples/ddp_train.py", "--epochs", "1", "--snapshot", str(slurm_cluster.shared / "sub.pt")],
+        env=ray_up.env(), timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    summary = json.loads((storage / "submitted" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["workers"] == 3
+    assert {(x["node"], x["iface"]) for x in summary["ranks"]} == set(EXPECTED_IFACES.items())
+    assert re.search(r"\[rank 0 master-node\] done: 22 steps, checksum", r.stdout), r.stdout[-3000:]
+    # Each node's warm interpreter (started at bring-up) forked its rank, on node01 and node02 in Ray's copy of
+    # the working dir: no rank imported torch anew.
+    assert "3 of them forked with torch imported" in r.stdout, r.stdout[-3000:]
 
 
 def test_scancel_leaves_no_process_temp_dir_or_port(slurm_cluster, ray_up):
