@@ -2,8 +2,8 @@
 stopped run resumes exactly from its sharded checkpoint, and the checkpoint resumes with another worker count.
 
 Five runs on the shared Ray head (tests/sharedray.py; each job joins it with run.address instead of starting Ray), one
-after another: the straight digits run, the synthetic one, the stopped one and its two resumes. Not side by side: on 2 cores three FSDP
-jobs at once took more CPU and more wall time than one after another (docs/testing.md).
+after another: the straight digits run, the synthetic one, the stopped one and its two resumes. Not side by side: on
+2 cores three FSDP jobs at once took more CPU and more wall time than one after another (docs/testing.md).
 """
 
 from __future__ import annotations
