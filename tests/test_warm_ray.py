@@ -82,18 +82,19 @@ DRIVER = textwrap.dedent("""
         out["killed"] = "answered"
     except ray.exceptions.RayActorError:
         out["killed"] = "dead"
-    sys.stdout.write(json.dumps(out) + "\\n")  # one write: Ray's log thread prints to the same stdout
-    sys.stdout.flush()
+    with open(sys.argv[2], "w") as f:  # a file, not stdout, which Ray's log thread shares
+        json.dump(out, f)
 """)
 
 
 def _drive(mode: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", DRIVER, mode], cwd=REPO, env=clean_env(), capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    # Ray may print the killed worker's death after the driver's line.
-    line = next(x for x in reversed(proc.stdout.splitlines()) if x.startswith('{"first"'))
-    return json.JSONDecoder().raw_decode(line)[0] | {"stderr": proc.stderr}
+    with tempfile.TemporaryDirectory() as d:
+        result = os.path.join(d, "result.json")
+        proc = subprocess.run([sys.executable, "-c", DRIVER, mode, result], cwd=REPO, env=clean_env(),
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0 and os.path.exists(result), (proc.stdout[-2000:], proc.stderr[-3000:])
+        with open(result) as f:
+            return json.load(f) | {"stderr": proc.stderr}
 
 
 def test_the_embedded_instance_forks_its_ray_workers_with_torch_imported():
