@@ -179,7 +179,12 @@ def test_an_elastic_heal_run_that_loses_a_node_continues_on_the_workers_that_fit
     """A Ray cluster of three one-CPU nodes (Ray's own multi-node cluster on one machine: a raylet each, their
     jobs' Ray workers forked by one warm interpreter), heal over scaling.num_workers=2-3, and one worker's node
     SIGKILLed past the first checkpoint. Ray Train cannot replace that replica in place; the run starts again on
-    the two workers that fit, from the checkpoint, says so in one line, and completes its step budget."""
+    the two workers that fit, from the checkpoint, says so in one line, and completes its step budget.
+
+    The node dies while rank 2 pauses after step 26 (straggler.pause_at_step), so every rank waits at that step:
+    the rest of the 56 steps take under a second here, less than Ray needs to notice the dead node, and a node
+    killed while they ran lost the race under load (the run completed on three). Rank 2 exists only in the
+    three-worker run, so the resumed run does not pause."""
     import time
 
     from ray.cluster_utils import Cluster
@@ -194,11 +199,12 @@ def test_an_elastic_heal_run_that_loses_a_node_continues_on_the_workers_that_fit
         proc = subprocess.Popen(
             [sys.executable, "jobs/heal.py", *(a for o in ("scaling.num_workers=2-3", f"run.storage_path={tmp_path}",
              "run.name=lost", "train.epochs=4", "checkpoint.every_steps=20", "scaling.node_loss_timeout_s=20",
-             "scaling.max_failures=4") for a in ("--set", o))],
+             "scaling.max_failures=4", "straggler.worker=2", "straggler.pause_at_step=26",
+             "straggler.pause_s=60") for a in ("--set", o))],
             cwd=REPO, env=clean_env(RAY_ADDRESS=cluster.address), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True)
         deadline = time.monotonic() + 240
-        while not _trained_past(run_dir, 25):
+        while not _trained_past(run_dir, 24):  # step 25 written: every rank is at step 26, where rank 2 pauses
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-4000:]
             time.sleep(0.1)
         cluster.remove_node(nodes[-1], allow_graceful=False)
