@@ -10,7 +10,7 @@ TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.raydist-installed
 PIP := $(VENV)/bin/pip install --quiet --disable-pip-version-check
 
-.PHONY: setup run test clean
+.PHONY: setup bytecode run test clean
 
 setup: $(STAMP)
 
@@ -22,10 +22,16 @@ $(STAMP): pyproject.toml
 	@$(PY) -c "import raydist, ray, torch, yaml, sklearn" || { echo "raydist: error: set-up of $(VENV) failed" >&2; exit 2; }
 	@touch $(STAMP)
 
-run: setup
+# raydist's own modules as bytecode, refreshed before each run: an editable install is not compiled by pip, and
+# where PYTHONDONTWRITEBYTECODE is set (as on these machines) every process that imports raydist compiled it again.
+# Python still reads the cache with that set; it only does not write it.
+bytecode: setup
+	@PYTHONDONTWRITEBYTECODE= $(PY) -m compileall -q raydist examples tests
+
+run: bytecode
 	$(PY) jobs/sync.py $(ARGS)
 
-test: setup
+test: bytecode
 	$(PY) -m pytest -q -ra -n 2 --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 clean:
