@@ -65,25 +65,16 @@ def report(stored: dict) -> str:
     return (f"importing raydist's {stored['modules']} modules in a fresh process, CPU: from source "
             f"{spread(ms['source'], 0)} ms, from bytecode {spread(ms['bytecode'], 0)} ms; per round, the fastest "
             f"from bytecode is {spread(ratio, 2)} of the fastest from source ({len(runs)} rounds of "
-            f"{len(runs[0]['source'])} processes each, {stored['machine'].get('cpus', '?')} CPUs, {stored['date']}, "
-            f"commit {stored['commit'][:7]})\n")
+            f"{len(runs[0]['source'])} processes each, {stored.get('machine', {}).get('cpus', '?')} CPUs, "
+            f"{stored.get('date', 'today')}, commit {stored['commit'][:7] if 'commit' in stored else 'this tree'})\n")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--per-round", type=int, default=4, help="processes per copy in each round")
-    stored_file.add_options(ap, "docs/data/bytecode.json")
-    args = ap.parse_args()
-    if stored_file.print_report(args.report, report):
-        return
-    stamped = stored_file.stamp()
+def measure(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="rd-bytecode-") as tmp:
         trees = {side: Path(tmp, side) for side in SIDES}
-        for side, tree in trees.items():
+        for tree in trees.values():
             export(tree)
-        subprocess.run([sys.executable, "-m", "compileall", "-q", "raydist"], cwd=trees["bytecode"], check=True,
-                       env={**os.environ, "PYTHONDONTWRITEBYTECODE": ""})
+        subprocess.run([sys.executable, "-m", "compileall", "-q", "raydist"], cwd=trees["bytecode"], check=True)
         runs, modules = [], 0
         for i in range(args.rounds):
             order = SIDES if i % 2 == 0 else SIDES[::-1]
@@ -95,9 +86,14 @@ def main() -> None:
             print(json.dumps({"round": i, **row}), flush=True)
             runs.append(row)
         assert not list(trees["source"].rglob("*.pyc")), "the source copy was compiled"
-    stored = {"imported": list(IMPORTED), "modules": modules, "rounds": runs}
-    print(report({**stored, **stamped}), end="")
-    stored_file.save(args.out, stored, stamped)
+    return {"imported": list(IMPORTED), "modules": modules, "rounds": runs}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--per-round", type=int, default=4, help="processes per copy in each round")
+    stored_file.cli(ap, "docs/data/bytecode.json", report, measure)
 
 
 if __name__ == "__main__":
