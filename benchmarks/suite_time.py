@@ -129,7 +129,19 @@ def cpu_by_test(lines: Path) -> dict:
         modules[module] = modules.get(module, 0.0) + row["cpu_s"]
     return {"tests_cpu_s": round(sum(row["cpu_s"] for row in rows), 1),
             "module_cpu_s": {m: round(c, 1) for m, c in sorted(modules.items(), key=lambda kv: -kv[1])},
-            "test_cpu_s": {row["id"]: row["cpu_s"] for row in sorted(rows, key=lambda row: -row["cpu_s"])}}
+            "test_cpu_s": {row["id"]: row["cpu_s"] for row in sorted(rows, key=lambda row: -row["cpu_s"])},
+            "timeline": timeline(rows)}
+
+
+def timeline(rows: list[dict]) -> list[list]:
+    """[test id, its worker's name, start and end in seconds from the first test's start, CPU seconds] in order of
+    start: where neither worker kept a core busy (a test's wait, the last worker's tail)."""
+    timed = [row for row in rows if "end" in row]
+    if not timed:
+        return []
+    t0 = min(row["end"] - row["wall_s"] for row in timed)
+    return [[row["id"], row["worker"].rsplit("-", 1)[-1], round(row["end"] - row["wall_s"] - t0, 2),
+             round(row["end"] - t0, 2), row["cpu_s"]] for row in sorted(timed, key=lambda r: r["end"] - r["wall_s"])]
 
 
 def where_the_time_goes(suite: ET.Element, top: int = 25) -> dict:
