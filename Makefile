@@ -24,9 +24,9 @@ $(STAMP): pyproject.toml
 
 # raydist's own modules as bytecode, refreshed before each run: an editable install is not compiled by pip, and
 # where PYTHONDONTWRITEBYTECODE is set (as on these machines) every process that imports raydist compiled it again.
-# Python still reads the cache with that set; it only does not write it.
+# That variable only stops an import from writing the cache: Python still reads it, and compileall still writes it.
 bytecode: setup
-	@PYTHONDONTWRITEBYTECODE= $(PY) -m compileall -q raydist examples tests
+	@$(PY) -m compileall -q raydist examples tests
 
 run: bytecode
 	$(PY) jobs/sync.py $(ARGS)
