@@ -116,7 +116,8 @@ def run(storage: str, name: str, path: str, kills: int, seed: int, overrides: li
         raise SystemExit(f"{name}: exit {proc.returncode}: {err.strip().splitlines()[-1] if err.strip() else ''}")
     summary = json.loads((run_dir / "summary.json").read_text())
     result = {**summary, "kills": len(stalls), "seconds": time.perf_counter() - started,
-              "record_stall_s": stalls, "steps_redone": steps_redone(metrics), "traceback": "Traceback" in err}
+              "record_stall_s": stalls, "steps_redone": steps_redone(metrics), "traceback": "Traceback" in err,
+              "heal_lines": [ln for ln in (out + err).splitlines() if "[raydist] heal:" in ln]}
     if result["traceback"] or summary["status"] != "completed":  # what went wrong, kept with the figures
         result["console_tail"] = (out + err)[-4000:]
     return result

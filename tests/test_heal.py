@@ -129,8 +129,13 @@ def test_a_killed_worker_is_replaced_while_the_other_trains_and_the_run_complete
     assert hit["status"] == "completed" and hit["steps"] == hit["total_steps"] == 132, hit
     # no checkpoint was read: the group never restarted, and the replacement took its state from its peer
     assert hit["restarts"] == 0 and hit["resumed_from_step"] is None and hit["steps_redone"] == 0, hit
-    assert hit["heals"] == 1 and hit["joined_from_peer"] == 1 and hit["test_accuracy"] >= 0.9, hit
-    assert len(hit["heal_s"]) == 1 and hit["heal_stall_s"][0] < hit["heal_s"][0], hit
+    # At least the one heal, as in test_slurm_resilience: under load a live replica whose heartbeats lag past
+    # heal.heartbeat_timeout_s is left out of a step and heals from its peer too (CI once saw 2 heals for 1 kill;
+    # 3 busy loops at nice -5 on this 2-core machine gave 3, two of them before the kill), which is recovery working.
+    assert hit["heals"] >= 1 and hit["joined_from_peer"] == 1 and hit["test_accuracy"] >= 0.9, hit
+    assert len(hit["heal_s"]) == hit["heals"] == len(hit["heal_stall_s"]), hit
+    assert all(stall < took for stall, took in zip(hit["heal_stall_s"], hit["heal_s"])), hit
+    assert any("healed at step" in ln for ln in hit["heal_lines"]), hit["heal_lines"]
     assert not hit["traceback"], "a heal put a traceback on the console"
 
 
