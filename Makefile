@@ -9,6 +9,15 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.raydist-installed
 PIP := $(VENV)/bin/pip install --quiet --disable-pip-version-check
+# uv (installed from PyPI into $(VENV)) downloads, unpacks and compiles on every core where pip uses one: the set-up
+# is the one step of `make test` that leaves a core idle (docs/testing.md). pip still picks torch, as its
+# configuration says (local wheel directories, constraints), and uv installs that file. INSTALLER=pip installs
+# with pip alone, as does any failure of uv.
+INSTALLER ?= uv
+UV := $(VENV)/bin/uv
+WHEELS := $(VENV)/.torch-wheel
+# Python's own cache of every package, for processes that may not write it (PYTHONDONTWRITEBYTECODE)
+UV_INSTALL := $(UV) pip install --quiet --python $(PY) --compile-bytecode
 
 .PHONY: setup bytecode run test clean
 
@@ -16,11 +25,19 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(PY) -c "import torch" 2>/dev/null || $(PIP) "$(TORCH)" 2>&1 | grep -v "^WARNING: Location" || true
+	@torch=; $(PY) -c "import torch" 2>/dev/null || torch="$(TORCH)"; \
+	  if [ "$(INSTALLER)" = uv ] && $(UV_SETUP); then rm -rf $(WHEELS); else rm -rf $(WHEELS); $(PIP_SETUP); fi; true
 	@$(PY) -c "import torch" 2>/dev/null || { echo "raydist: error: could not install $(TORCH) into $(VENV)" >&2; exit 2; }
-	$(PIP) -e '.[test]' 2>&1 | grep -v "^WARNING: Location" || true
 	@$(PY) -c "import raydist, ray, torch, yaml, sklearn" || { echo "raydist: error: set-up of $(VENV) failed" >&2; exit 2; }
 	@touch $(STAMP)
+
+# ($$torch: empty when an importable torch is kept.) No torch wheel, no uv: uv must not take one from PyPI on its own.
+UV_SETUP = { test -x $(UV) || $(PIP) uv 2>&1 | grep -v "^WARNING: Location"; test -x $(UV); } && \
+	{ test -z "$$torch" || { $(VENV)/bin/pip download --quiet --disable-pip-version-check --no-deps -d $(WHEELS) \
+	  "$$torch" 2>&1 | grep -v "^WARNING: Location"; ls $(WHEELS)/*.whl >/dev/null 2>&1; }; } && \
+	$(UV_INSTALL) $$(test -z "$$torch" || ls $(WHEELS)/*.whl) -e '.[test]'
+PIP_SETUP = { test -z "$$torch" || $(PIP) "$$torch" 2>&1 | grep -v "^WARNING: Location"; true; } && \
+	$(PY) -c "import torch" 2>/dev/null && { $(PIP) -e '.[test]' 2>&1 | grep -v "^WARNING: Location"; true; }
 
 # raydist's own modules as bytecode, refreshed before each run: an editable install is not compiled by pip, and
 # where PYTHONDONTWRITEBYTECODE is set (as on these machines) every process that imports raydist compiled it again.
