@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 import stored as stored_file  # noqa: E402
-from jobutil import processes_titled, ray_root, start_job  # noqa: E402
+from jobutil import job_processes_titled, start_job  # noqa: E402
 
 from raydist.checkpoint import checkpoint_dirs  # noqa: E402
 
@@ -81,7 +81,7 @@ def _kill_when_whole(proc, metrics: Path, run_dir: Path, rng: random.Random, las
     while proc.poll() is None and (_records(metrics) < seen + 15 or _newest_checkpoint(run_dir) <= last_ckpt):
         time.sleep(0.05)
     time.sleep(rng.uniform(0, 0.3))
-    workers = processes_titled(ray_root(proc), "ray::RayTrainWorker")
+    workers = job_processes_titled(proc, "ray::RayTrainWorker")
     if proc.poll() is not None or not workers or _near_the_end(metrics):
         return None
     at = (_records(metrics), _newest_checkpoint(run_dir))

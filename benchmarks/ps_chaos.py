@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import stored as stored_file  # noqa: E402
-from jobutil import clean_env, processes_titled, ray_root  # noqa: E402
+from jobutil import clean_env, job_processes_titled  # noqa: E402
 # 2 shards and 2 workers, 2000 steps (6-8 s of training on 2 cores: time for six kills). The synthetic data's 4000
 # test samples make the final test accuracy of undisturbed async runs agree within 0.002 (digits' 360 vary by 0.011
 # after 40 epochs, more than the 0.01 the comparison allows).
@@ -50,11 +50,6 @@ RESTART = re.compile(r"^\[raydist\] async: (?P<who>.+?) (?:died|stopped answerin
                      r"\(failure (?P<n>\d+)", re.M)
 POLL_S = 0.05
 WAIT_S = 300  # generous: the machines this runs on are often shared and slow; a hang still ends
-
-
-def titled(root: int, prefix: str) -> list[int]:
-    """`root`'s descendants whose title (Ray sets it to 'ray::<Class>' or 'ray::<Class>.<method>') starts with it."""
-    return processes_titled(root, prefix)
 
 
 class Job:
@@ -72,8 +67,9 @@ class Job:
 
     def titled(self, role: str) -> list[int]:
         """The job's processes Ray titled for `role` (TITLES): under the job itself (its embedded instance), or
-        under the shared head a test runs it on."""
-        return titled(ray_root(self.proc), TITLES[role])
+        under the shared head a test runs it on (those started since the job: an earlier job's may still be
+        ending)."""
+        return job_processes_titled(self.proc, TITLES[role])
 
     def stdout(self) -> str:
         return self.out.read_text()

@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import stored as stored_file  # noqa: E402
-from jobutil import processes_titled, ray_root, start_job  # noqa: E402
+from jobutil import job_processes_titled, start_job  # noqa: E402
 
 BASE = ["train.epochs=10", "checkpoint.every_steps=10", "train.report_every_s=0.5"]
 
@@ -51,7 +51,7 @@ def run(storage: str, name: str, kills: int, seed: int, strategy: str = "sync", 
             while proc.poll() is None and _records(metrics) < seen + 15:  # the group trains again
                 time.sleep(0.05)
             time.sleep(rng.uniform(0, 0.3))
-            workers = processes_titled(ray_root(proc), "ray::RayTrainWorker")
+            workers = job_processes_titled(proc, "ray::RayTrainWorker")
             if proc.poll() is not None or not workers:
                 continue
             try:

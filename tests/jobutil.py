@@ -75,9 +75,10 @@ def ray_root(job: subprocess.Popen) -> int:
     return job.pid
 
 
-def processes_titled(root: int, prefix: str) -> list[int]:
+def processes_titled(root: int, prefix: str, born_after: int | None = None) -> list[int]:
     """PIDs of `root`'s descendants whose title starts with `prefix` (Ray titles its workers 'ray::<Class>'),
-    oldest first: only what this test started is ever signalled."""
+    oldest first: only what this test started is ever signalled. `born_after`: only those started since that
+    process was (on a shared head, an earlier job's actor may still be ending)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -86,6 +87,7 @@ def processes_titled(root: int, prefix: str) -> list[int]:
             except OSError:
                 continue
             children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    since = _started(born_after) if born_after is not None else 0
     found, todo = [], [root]
     while todo:
         pid = todo.pop()
@@ -94,9 +96,22 @@ def processes_titled(root: int, prefix: str) -> list[int]:
             title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
         except OSError:
             continue
-        if pid != root and title.startswith(prefix):
+        if pid != root and title.startswith(prefix) and _started(pid) >= since:
             found.append(pid)
     return sorted(found)
+
+
+def job_processes_titled(job: subprocess.Popen, prefix: str) -> list[int]:
+    """`job`'s Ray processes titled `prefix`: under its own instance, or those on the shared head started since it."""
+    return processes_titled(ray_root(job), prefix, born_after=job.pid)
+
+
+def _started(pid: int) -> int:
+    """When `pid` started, in clock ticks since boot (-1 once it is gone, so that it is never picked)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return -1
 
 
 def start_job(job: str, *overrides: str) -> subprocess.Popen:

@@ -143,6 +143,7 @@ def _load_cluster_benchmark(name: str):
     ("startup_before_after", "worker_setup_without_ray.json", "benchmarks.md"),
     ("startup_before_after", "dynamo_preload.json", "benchmarks.md"),
     ("bytecode", "bytecode.json", "testing.md"),
+    ("setup_time", "setup_time.json", "testing.md"),
 ])
 def test_a_benchmarks_stored_report_is_what_the_doc_quotes(bench, data, doc):
     stored = json.loads((DATA / data).read_text())

@@ -97,7 +97,7 @@ def test_restart_on_desync_resumes_from_the_last_checkpoint_and_completes(tmp_pa
 def test_a_stopped_worker_fails_the_run_within_the_bound_naming_its_rank_and_node(tmp_path):
     """SIGSTOP one training worker mid-run: within faults.hang_timeout_s (plus Ray's teardown) the job exits 1
     with one line naming that worker's rank, node and pid, instead of hanging in the next all-reduce."""
-    from jobutil import processes_titled, ray_root, start_job, wait_for_steps
+    from jobutil import job_processes_titled, start_job, wait_for_steps
 
     proc = start_job("sync", f"run.storage_path={tmp_path}", "run.name=r", "train.max_steps=1000000",
                      "checkpoint.every_steps=100000", f"faults.hang_timeout_s={HANG_TIMEOUT_S}",
@@ -105,7 +105,7 @@ def test_a_stopped_worker_fails_the_run_within_the_bound_naming_its_rank_and_nod
     victim = None
     try:
         wait_for_steps(tmp_path / "r" / "metrics.jsonl", 20, proc)
-        workers = processes_titled(ray_root(proc), "ray::RayTrainWorker")
+        workers = job_processes_titled(proc, "ray::RayTrainWorker")
         assert len(workers) == 2, workers
         victim = workers[-1]
         os.kill(victim, signal.SIGSTOP)
