@@ -25,8 +25,8 @@ def pytest_collection_modifyitems(config, items):
 
     The groups go out in this order (the Makefile turns off xdist's own reordering by size): the SLURM group first,
     the longest, then the modules whose tests share a Ray head (tests/sharedray.py) one after another, so that a
-    worker runs them in a row on one head, then the rest: those that start Ray (marked `slow`) before those that do
-    not, so that the session ends on short tests in both workers."""
+    worker runs them in a row on one head, then the rest: those marked `slow` (they start Ray, SLURM or torch) before
+    the others, so that the session ends on short tests in both workers."""
     groups, shared, slow = {}, set(), set()
     for item in items:
         names = getattr(item, "fixturenames", ())

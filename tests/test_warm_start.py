@@ -21,6 +21,10 @@ from raydist.launcher import warm_server
 from raydist.launcher.agent import RankAgent
 from raydist.launcher.warm import WARM_ENV
 
+# Slow: its ranks fork from interpreters that import torch (half a minute in all on 2 cores), and `make test` sends
+# the slow modules out before the quick ones, so that neither xdist worker ends on a long module alone.
+pytestmark = pytest.mark.slow
+
 SCRIPT = textwrap.dedent("""\
     import os, sys
     print("warm" if "torch" in sys.modules else "cold", __name__, sys.argv, os.getcwd(), sys.path[0],
