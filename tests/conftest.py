@@ -25,8 +25,9 @@ def pytest_collection_modifyitems(config, items):
 
     The groups go out in this order (the Makefile turns off xdist's own reordering by size): the SLURM group first,
     the longest, then the modules whose tests share a Ray head (tests/sharedray.py) one after another, so that a
-    worker runs them in a row on one head, then the rest: those marked `slow` (they start Ray, SLURM or torch) before
-    the others, so that the session ends on short tests in both workers."""
+    worker runs them in a row on one head, then the rest, longest first as the stored suite run timed them
+    (`_stored_seconds`), so that the session ends on short tests in both workers: a long module sent out last ran
+    alone in one worker for half a minute after the other had ended."""
     groups, shared, slow = {}, set(), set()
     for item in items:
         names = getattr(item, "fixturenames", ())
@@ -42,11 +43,36 @@ def pytest_collection_modifyitems(config, items):
     for index, item in enumerate(items):
         first.setdefault(groups[item.nodeid], index)
 
-    def order(item) -> tuple[int, int, int]:
+    stored, seconds = _stored_seconds(), {}
+    for item in items:  # a test the stored run did not time: a guess by its mark
+        guess = 10.0 if groups[item.nodeid] in slow else 0.1
+        seconds[groups[item.nodeid]] = seconds.get(groups[item.nodeid], 0.0) + stored.get(item.nodeid, guess)
+
+    def order(item) -> tuple[int, float, int]:
         group = groups[item.nodeid]
-        return (0 if group == "slurm" else 1 if group in shared else 2), group not in slow, first[group]
+        if group == "slurm" or group in shared:
+            return (0 if group == "slurm" else 1), 0.0, first[group]
+        return 2, -seconds[group], first[group]
 
     items.sort(key=order)  # stable: a group's tests keep their order
+
+
+def _stored_seconds() -> dict[str, float]:
+    """Each test's wall time in the stored suite run (docs/data/suite_time.json, the longest of its rounds), by node
+    id; none when there is no such file."""
+    import json
+
+    try:
+        rounds = json.loads((Path(__file__).parents[1] / "docs" / "data" / "suite_time.json").read_text())["rounds"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    seconds: dict[str, float] = {}
+    for r in rounds:
+        for name, s in r.get("tests_s", {}).items():  # 'tests.test_x::test_y[...]@group', JUnit's class and name
+            module, _, test = name.partition("::")
+            node = module.replace(".", "/") + ".py::" + test.rsplit("@", 1)[0]
+            seconds[node] = max(seconds.get(node, 0.0), s)
+    return seconds
 
 
 @pytest.fixture(autouse=True)
