@@ -350,8 +350,9 @@ def outcomes(request, tmp_path_factory) -> dict[int, Outcome]:
     with ThreadPoolExecutor(3) as pool, ThreadPoolExecutor(2) as head_pool:
         local = {i: pool.submit(run, c, values, root, short) for i, c in enumerate(CASES) if not c.head and i in wanted}
         if any(c.head for i, c in enumerate(CASES) if i in wanted):
-            # stop_wait_s: `ray start --block` does not end on SIGTERM; what is left is killed after it.
-            with ray_head(num_cpus=2, num_gpus=0, stop_wait_s=1) as head:
+            # stop_wait_s: `ray start --block` does not end on SIGTERM; what is left is killed after it. No warm
+            # interpreter: every case is refused before a worker starts, and its torch import is CPU spent for none.
+            with ray_head(num_cpus=2, num_gpus=0, stop_wait_s=1, warm=False) as head:
                 at_head = {**values, "HEAD": head.gcs_address, "TOKEN": head.token_path,
                            "DASH": head.dashboard_url.removeprefix("http://")}
                 remote = {i: head_pool.submit(run, c, at_head, root, short) for i, c in enumerate(CASES)

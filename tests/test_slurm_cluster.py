@@ -55,7 +55,7 @@ def test_wrong_interface_name_fails_bring_up_fast_naming_the_node(slurm_cluster)
 def test_unreachable_head_fails_bring_up_naming_node_and_interface(slurm_cluster):
     # docker0 exists on node02 but leads nowhere: the worker must say so at bring-up, not hang in training.
     cfg = rayup.write_config(slurm_cluster, "unreachable", interfaces={**EXPECTED_IFACES, "node02": "docker0"},
-                             timeouts={"ready": 60, "head_reachable": 4, "teardown": 10})
+                             timeouts={"ready": 60, "head_reachable": 4, "teardown": 10}, **rayup.NO_TORCH)
     job = rayup.submit(slurm_cluster, cfg)
     state = slurm_cluster.wait_job(job.job_id, timeout=60)
     assert state == "FAILED", job.text()

@@ -22,17 +22,21 @@ def job(name: str, storage, *overrides: str, timeout: float = 400) -> subprocess
 
 @pytest.mark.slow
 @pytest.mark.shared_ray
-def test_compare_trains_your_model_with_every_strategy(tmp_path):
-    out = summary(job("compare", tmp_path, "compare.strategies=sync,local_sgd,async,fsdp,heal",
-                      f"compare.output_dir={tmp_path / 'cmp'}", timeout=900))
+def test_compare_trains_your_model_side_by_side(tmp_path):
+    """compare takes your model as each strategy's job does (it starts them as `python -m raydist.job`, your
+    factories among the shared settings): two strategies show it, heal among them, which only this test trains on
+    your model. Every other strategy trains it above chance in test_your_model_resumes_at_the_exact_step, and
+    compare's own tests (tests/comparerun.py) run three strategies side by side on digits."""
+    out = summary(job("compare", tmp_path, "compare.strategies=sync,heal", f"compare.output_dir={tmp_path / 'cmp'}",
+                      timeout=900))
     results = json.loads((tmp_path / "cmp" / "results.json").read_text())["strategies"]
-    assert list(results) == ["sync", "local_sgd", "async", "fsdp", "heal"]
+    assert list(results) == ["sync", "heal"]
     for name, r in results.items():
         s = r["summary"]
         assert s["status"] == "completed" and s["run_name"] == name, s
         assert s["test_accuracy"] > 1 / 64, (name, s["test_accuracy"])  # per-token accuracy, above chance
     table = (tmp_path / "cmp" / "results.md").read_text()
-    assert all(label in table for label in ("sync DDP", "local SGD", "async PS", "FSDP", "heal (torchft)"))
+    assert all(label in table for label in ("sync DDP", "heal (torchft)"))
     assert results["heal"]["summary"]["heals"] == 0  # torchft's quorum trained your model; nothing failed
     assert (tmp_path / "cmp" / "plot.png").stat().st_size > 0 and set(out["test_accuracy"]) == set(results)
 
@@ -45,6 +49,7 @@ def test_your_model_resumes_at_the_exact_step(tmp_path, strategy):
     assert stopped["status"] == "stopped" and stopped["run_name"] == f"{strategy}-tinygpt", stopped
     resumed = summary(job(strategy, tmp_path))
     assert resumed["status"] == "completed" and resumed["steps"] == resumed["total_steps"], resumed
+    assert resumed["test_accuracy"] > 1 / 64, resumed  # per-token accuracy, above chance: it learned your task
     # async counts every worker's gradient updates and stops at the first checkpoint at or after the step
     assert resumed["resumed_from_step"] == stopped["steps"] and (strategy == "async" or stopped["steps"] == 8)
 
