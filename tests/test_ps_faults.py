@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
-from jobutil import REPO, load_benchmark
+from jobutil import REPO, SHARED_RAY, load_benchmark
 from raydist.observability.metrics import read_steps
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
@@ -88,3 +89,43 @@ def test_a_stopped_shard_and_a_stopped_worker_are_replaced_within_the_bound(tmp_
     assert [m["who"].rsplit(" ", 1)[0] for m in job.restarts()] == ["server shard", "worker"], lines
     assert all("stopped answering" in ln and "faults.hang_timeout_s=5" in ln for ln in lines), lines
     assert result["status"] == "completed" and result["steps"] == result["total_steps"] and result["restarts"] == 2
+
+
+def _alive_actor_pid(name: str) -> int | None:
+    """The pid of the live actor called `name` on the shared head, from Ray's state API (which shard a process
+    holds shows in no process title)."""
+    import urllib.parse
+
+    import sharedray
+    from raydist.slurm.dashboard_client import get_json
+
+    head = sharedray.head()
+    query = urllib.parse.urlencode({"filter_keys": "name", "filter_predicates": "=", "filter_values": name,
+                                    "detail": "true", "limit": 100})
+    answer = get_json(f"{head.dashboard_url}/api/v0/actors?{query}", Path(head.token_path).read_text().strip(),
+                      timeout=20)
+    pids = [a["pid"] for a in answer["data"]["result"]["result"] if a["state"] == "ALIVE" and a.get("pid")]
+    return pids[0] if pids else None
+
+
+def test_a_shard_stopped_while_a_checkpoint_is_due_is_named_within_the_bound(tmp_path):
+    """A checkpoint at every step while shard 1 is stopped: shard 0 still hands the driver the workers' steps, so a
+    checkpoint comes due, and it asks every shard for its state. That call is bounded by faults.hang_timeout_s too
+    (it once waited for ever, the watchdog with it): the stop is named and the run restarts from a checkpoint."""
+    if not SHARED_RAY:
+        pytest.skip("finds shard 1 through the shared head's state API")
+    job = chaos.Job(tmp_path, "due", [*chaos.CONFIG, "faults.hang_timeout_s=5", "checkpoint.every_steps=1"])
+    victim = None
+    try:
+        job.wait_until("a checkpoint", lambda: job.newest_checkpoint() > 0)
+        victim = job.wait_until("shard 1", lambda: _alive_actor_pid("raydist/due/server-1"))
+        os.kill(victim, signal.SIGSTOP)
+        job.wait_until("a restart", job.restarts, timeout=120)
+    finally:
+        if victim is not None:
+            os.kill(victim, signal.SIGKILL)  # Ray kills it on restart; never leave a stopped process behind
+        job.stop()
+    lines = [m.group(0) for m in job.restarts()]
+    assert job.restarts()[0]["who"] == "server shard 1", lines
+    assert "stopped answering (no answer for 5 s, faults.hang_timeout_s=5)" in lines[0], lines
+    assert "restarting servers and workers from checkpoint step" in lines[0], lines

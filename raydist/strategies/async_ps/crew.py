@@ -151,6 +151,19 @@ class Crew:
             except ray.exceptions.RayError:
                 pass  # the failure that matters has been reported already
 
+    def ask(self, actors: list, calls: list, bound: float) -> list:
+        """The answers to one call per actor, waited for at most `bound` seconds (faults.hang_timeout_s) in all:
+        an actor that leaves its call unanswered that long is hung. The driver's loop runs the watchdog, so a call
+        it waits on without a bound (a checkpoint's, an evaluation's) would let a stopped shard hold the run for
+        ever."""
+        import ray
+
+        answered, _ = ray.wait(calls, num_returns=len(calls), timeout=bound)
+        if len(answered) < len(calls):
+            silent = next(actor for actor, call in zip(actors, calls) if call not in answered)
+            raise Hung(self.hung(silent, bound, bound, "no answer"))
+        return ray.get(calls)
+
     def hung(self, actor: Any, seconds: float, bound: float, what: str) -> Death:
         actor_id = actor._actor_id.hex()
         return Death(self.names.get(actor_id, "an actor of the run"),

@@ -119,10 +119,7 @@ class _Evaluator:
         self.params, _ = flatten_(self.model)
         self.ctx = SimpleNamespace(rank=0, world_size=1, device=torch.device("cpu"))
 
-    def __call__(self, shards: list, bounds: list[tuple[int, int]]) -> dict[str, float]:
-        import ray
-
-        replies: list[PullReply] = ray.get([s.pull.remote() for s in shards])
+    def __call__(self, replies: list[PullReply], bounds: list[tuple[int, int]]) -> dict[str, float]:
         for (a, b), reply in zip(bounds, replies):
             self.params[a:b].copy_(as_tensor(reply.params))
         return evaluate(self.model, self.data, self.cfg, self.ctx)
@@ -397,8 +394,6 @@ class AsyncPSRun:
     def _check_stop(self) -> None:
         """On a stop request or a draining node: grant no more steps; the workers end after the steps they hold,
         and the final checkpoint then covers every step taken (none lost beyond those in flight)."""
-        import ray
-
         from raydist.cluster_watch import preempted
         from raydist.preemption import draining_nodes, stop_requested
 
@@ -411,17 +406,11 @@ class AsyncPSRun:
         else:
             self.stop_reason = preempted(draining)
         # A restart after this point restores the lower limit too: the run still stops at this step.
-        self.grant_limit = ray.get(self.crew.shards[0].stop_granting.remote())
+        self.grant_limit = self._ask_shards("stop_granting", shards=self.crew.shards[:1])[0]
         print(f"[raydist] async: stopping after step {self.grant_limit}: {self.stop_reason}", flush=True)
 
     def _collect(self) -> None:
-        import ray
-
-        try:
-            drained: Drained = ray.get(self.crew.shards[0].drain.remote(), timeout=self.cfg.faults.hang_timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            raise Hung(self.crew.hung(self.crew.shards[0], self.cfg.faults.hang_timeout_s,
-                                      self.cfg.faults.hang_timeout_s, "no answer")) from None
+        drained: Drained = self._ask_shards("drain", shards=self.crew.shards[:1])[0]
         if self.watchdog is not None:
             self.watchdog.saw(drained.records, time.monotonic())
         self.steps = drained.steps_done
@@ -431,8 +420,14 @@ class AsyncPSRun:
         if drained.records:
             self.last_losses = ([r["loss"] for r in drained.records] + self.last_losses)[: self.cfg.scaling.max_workers]
 
+    def _ask_shards(self, method: str, shards: list | None = None) -> list:
+        """Each shard's answer to `method`, bounded by faults.hang_timeout_s (`Crew.ask`): the loop's calls to the
+        shards (records, evaluations, checkpoints, the stop) raise Hung naming a shard that answers none."""
+        shards = self.crew.shards if shards is None else shards
+        return self.crew.ask(shards, [getattr(s, method).remote() for s in shards], self.cfg.faults.hang_timeout_s)
+
     def _evaluate(self) -> None:
-        self.scores = self.evaluator(self.crew.shards, self.bounds)
+        self.scores = self.evaluator(self._ask_shards("pull"), self.bounds)
         self.log.write({"eval_at_step": self.steps, "time_s": time.time() - self.t0, **self.scores})
 
     def _checkpoint(self) -> str | None:
@@ -441,9 +436,7 @@ class AsyncPSRun:
         The shards answer one after another while workers push, so a gradient can be in one shard's state and not
         yet in another's: restoring that would apply it twice or on some shards only. Agreement on each worker's
         count means the same gradients everywhere (a worker's pushes reach each shard in order)."""
-        import ray
-
-        states = ray.get([s.state_dict.remote() for s in self.crew.shards])
+        states = self._ask_shards("state_dict")
         if any(st["done"] != states[0]["done"] for st in states[1:]):
             return None
         # The records of steps in this state that are still in shard 0's buffer (it runs this drain after
@@ -467,14 +460,12 @@ class AsyncPSRun:
 
     def _finish(self, reports: list[WorkerReport]) -> JobSummary:
         """The session's last step: its records, a final evaluation and checkpoint, then the summary."""
-        import ray
-
         self._collect()
         self._evaluate()
         self._show_progress()
         # Every worker ended with a fetch, which came after its pushes to each shard: the shards agree.
         checkpoint = self._checkpoint()
-        return self._summary(reports, ray.get([s.stats.remote() for s in self.crew.shards]), checkpoint)
+        return self._summary(reports, self._ask_shards("stats"), checkpoint)
 
     def _summary(self, reports: list[WorkerReport], stats: list[dict[str, Any]], checkpoint: str | None) -> JobSummary:
         """The session's JobSummary, from the run's state and the server shards' books (`stats`)."""
