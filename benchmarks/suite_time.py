@@ -147,9 +147,12 @@ def timeline(rows: list[dict]) -> list[list]:
 def where_the_time_goes(suite: ET.Element, top: int = 25) -> dict:
     """From the JUnit report: each module's summed test time (the two xdist workers run modules side by side, so
     these add up to about twice pytest's wall time), the slowest tests, every test's time (where to look when the
-    suite is to be shortened), and the ones that failed."""
+    suite is to be shortened), and the ones that failed, with the end of each failure's report: the run's own
+    output keeps only its tail, where pytest's summary and warnings leave no room for it."""
     cases = [(c.get("classname", ""), c.get("name", ""), float(c.get("time", 0)),
               c.find("failure") is not None or c.find("error") is not None) for c in suite.iter("testcase")]
+    reports = {f"{c.get('classname', '')}::{c.get('name', '')}": (bad.text or bad.get("message", ""))[-3000:]
+               for c in suite.iter("testcase") for bad in (c.find("failure"), c.find("error")) if bad is not None}
     modules: dict[str, float] = {}
     for cls, _, t, _ in cases:
         module = cls.split(".")[1] if cls.startswith("tests.") else cls.split(".")[0]
@@ -158,7 +161,7 @@ def where_the_time_goes(suite: ET.Element, top: int = 25) -> dict:
     return {"module_s": {m: round(t, 1) for m, t in sorted(modules.items(), key=lambda kv: -kv[1])},
             "slowest_s": {f"{c}::{n}": round(t, 1) for c, n, t, _ in slowest},
             "tests_s": {f"{c}::{n}": round(t, 2) for c, n, t, _ in sorted(cases, key=lambda c: -c[2])},
-            "failed": [f"{c}::{n}" for c, n, _, bad in cases if bad]}
+            "failed": [f"{c}::{n}" for c, n, _, bad in cases if bad], "failure_reports": reports}
 
 
 def minutes(seconds: float) -> str:
