@@ -140,6 +140,19 @@ def check_local_gpus(cfg: Config) -> None:
                          f"scaling.use_gpu=false or fewer workers")
 
 
+def local_gpu_count(driver_dir: str = "/proc/driver/nvidia/gpus") -> int:
+    """NVIDIA GPUs this machine's processes may use, without importing torch (the launcher's driver has none): the
+    driver's device list, narrowed by CUDA_VISIBLE_DEVICES as CUDA narrows it."""
+    try:
+        have = len(os.listdir(driver_dir))
+    except OSError:
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return have
+    return min(have, len([v for v in visible.split(",") if v.strip() and v.strip() != "-1"]))
+
+
 def check_cluster_fits(cfg: Config, address: str) -> None:
     """Right after joining a cluster: refuse a worker group its CPUs or GPUs can never hold (Ray Train would wait
     for them forever). A range (scaling.num_workers=MIN-MAX) needs room for MIN. Names the nodes Ray knows as

@@ -53,10 +53,12 @@ def opt(
     return field(default=default, metadata=metadata)
 
 
-def free(help: str) -> Any:
-    """A mapping of the user's own keys, passed through unchecked to what reads them (a factory's arguments). A file
-    or `--set section.args.KEY=VALUE` adds or replaces keys; the keys already there stay."""
-    metadata = {"help": help, "bounds": {}, "special": {}, "parse": mapping, "shown": "mapping", "merge": True}
+def free(help: str, parse: Callable[[Any, str], Any] | None = None) -> Any:
+    """A mapping of the user's own keys, passed through unchecked (or as `parse` checks them) to what reads them (a
+    factory's arguments). A file or `--set section.args.KEY=VALUE` adds or replaces keys; the keys already there
+    stay."""
+    metadata = {"help": help, "bounds": {}, "special": {}, "parse": parse or mapping, "shown": "mapping",
+                "merge": True}
     return field(default_factory=dict, metadata=metadata)
 
 

@@ -315,3 +315,59 @@ def test_a_script_that_refuses_its_input_is_one_line_exit_2_and_nothing_left_run
     time.sleep(1)
     assert left_running(str(work)) == []  # neither the ranks nor the local Ray instance (its temp dir is here)
     assert list(work.glob("raydist-launch-*")) == []  # nor the agents' files for the hook
+
+
+EDGES = REPO / "tests" / "launch_scripts" / "edges.py"
+
+
+@pytest.mark.shared_ray
+def test_a_variable_set_only_in_the_callers_shell_reaches_every_rank_as_under_srun(work):
+    seen = work / "caller-env"
+    seen.mkdir()
+    rc, _, stderr = finish(launch(work, "caller-env", "--workers", "2", "--env", "FROM_ENV_FLAG=yes",
+                                  extra_env={"CLIENT_EPOCHS": "3", "PYTHONPATH": str(work), "HOSTNAME": "login01"},
+                                  command=["python", str(EDGES), "env", str(seen)]))
+    assert rc == 0, stderr[-3000:]
+    for r in range(2):
+        got = json.loads((seen / f"rank{r}.json").read_text())
+        assert got["CLIENT_EPOCHS"] == "3" and got["FROM_ENV_FLAG"] == "yes" and got["RANK"] == str(r)
+        # What raydist adds to notice the script's return is gone before the script runs: its PYTHONPATH is its own.
+        assert got["PYTHONPATH"] == str(work) and not got["sys_path_has_raydist_site"], got
+        assert got["raydist_variables"] == [] and got["HOSTNAME"] != "login01"
+        assert got["TORCHELASTIC_ERROR_FILE"].endswith(f"error-start0-rank{r}.json")
+
+
+@pytest.mark.shared_ray
+@pytest.mark.parametrize("mode, fault", [
+    ("abort-at-exit", r"rank 1 on \S+ \(pid \d+\) was then killed by signal 6 on its way out"),
+    ("hang-at-exit", r"rank 0 on \S+ \(pid \d+\) then printed nothing and did not exit for 3 s \(exit_timeout_s\); "
+                     r"its stack is in \S+/stacks/start1/exit-rank0\.txt; killed"),
+])
+def test_a_rank_that_fails_after_its_script_returned_is_one_line_exit_1_and_never_rerun(work, mode, fault):
+    name = f"exit-{mode}"
+    rc, stdout, stderr = finish(launch(work, name, "--workers", "2", "--max-restarts", "3",
+                                       "--set", "exit_timeout_s=3", command=["python", str(EDGES), mode, str(work)]))
+    assert rc == 1, stderr[-3000:]
+    errors = [ln for ln in stderr.splitlines() if ln.startswith("raydist: error:")]
+    assert len(errors) == 1 and "Traceback" not in stderr
+    assert re.fullmatch(rf"raydist: error: {name}: every rank's script returned, but {fault}; not restarted",
+                        errors[0]), errors
+    s = summary(work, name)
+    assert s["status"] == "exit_fault" and s["exit_code"] == 1 and s["restarts"] == 0 and s["failures"] == []
+    assert sum(bool(r["exit_fault"]) for r in s["ranks"]) == 1
+    if mode == "hang-at-exit":
+        assert "never-ends" in (work / "runs" / name / "stacks" / "start1" / "exit-rank0.txt").read_text()
+
+
+@pytest.mark.shared_ray
+def test_a_script_decorated_with_record_is_named_by_its_exception_and_line_as_torchrun_does(work):
+    rc, _, stderr = finish(launch(work, "record", "--workers", "2", "--max-restarts", "0",
+                                  command=["python", str(EDGES), "record", str(work)]))
+    assert rc == 1, stderr[-3000:]
+    errors = [ln for ln in stderr.splitlines() if ln.startswith("raydist: error:")]
+    assert len(errors) == 1, stderr[-3000:]
+    assert re.fullmatch(r"raydist: error: record: rank 1 on \S+ \(pid \d+\) exited 1: ValueError: learning rate 7 is "
+                        rf"out of range \(at {re.escape(str(EDGES))}:\d+\)", errors[0]), errors
+    s = summary(work, "record")
+    assert s["error"]["message"] == "ValueError: learning rate 7 is out of range" and s["error"]["rank"] == 1
+    assert s["error"]["where"].startswith(f"{EDGES}:")

@@ -3,6 +3,7 @@ settings and the command checks. No Ray here (tests/test_launch.py runs real scr
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -357,3 +358,121 @@ def test_only_rays_own_command_line_runs_through_the_ray_interpreter_module(tmp_
     assert wrapped == [sys.executable, "-m", "raydist.launcher.ray_python", str(tmp_path / "ray-python"),
                        "/venv/bin/ray", "start", "--block"]
     assert ray_python.command(tmp_path / "ray-python", [sys.executable, "-c", "pass"]) == [sys.executable, "-c", "pass"]
+
+
+# ---- the caller's environment (srun's --export), exit faults, torchrun's error file ------------------------------
+
+NODE = {"PATH": "/node/bin", "TMPDIR": "/node/tmp", "GLOO_SOCKET_IFNAME": "ens1f0np0", "HOME": "/root",
+        "RAY_AUTH_TOKEN_PATH": "/node/token", "SLURM_JOB_ID": "17", "SLURM_PROCID": "0",
+        "TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S": "5", "OMP_NUM_THREADS": "1"}
+CALLER = {"PATH": "/venv/bin", "TMPDIR": "/login/tmp", "GLOO_SOCKET_IFNAME": "eth0", "CLIENT_EPOCHS": "3",
+          "NCCL_DEBUG": "INFO", "HOSTNAME": "login01", "PWD": "/home/u", "SLURM_JOB_ID": "99",
+          "SLURM_PROCID": "5", "RANK": "3", "RAY_AUTH_TOKEN_PATH": "/login/token", "OMP_NUM_THREADS": "4",
+          "RAYDIST_RESULT_FILE": "/x"}
+
+
+def _rank_env(export: str = "ALL", env: dict | None = None, node: dict | None = None) -> dict[str, str]:
+    slots = E.assign_ranks(_places("node01", "node02"))
+    spec = E.Export.parse(export)
+    return E.merged(node or NODE, E.rank_environment(slots[1], _group(slots)), E.exported(CALLER, spec),
+                    E.given(CALLER, spec, env or {}))
+
+
+def test_every_rank_gets_the_callers_environment_and_the_caller_wins_as_under_srun():
+    env = _rank_env()
+    assert env["CLIENT_EPOCHS"] == "3" and env["NCCL_DEBUG"] == "INFO"  # set only in the caller
+    assert env["PATH"] == "/venv/bin" and env["OMP_NUM_THREADS"] == "4"  # set in both: the caller's
+    assert env["HOME"] == "/root"  # the node's, where the caller has none
+    assert env["RANK"] == env["SLURM_PROCID"] == "1"  # the launcher's own, never the caller's
+
+
+def test_what_describes_the_callers_own_shell_or_the_node_stays_the_nodes():
+    env = _rank_env()
+    assert "HOSTNAME" not in env and "PWD" not in env and "RAYDIST_RESULT_FILE" not in env
+    # The node's interface, temp dir and Ray settings win: the login node's NIC name may not exist on node02.
+    assert (env["GLOO_SOCKET_IFNAME"], env["TMPDIR"], env["RAY_AUTH_TOKEN_PATH"]) == ("ens1f0np0", "/node/tmp",
+                                                                                      "/node/token")
+    assert env["SLURM_JOB_ID"] == "17"  # the allocation's, from the node
+    assert "TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S" not in env  # raydist's own setting for its Ray Train workers
+    # Where the node has no interface of its own (no raydist bring-up), the caller's is passed on, as srun does.
+    assert _rank_env(node={"PATH": "/bin"})["GLOO_SOCKET_IFNAME"] == "eth0"
+
+
+def test_export_none_names_and_env_values_as_sruns_export_spells_them():
+    none = _rank_env("NONE")
+    assert "CLIENT_EPOCHS" not in none and none["PATH"] == "/node/bin"
+    named = _rank_env("CLIENT_EPOCHS,MODE=fast")
+    assert named["CLIENT_EPOCHS"] == "3" and named["MODE"] == "fast" and "NCCL_DEBUG" not in named
+    everything = _rank_env("ALL,MODE=fast", env={"GLOO_SOCKET_IFNAME": "ib0", "NCCL_DEBUG": "WARN"})
+    assert everything["MODE"] == "fast" and everything["CLIENT_EPOCHS"] == "3"
+    assert everything["GLOO_SOCKET_IFNAME"] == "ib0" and everything["NCCL_DEBUG"] == "WARN"  # named: over all
+    assert E.Export.parse("all") == E.Export() and E.Export.parse("none") == E.Export(all=False)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("export=ALL,RANK=3", "RANK is set by raydist launch for each rank"),
+    ("export=FOO,NONE", "NONE may only come first"),
+    ("export=1BAD", "'1BAD' is not an environment variable name"),
+    ("env.WORLD_SIZE=8", "WORLD_SIZE is set by raydist launch"),
+    ("env.MASTER_PORT=1", "MASTER_PORT is set by raydist launch"),
+])
+def test_the_export_and_env_settings_refuse_what_a_rank_cannot_be_given(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load([], [override], ["python", "x.py"])
+
+
+def test_env_flag_values_stay_strings_as_typed():
+    from raydist.launcher.command import overrides
+
+    class Args:
+        workers = procs_per_node = cpus_per_worker = max_restarts = hang_timeout_s = stop_signal = None
+        grace_s = output = name = storage_path = address = export = None
+        use_gpu, overrides, env = None, [], ["FLAG=yes", "EMPTY=", "EQ=a=b"]
+
+    cfg = load([], overrides(Args()), ["python", "x.py"])
+    assert cfg.env == {"FLAG": "yes", "EMPTY": "", "EQ": "a=b"}
+
+
+def test_an_exit_fault_is_a_crash_or_a_silence_after_the_script_returned():
+    assert P.exit_fault(None, 999, None, 60) is None  # still training: the hang rule's business
+    assert P.exit_fault(None, 0, -6, 60) is None  # died before returning: a failure, restarted
+    assert P.exit_fault(1.0, 1.0, -6, 60) == "signal"  # an abort in teardown
+    assert P.exit_fault(1.0, 1.0, 3, 60) is None  # the script's own sys.exit(3)
+    assert P.exit_fault(61.0, 61.0, None, 60) == "hung"
+    assert P.exit_fault(61.0, 5.0, None, 60) is None  # still printing (an upload's progress): not hung
+
+
+def test_an_exit_fault_finishes_the_run_with_exit_1_and_is_never_restarted():
+    d = P.decide(P.Event(P.Kind.EXIT_FAULT, detail="rank 1 on n (pid 4) was then killed by signal 6"), 0,
+                 _cfg(max_restarts=3))
+    assert d.action == P.Action.FINISHED_FAULTY and d.exit_code == 1
+    assert d.reason == ("every rank's script returned, but rank 1 on n (pid 4) was then killed by signal 6; "
+                        "not restarted")
+
+
+def test_batch_mode_does_not_requeue_a_run_that_finished_with_an_exit_fault():
+    from raydist.slurm.batch import TIME_LIMIT, Outcome, decide
+    from raydist.slurm.settings import Requeue
+
+    for signal_seen in (None, TIME_LIMIT):
+        d = decide(Outcome(1, signal_seen, "exit_fault"), 0, Requeue(on_failure=True))
+        assert not d.requeue and "nothing to resume" in d.why
+
+
+def test_torchruns_error_file_names_the_exception_and_where_it_was_raised(tmp_path):
+    from raydist.launcher.errorfile import describe, read_error_file
+
+    path = tmp_path / "error.json"
+    stack = ('Traceback (most recent call last):\n  File "/lib/errors/__init__.py", line 357, in wrapper\n'
+             '    return f(*args, **kwargs)\n  File "/work/train.py", line 42, in main\n'
+             '    raise ValueError("lr 7 is out of range")\nValueError: lr 7 is out of range\n')
+    path.write_text(json.dumps({"message": {"message": "ValueError: lr 7 is out of range",
+                                            "extraInfo": {"py_callstack": stack, "timestamp": "1"}}}))
+    error = read_error_file(str(path))
+    assert error == {"message": "ValueError: lr 7 is out of range", "where": "/work/train.py:42"}
+    assert describe(error) == "ValueError: lr 7 is out of range (at /work/train.py:42)"
+    path.write_text(json.dumps({"message": "Signal 6 (SIGABRT) received by PID 9"}))
+    assert describe(read_error_file(str(path))) == "Signal 6 (SIGABRT) received by PID 9"
+    path.write_text("{torn")
+    assert read_error_file(str(path)) is None and read_error_file(str(tmp_path / "none")) is None
+    assert describe(None) == ""

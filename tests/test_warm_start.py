@@ -92,7 +92,7 @@ def _run_to_end(a: RankAgent, timeout: float = 60) -> tuple[list[str], int]:
 def test_a_forked_rank_runs_the_script_as_python_would(agent, server):
     here = server[2]
     a = agent()
-    started = a.start([sys.executable, "train.py", "x"], _env(OMP_NUM_THREADS="1"), str(here), 1, 0)
+    started = a.start([sys.executable, "train.py", "x"], _env(OMP_NUM_THREADS="1"), str(here), 1, 0, warm=True)
     assert started["warm"], started
     lines, code = _run_to_end(a)
     assert code == 3
@@ -103,7 +103,7 @@ def test_a_forked_rank_runs_the_script_as_python_would(agent, server):
 def test_a_failing_forked_rank_prints_the_traceback_python_prints(agent, server):
     here = server[2]
     a = agent()
-    assert a.start([sys.executable, "train.py", "fail"], _env(), str(here), 1, 0)["warm"]
+    assert a.start([sys.executable, "train.py", "fail"], _env(), str(here), 1, 0, warm=True)["warm"]
     lines, code = _run_to_end(a)
     cold = subprocess.run([sys.executable, "train.py", "fail"], cwd=here, capture_output=True, text=True)
     assert code == cold.returncode == 1
@@ -125,7 +125,7 @@ def test_lightning_fabric_forked_warm_finds_its_launcher_and_trains(agent, serve
     for slot in slots:
         ranks.append(agent())
         env = {**_env(), **E.rank_environment(slot, group)}
-        started = ranks[-1].start([sys.executable, str(script), str(tmp_path)], env, str(tmp_path), slot.rank, 0)
+        started = ranks[-1].start([sys.executable, str(script), str(tmp_path)], env, str(tmp_path), slot.rank, 0, warm=True)
         assert started["warm"], started
     for a in ranks:
         lines, code = _run_to_end(a, timeout=120)
@@ -145,7 +145,7 @@ def test_python_dash_m_and_the_pythonpath_are_honoured(agent, server, tmp_path):
         "import sys, helper\nprint(helper.WHO, sys.argv, sys.path[0], sorted(n for n in globals() if n[0] != '_'))\n")
     a = agent()
     env = _env(PYTHONPATH=str(tmp_path / "lib"))
-    assert a.start([sys.executable, "-m", "pkg.main", "--flag"], env, str(tmp_path), 1, 0)["warm"]
+    assert a.start([sys.executable, "-m", "pkg.main", "--flag"], env, str(tmp_path), 1, 0, warm=True)["warm"]
     lines, code = _run_to_end(a)
     # Its own globals only, as under `python -m`: none of the warm interpreter's.
     assert code == 0 and lines == [f"helper ['{tmp_path}/pkg/main.py', '--flag'] {tmp_path} ['helper', 'sys']"], lines
@@ -155,7 +155,7 @@ def test_each_forked_rank_gets_fresh_random_state(agent, server):
     draws = []
     for _ in range(2):
         a = agent()
-        assert a.start([sys.executable, "train.py"], _env(), str(server[2]), 1, 0)["warm"]
+        assert a.start([sys.executable, "train.py"], _env(), str(server[2]), 1, 0, warm=True)["warm"]
         draws.append(_run_to_end(a)[0][1].split())
     assert draws[0][1] != draws[1][1]  # numpy's global generator
     assert draws[0][5] != draws[1][5]  # multiprocessing's authkey
@@ -163,14 +163,14 @@ def test_each_forked_rank_gets_fresh_random_state(agent, server):
 
 def test_signals_reach_a_forked_rank_and_it_dies_with_its_agent(agent, server):
     a = agent()
-    assert a.start([sys.executable, "train.py", "sleep"], _env(), str(server[2]), 1, 0)["warm"]
+    assert a.start([sys.executable, "train.py", "sleep"], _env(), str(server[2]), 1, 0, warm=True)["warm"]
     time.sleep(1)
     a.send("SIGTERM")
     assert _run_to_end(a)[1] == -signal.SIGTERM
     # An agent killed outright (its node's Ray lost): the rank it started must not outlive it.
     probe = ("import os, sys, time\nfrom raydist.launcher.agent import RankAgent\n"
              "a = RankAgent('warm-test', 9)\n"
-             f"s = a.start([sys.executable, 'train.py', 'sleep'], {{'PATH': os.environ['PATH']}}, {str(server[2])!r}, 0, 0)\n"
+             f"s = a.start([sys.executable, 'train.py', 'sleep'], {{'PATH': os.environ['PATH']}}, {str(server[2])!r}, 0, 0, warm=True)\n"
              "print(s['pid'], s['warm'], flush=True)\ntime.sleep(120)\n")
     agent_proc = subprocess.Popen([sys.executable, "-c", probe], stdout=subprocess.PIPE, text=True,
                                   env={**os.environ, WARM_ENV: str(server[1])})
@@ -189,7 +189,7 @@ def test_a_hung_forked_rank_prints_its_stack_on_sigabrt(agent, server, monkeypat
     from raydist.launcher import agent as A
 
     a = agent()
-    assert a.start([sys.executable, "train.py", "sleep"], _env(PYTHONFAULTHANDLER="1"), str(server[2]), 1, 0)["warm"]
+    assert a.start([sys.executable, "train.py", "sleep"], _env(PYTHONFAULTHANDLER="1"), str(server[2]), 1, 0, warm=True)["warm"]
     time.sleep(1.5)
     monkeypatch.setattr(A.shutil, "which", lambda _: None)
     monkeypatch.setattr(A.sys, "executable", str(server[2] / "no-bin" / "python"))  # no py-spy beside it either
@@ -213,7 +213,7 @@ def _state(pid: str) -> str:
 ])
 def test_what_a_fork_cannot_reproduce_starts_cold(agent, server, argv, env, why):
     a = agent()
-    started = a.start(argv, _env(**env), str(server[2]), 1, 0)
+    started = a.start(argv, _env(**env), str(server[2]), 1, 0, warm=True)
     assert not started["warm"] and why in started["cold_why"], started
     _run_to_end(a)
 
@@ -227,11 +227,11 @@ def test_a_setting_of_rays_dependencies_read_at_their_import_starts_the_rank_col
         assert time.monotonic() < deadline, log.read_text()
         time.sleep(0.2)
     a = agent()
-    started = a.start([sys.executable, "train.py"], _env(PANDAS_COPY_ON_WRITE="1"), str(server[2]), 1, 0)
+    started = a.start([sys.executable, "train.py"], _env(PANDAS_COPY_ON_WRITE="1"), str(server[2]), 1, 0, warm=True)
     assert not started["warm"] and "PANDAS_COPY_ON_WRITE differs" in started["cold_why"], started
     _run_to_end(a)
     same = agent()
-    assert same.start([sys.executable, "train.py"], _env(), str(server[2]), 1, 0)["warm"]
+    assert same.start([sys.executable, "train.py"], _env(), str(server[2]), 1, 0, warm=True)["warm"]
     assert _run_to_end(same)[1] == 3
 
 
@@ -251,7 +251,7 @@ def test_a_forked_rank_builds_ddp_without_importing_torchs_compiler_front_end_ag
     rank has it, and what its import set in the environment (inductor's cache dir), as a fresh rank would."""
     (tmp_path / "ddp.py").write_text(DDP_SCRIPT)
     a = agent()
-    assert a.start([sys.executable, "ddp.py"], _env(), str(tmp_path), 1, 0)["warm"]
+    assert a.start([sys.executable, "ddp.py"], _env(), str(tmp_path), 1, 0, warm=True)["warm"]
     lines, code = _run_to_end(a)
     cold = subprocess.run([sys.executable, "ddp.py"], cwd=tmp_path, capture_output=True, text=True,
                           env={**_env(), "PYTHONPATH": ""}, timeout=120)
@@ -263,7 +263,7 @@ def test_a_forked_rank_builds_ddp_without_importing_torchs_compiler_front_end_ag
 
 def test_a_rank_with_another_setting_of_torchs_compiler_starts_cold(agent, server, tmp_path):
     a = agent()
-    started = a.start([sys.executable, "train.py"], _env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path)), str(server[2]), 1, 0)
+    started = a.start([sys.executable, "train.py"], _env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path)), str(server[2]), 1, 0, warm=True)
     assert not started["warm"] and "TORCHINDUCTOR_CACHE_DIR differs" in started["cold_why"], started
     assert _run_to_end(a)[1] == 3
 
@@ -280,13 +280,13 @@ def test_without_a_warm_interpreter_the_rank_starts_cold(monkeypatch, tmp_path):
     monkeypatch.delenv(WARM_ENV, raising=False)
     (tmp_path / "train.py").write_text(SCRIPT)
     a = RankAgent("warm-test", 0)
-    assert not a.start([sys.executable, "train.py"], _env(), str(tmp_path), 1, 0)["warm"]
+    assert not a.start([sys.executable, "train.py"], _env(), str(tmp_path), 1, 0, warm=True)["warm"]
     lines, code = _run_to_end(a)
     assert code == 3 and lines[0].startswith("cold __main__")
     # One that should be there but is not (it failed to start): cold, and the start line will say where to look.
     monkeypatch.setenv(WARM_ENV, str(tmp_path / "warm.sock"))
     b = RankAgent("warm-test", 1)
-    started = b.start([sys.executable, "train.py"], _env(), str(tmp_path), 1, 0)
+    started = b.start([sys.executable, "train.py"], _env(), str(tmp_path), 1, 0, warm=True)
     assert not started["warm"] and f"{tmp_path}/warm-interpreter.log" in started["cold_why"], started
     assert _run_to_end(b)[1] == 3
 
@@ -306,7 +306,7 @@ def test_a_malformed_request_is_declined_and_the_server_serves_on(agent, server,
     os.close(write_end)
     assert "declined" in answer and server[0].poll() is None, answer
     a = agent()
-    assert a.start([sys.executable, "train.py"], _env(), str(server[2]), 1, 0)["warm"]
+    assert a.start([sys.executable, "train.py"], _env(), str(server[2]), 1, 0, warm=True)["warm"]
     assert _run_to_end(a)[1] == 3
 
 
@@ -320,7 +320,7 @@ def test_sigterm_ends_the_server_only_once_its_ranks_have_ended(server, tmp_path
             time.sleep(0.1)
         os.environ[WARM_ENV] = str(sock)
         a = RankAgent("warm-test", 0)
-        started = a.start([sys.executable, "train.py", "sleep"], _env(), str(server[2]), 1, 0)
+        started = a.start([sys.executable, "train.py", "sleep"], _env(), str(server[2]), 1, 0, warm=True)
         assert started["warm"], started
         proc.send_signal(signal.SIGTERM)  # as SLURM signals every process of the step
         deadline = time.monotonic() + 10

@@ -23,9 +23,13 @@ import time
 from typing import Any
 
 from raydist.hook import STATUS_ENV, read
-from raydist.launcher.warm import WarmProcess, spawn
+from raydist.launcher.errorfile import ERROR_FILE_ENV, read_error_file
+from raydist.launcher.warm import COLD_BY_CHOICE, WarmProcess, spawn
 from raydist.observability.ray_metrics import export_relayed
 
+RETURNED_ENV = "RAYDIST_RETURNED_FILE"  # these three: as raydist/launcher/rank_site/sitecustomize.py reads them
+PID_ENV = "RAYDIST_RANK_PID"
+PYTHONPATH_ENV = "RAYDIST_PYTHONPATH"
 MAX_BUFFERED_LINES = 20000  # between two polls (0.2 s); past it the oldest are lost to the console and the log
 STACK_DUMP_TIMEOUT_S = 20
 
@@ -49,11 +53,23 @@ on a 2-core machine (spot checks of `benchmarks/torchrun_sync.py` under `raydist
 SHIM = ("import ctypes, os, sys\n"
         "ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG: SIGKILL when the agent's thread that started it ends\n"
         "try:\n    os.setpriority(os.PRIO_PROCESS, 0, int(sys.argv[1]))\nexcept OSError:\n    pass\n"
+        f"os.environ['{PID_ENV}'] = str(os.getpid())\n"
         "os.execvp(sys.argv[2], sys.argv[2:])\n")
 """What the script is exec'd through: a fresh single-threaded interpreter (-S: no site, a few ms) sets the death
-signal and srun's niceness, then becomes the script. Not a preexec_fn: Python code between fork and exec in the
-agent, a process full of Ray's threads, can deadlock (dlopen's lock held by another thread at the fork), and the
-rank then never starts. Lowering the niceness needs root or RLIMIT_NICE; otherwise the script keeps Ray's."""
+signal and srun's niceness, then becomes the script (same pid: rank_site's sitecustomize knows the rank's own
+process by it). Not a preexec_fn: Python code between fork and exec in the agent, a process full of Ray's threads,
+can deadlock (dlopen's lock held by another thread at the fork), and the rank then never starts. Lowering the
+niceness needs root or RLIMIT_NICE; otherwise the script keeps Ray's."""
+RANK_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_site")
+"""Its sitecustomize notes when the script has returned, then restores PYTHONPATH and sys.path as they were."""
+
+
+def with_exit_note(env: dict[str, str], returned_file: str) -> dict[str, str]:
+    """A cold rank's environment, with rank_site first on PYTHONPATH to note when its script returns (a Python
+    started with -S, -E or -I skips it: that rank's exit is then not told from its training)."""
+    saved = "=" + env["PYTHONPATH"] if "PYTHONPATH" in env else ""
+    path = RANK_SITE + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return {**env, "PYTHONPATH": path, PYTHONPATH_ENV: saved, RETURNED_ENV: returned_file}
 
 
 def _shimmed(argv: list[str], niceness: int) -> list[str]:
@@ -101,6 +117,8 @@ class RankAgent:
         self.restarts = 0
         self.ended: float | None = None
         self.exit_seen: float | None = None
+        self.returned_at: float | None = None  # when its script was seen to have returned (rank_site)
+        self.error_file = self.returned_file = ""
 
     # ---- placement ----------------------------------------------------------------------------------
 
@@ -121,32 +139,44 @@ class RankAgent:
 
     # ---- the script -----------------------------------------------------------------------------------
 
-    def start(self, argv: list[str], launcher_env: dict[str, str], cwd: str, rank: int, restarts: int,
-              warm: bool = True) -> dict[str, Any]:
-        """The script's process: forked by the node's warm interpreter where there is one that can run it
-        (raydist.launcher.warm_server: torch already imported), else a fresh interpreter. Its pid and which."""
+    def start(self, argv: list[str], launcher_env: dict[str, str], cwd: str, rank: int, restarts: int, *,
+              warm: bool = False, caller_env: dict[str, str] | None = None,
+              named: dict[str, str] | None = None) -> dict[str, Any]:
+        """The script's process: a fresh interpreter, or (`warm`) forked by the node's warm interpreter where there
+        is one that can run it (raydist.launcher.warm_server: torch already imported). Its environment: this node's,
+        the caller's (`caller_env`, `named`) and the launcher's (raydist.launcher.environment.merged). Its pid and
+        which way it started."""
         from raydist.launcher.environment import merged
 
         self.rank, self.restarts = rank, restarts
-        self.status_dir = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"raydist-launch-{os.getpid()}-{self.index}")
-        os.makedirs(self.status_dir, exist_ok=True)
-        self.status_file = os.path.join(self.status_dir, f"rank{rank}.json")
-        for stale in (self.status_file, self.status_file + ".tmp"):
-            if os.path.exists(stale):
-                os.unlink(stale)
-        env = {**merged(dict(os.environ), launcher_env), STATUS_ENV: self.status_file,
-               "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
+        self._files(rank, restarts)
+        env = {**merged(dict(os.environ), launcher_env, caller_env, named), STATUS_ENV: self.status_file,
+               ERROR_FILE_ENV: self.error_file, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
         if not os.path.isdir(cwd):
             cwd = os.getcwd()  # the driver's directory is not on this node: Ray's copy of the working dir is
         niceness = _script_niceness()
-        warm, self.cold_why = spawn(argv, env, cwd, niceness) if warm else (None, "warm=false")
-        self.proc = warm or subprocess.Popen(_shimmed(argv, niceness), env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **OWN_PROCESS_GROUP)
+        warm, self.cold_why = (spawn(argv, {**env, RETURNED_ENV: self.returned_file}, cwd, niceness) if warm
+                               else (None, COLD_BY_CHOICE))
+        self.proc = warm or subprocess.Popen(
+            _shimmed(argv, niceness), env=with_exit_note(env, self.returned_file), cwd=cwd,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **OWN_PROCESS_GROUP)
         self.last_active = time.monotonic()
-        self.ended = self.exit_seen = None
+        self.ended = self.exit_seen = self.returned_at = None
         threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
         self.exporter = None  # this start's: made at the first poll that finds Ray up (Group.here starts before)
         return {"pid": self.proc.pid, "warm": warm is not None, "cold_why": self.cold_why}
+
+    def _files(self, rank: int, restarts: int) -> None:
+        """This start's files beside the rank: the hook's status, torch's error file (TORCHELASTIC_ERROR_FILE, as
+        torchrun sets it per rank and start), and the note that the script has returned."""
+        self.status_dir = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"raydist-launch-{os.getpid()}-{self.index}")
+        os.makedirs(self.status_dir, exist_ok=True)
+        self.status_file = os.path.join(self.status_dir, f"rank{rank}.json")
+        self.error_file = os.path.join(self.status_dir, f"error-start{restarts}-rank{rank}.json")
+        self.returned_file = os.path.join(self.status_dir, f"returned-start{restarts}-rank{rank}")
+        for stale in (self.status_file, self.status_file + ".tmp", self.error_file, self.returned_file):
+            if os.path.exists(stale):
+                os.unlink(stale)
 
     def _pump(self, proc: subprocess.Popen) -> None:
         assert proc.stdout is not None
@@ -184,8 +214,12 @@ class RankAgent:
                 code = None
             else:
                 self.ended = self.exit_seen
+        if self.returned_at is None and self.returned_file and os.path.exists(self.returned_file):
+            self.returned_at = now
         out = {"lines": lines, "exit_code": code, "silent_s": now - self.last_active,
                "ended_s_ago": now - self.ended if self.ended is not None else None,
+               "returned_s_ago": now - self.returned_at if self.returned_at is not None else None,
+               "error": read_error_file(self.error_file) if code not in (None, 0) else None,
                "status": status, "pid": self.proc.pid if self.proc else None, **usage}
         self._export(out)
         return out

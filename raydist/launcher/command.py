@@ -11,6 +11,7 @@ below are the common ones. docs/launch.md has the environment each rank gets, fa
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -26,6 +27,8 @@ FLAGS = {  # flag -> (settings key, metavar, help)
     "--hang-timeout": ("hang_timeout_s", "S", "name a rank silent this long, dump every stack (default 300)"),
     "--signal": ("stop_signal", "SIG", "sent to every rank at the time limit or preemption (default SIGTERM)"),
     "--grace": ("grace_s", "S", "seconds the ranks have to exit after that signal (default 30)"),
+    "--export": ("export", "ALL|NONE|[ALL,]NAME[=VALUE],...",
+                 "which of your environment every rank gets, as srun's --export (default ALL)"),
     "--output": ("output", "rank0|all|none", "whose output the console shows (default rank0)"),
     "--name": ("name", "NAME", "run name (default launch-<script>)"),
     "--storage": ("storage_path", "DIR", "where the run directory goes (default ~/raydist_runs)"),
@@ -39,6 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for flag, (key, metavar, help) in FLAGS.items():
         p.add_argument(flag, dest=key, metavar=metavar, help=help)
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", dest="env",
+                   help="a variable every rank gets with this value (repeatable)")
     p.add_argument("--gpu", dest="use_gpu", action="store_const", const="true", help="one GPU per process")
     p.add_argument("--config", action="append", default=[], metavar="FILE", help="YAML of launch settings")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
@@ -52,6 +57,11 @@ def overrides(args: argparse.Namespace) -> list[str]:
     out = [f"{key}={getattr(args, key)}" for key, _, _ in FLAGS.values() if getattr(args, key) is not None]
     if args.use_gpu:
         out.append("use_gpu=true")
+    for pair in args.env:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise UsageError(f"raydist launch: --env needs KEY=VALUE (got {pair!r})")
+        out.append(f"env.{name}={json.dumps(value)}")  # a YAML string as given: 'yes' stays 'yes', not true
     return out + list(args.overrides)
 
 
@@ -97,10 +107,24 @@ def cluster_address(cfg) -> str:
 
 
 def check_before_ray(cfg) -> None:
-    from raydist.preflight import check_ray_target, check_writable
+    from raydist.preflight import check_ray_target, check_writable, local_gpu_count
 
     check_writable(cfg.run_dir, "storage_path")
-    check_ray_target(cluster_address(cfg))
+    address = cluster_address(cfg)
+    check_ray_target(address)
+    if cfg.use_gpu and not address and local_gpu_count() < cfg.min_workers:
+        raise UsageError(f"raydist launch: --gpu with workers={cfg.workers} needs {cfg.min_workers} GPU(s) but this "
+                         f"machine has {local_gpu_count()}; leave out --gpu or start fewer workers")
+
+
+def check_cluster_gpus(cfg, address: str) -> None:
+    """On joining a cluster: --gpu needs a GPU per process somewhere (else placing them would wait, then fail)."""
+    import ray
+
+    have = int(ray.cluster_resources().get("GPU", 0))
+    if cfg.use_gpu and have < cfg.min_workers:
+        raise UsageError(f"raydist launch: --gpu with workers={cfg.workers} needs {cfg.min_workers} GPU(s) but the "
+                         f"Ray cluster at {address} has {have}; leave out --gpu or start fewer workers")
 
 
 def connect(cfg) -> str:
@@ -120,6 +144,7 @@ def connect(cfg) -> str:
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
         except (ConnectionError, ValueError, RuntimeError) as e:
             raise RaydistError(f"cannot connect to Ray at {address}: {str(e).splitlines()[0]}") from None
+        check_cluster_gpus(cfg, address)
         return address
     # ERROR: Ray's start-up lines (and its token notice) would mix into the script's own output.
     start_local(max(os.cpu_count() or 1, int(cfg.max_workers * cfg.cpus_per_worker + 0.999)), logging.ERROR,
@@ -139,6 +164,7 @@ def _launch(args: argparse.Namespace) -> int:
     from raydist.launcher import settings
 
     started = time.perf_counter()
+    caller = dict(os.environ)  # before raydist sets anything of its own: what the ranks get (--export)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     cwd = os.getcwd()
     cfg = settings.load(args.config, overrides(args), command)
@@ -147,12 +173,13 @@ def _launch(args: argparse.Namespace) -> int:
     from raydist.launcher.driver import LaunchRun, say
 
     try:
-        summary = LaunchRun(cfg, command, cwd, started, connect, embedded=not cluster_address(cfg)).run()
+        summary = LaunchRun(cfg, command, cwd, started, connect, embedded=not cluster_address(cfg),
+                            caller_env=caller).run()
     finally:
         import ray
 
         ray.shutdown()  # now rather than at exit: half a second less (measured), and errors print after it
-    if summary.status == "failed":
+    if summary.status in ("failed", "exit_fault"):
         raise RankFailed(f"{cfg.name}: {summary.reason}", summary.exit_code)
     say(f"{cfg.name}: {summary.status} ({summary.reason}) after {summary.wall_s:.1f} s, {summary.restarts} "
         f"restart(s); summary {os.path.join(cfg.run_dir, 'summary.json')}")

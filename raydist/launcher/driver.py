@@ -12,16 +12,18 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from raydist.atomic import write_json_atomic
 from raydist.errors import RaydistError
 from raydist.launcher import policy
+from raydist.launcher.errorfile import describe as describe_error
 from raydist.launcher.group import Group, capacity, group_size
 from raydist.launcher.settings import LaunchConfig, to_dict
 from raydist.launcher.summary import LaunchSummary
-from raydist.launcher.warm import NO_WARM
+from raydist.launcher.warm import COLD_BY_CHOICE, NO_WARM
 from raydist.summary import RESULT_ENV
 
 POLL_S = 0.2  # how often output is relayed and the ranks are looked at
@@ -83,16 +85,31 @@ class Interrupts:
         self.why = f"raydist launch received {signal.Signals(signum).name}"
 
 
+@dataclass(frozen=True)
+class RankEnv:
+    """What every rank gets of the caller's environment (raydist.launcher.environment.merged puts it together with
+    the node's on the rank's node): its exported variables, and those the user named (--env, --export NAME)."""
+
+    caller: dict[str, str]
+    named: dict[str, str]
+
+
 class LaunchRun:
     """One `raydist launch`: runs the group until it completes, fails, or is stopped; returns its summary."""
 
     def __init__(self, cfg: LaunchConfig, command: list[str], cwd: str, started: float,
                  connect: Callable[[LaunchConfig], str], *, label: str = "launch", hand_over: bool = True,
-                 embedded: bool = False):
+                 embedded: bool = False, caller_env: dict[str, str] | None = None):
         """`label`: the run's strategy in the dashboard's run list; `hand_over`: write summary.json and
         $RAYDIST_RESULT_FILE (a job on the launch engine writes its own summary instead); `embedded`: `connect`
-        starts the embedded instance (the first start then begins before it, `starts_before_ray`)."""
+        starts the embedded instance (the first start then begins before it, `starts_before_ray`); `caller_env`:
+        the environment raydist launch was started with (default: this process's), exported as cfg.export says."""
+        from raydist.launcher.environment import Export, exported, given
+
         self.cfg, self.command, self.cwd, self.started, self.connect = cfg, command, cwd, started, connect
+        caller = dict(os.environ) if caller_env is None else caller_env
+        export = Export.parse(cfg.export)
+        self.env = RankEnv(exported(caller, export), given(caller, export, cfg.env))
         self.label, self.hand_over, self.embedded = label, hand_over, embedded
         self.restarts = 0
         self.failures: list[str] = []
@@ -180,7 +197,7 @@ class LaunchRun:
         group = Group(self.cfg, self.view, n, self.restarts, loopback=self.ray == "local")
         group.place()
         self._mark("placed")
-        group.start(self.command, self.cwd, self.run_id)
+        group.start(self.command, self.cwd, self.run_id, self.env)
         self._mark("started")
         self._announce(group)
         return group
@@ -191,7 +208,7 @@ class LaunchRun:
         group = Group.here(self.cfg, self.label)
         self._mark("placed")
         try:
-            group.start(self.command, self.cwd, self.run_id)
+            group.start(self.command, self.cwd, self.run_id, self.env)
             self._mark("started")
             self.console = Console(self.cfg)
             self._announce(group)
@@ -282,17 +299,41 @@ class LaunchRun:
         for r in group.ranks:
             if r.lost:
                 return policy.Event(policy.Kind.LOST, r.rank, r.node, r.pid, detail=r.lost)
-        failed = [r for r in group.ranks if r.exit_code not in (None, 0)]
+        self._note_exit_faults(group)
+        failed = [r for r in group.ranks if r.exit_code not in (None, 0) and not r.exit_fault]
         if failed:
             r = max(failed, key=lambda r: (r.ended_s_ago, -r.rank))  # the first to fail; its peers followed
-            return policy.Event(policy.Kind.EXITED, r.rank, r.node, r.pid, r.exit_code, r.last_line)
-        if all(r.exit_code == 0 for r in group.ranks):
+            return policy.Event(policy.Kind.EXITED, r.rank, r.node, r.pid, r.exit_code,
+                                describe_error(r.error) or r.last_line)
+        if all(r.exit_code == 0 or r.exit_fault for r in group.ranks):
+            faults = [r.exit_fault for r in group.ranks if r.exit_fault]
+            if faults:
+                return policy.Event(policy.Kind.EXIT_FAULT, detail="; ".join(faults))
             return policy.Event(policy.Kind.COMPLETED)
-        return self._hang(group)
+        return self._hang([r for r in group.ranks if r.returned_s_ago is None], group)
 
-    def _hang(self, group: Group) -> policy.Event | None:
+    def _note_exit_faults(self, group: Group) -> None:
+        """A rank whose script had returned and that then died by a signal, or has been silent without exiting for
+        exit_timeout_s (its stack dumped, then killed): an exit fault, reported, never restarted."""
+        for r in group.ranks:
+            how = None if r.exit_fault else policy.exit_fault(r.returned_s_ago, r.silent_s, r.exit_code,
+                                                              self.cfg.exit_timeout_s)
+            who = f"rank {r.rank} on {r.node} (pid {r.pid})"
+            if how == "signal":
+                r.exit_fault = f"{who} was then killed by signal {-r.exit_code} on its way out"
+            elif how == "hung":
+                where = self._write_stacks(group.dump_stacks([r]), "exit-")
+                group.kill(r)
+                r.exit_fault = (f"{who} then printed nothing and did not exit for {self.cfg.exit_timeout_s:g} s "
+                                f"(exit_timeout_s); its stack is in {where / f'exit-rank{r.rank}.txt'}; killed")
+            if how:
+                say(f"exit fault: {r.exit_fault}")
+
+    def _hang(self, training: list, group: Group) -> policy.Event | None:
+        """A training hang among the ranks whose scripts have not returned (a rank on its way out has its own
+        bound, exit_timeout_s)."""
         now = time.monotonic()
-        running = [r for r in group.ranks if r.exit_code is None]
+        running = [r for r in training if r.exit_code is None]
         acts = [policy.Activity(r.rank, now - r.silent_s, r.state) for r in running]
         if policy.hung_rank(acts, now, self.cfg.hang_timeout_s) is None:
             return None
@@ -307,11 +348,11 @@ class LaunchRun:
             f"printed nothing and reported no step for {now - bad.last_active:.0f} s (hang_timeout_s="
             f"{self.cfg.hang_timeout_s:g}){state}; every rank's stack is in {where}"))
 
-    def _write_stacks(self, stacks: dict[int, dict[str, Any]]) -> Path:
+    def _write_stacks(self, stacks: dict[int, dict[str, Any]], prefix: str = "") -> Path:
         where = Path(self.cfg.run_dir) / "stacks" / f"start{self.restarts + 1}"
         where.mkdir(parents=True, exist_ok=True)
         for rank, s in stacks.items():
-            (where / f"rank{rank}.txt").write_text(f"# {s.get('how')}, {s.get('seconds', 0):.2f} s\n{s['text']}\n")
+            (where / f"{prefix}rank{rank}.txt").write_text(f"# {s.get('how')}, {s.get('seconds', 0):.2f} s\n{s['text']}\n")
         return where
 
     def _grow_event(self, group: Group) -> policy.Event | None:
@@ -371,7 +412,8 @@ class LaunchRun:
         say(f"ranks still running after {grace:.0f} s: killing them")
 
     def _finish(self, group: Group, decision: policy.Decision) -> LaunchSummary:
-        status = {policy.Action.DONE: "completed", policy.Action.STOP: "stopped"}.get(decision.action, "failed")
+        status = {policy.Action.DONE: "completed", policy.Action.STOP: "stopped",
+                  policy.Action.FINISHED_FAULTY: "exit_fault"}.get(decision.action, "failed")
         if status == "failed":
             self.failures.append(decision.reason)
         summary = LaunchSummary(
@@ -379,8 +421,9 @@ class LaunchRun:
             workers=len(group.ranks), status=status, exit_code=decision.exit_code, reason=decision.reason,
             restarts=self.restarts, wall_s=round(time.perf_counter() - self.started, 3),
             ranks=[{"rank": r.rank, "node": r.node, "iface": r.slot.place.iface, "pid": r.pid,
-                    "exit_code": r.exit_code, "warm": r.warm} for r in group.ranks],
-            failures=self.failures, logs=str(self.console.logs), startup_s=self._startup())
+                    "exit_code": r.exit_code, "warm": r.warm, "exit_fault": r.exit_fault} for r in group.ranks],
+            failures=self.failures, logs=str(self.console.logs), startup_s=self._startup(),
+            error=self._root_cause(group) if status == "failed" else None)
         self._registered(group, final=True)
         if status == "failed":
             self.view.end(error=RaydistError(decision.reason))
@@ -391,6 +434,15 @@ class LaunchRun:
             if os.environ.get(RESULT_ENV):
                 write_json_atomic(Path(os.environ[RESULT_ENV]), summary.to_dict())
         return summary
+
+    @staticmethod
+    def _root_cause(group: Group) -> dict[str, Any] | None:
+        """What the first failed rank wrote to TORCHELASTIC_ERROR_FILE (a script decorated with @record)."""
+        failed = [r for r in group.ranks if r.error and not r.exit_fault]
+        if not failed:
+            return None
+        r = max(failed, key=lambda r: (r.ended_s_ago, -r.rank))
+        return {"rank": r.rank, "node": r.node, **r.error}
 
     def _startup(self) -> dict[str, float]:
         out = dict(self.timeline)
@@ -404,7 +456,7 @@ class LaunchRun:
 def warm_note(ranks) -> str:
     """How many ranks the nodes' warm interpreters forked, and why the others could not be (SLURM bring-up only)."""
     warm = sum(r.warm for r in ranks)
-    why = sorted({r.cold_why for r in ranks if not r.warm and r.cold_why != NO_WARM})
+    why = sorted({r.cold_why for r in ranks if not r.warm and r.cold_why not in (NO_WARM, COLD_BY_CHOICE)})
     if not warm and not why:
         return ""
     return f"; {warm} of them forked with torch imported" + (f" (others: {'; '.join(why)})" if why else "")

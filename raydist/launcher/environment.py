@@ -2,8 +2,9 @@
 
 Pure functions, no Ray: `assign_ranks` turns where Ray placed the processes into ranks (each node's ranks together,
 nodes in hostname order, as srun's block distribution and torchrun number them); `rank_environment` is the
-variables one rank gets; `inherited` is what it keeps of the Ray worker's own environment. docs/launch.md has the
-table.
+variables one rank gets; `inherited` is what it keeps of the Ray worker's own environment; `exported` is what it
+gets of the caller's (the shell that ran `raydist launch`), as srun's `--export` says; `merged` puts them together.
+docs/launch.md has the table.
 
 Both launchers' variables are set, consistent with each other, so a script or framework that looks for either
 finds one coherent launcher. A Ray worker inherits the environment of the `srun ... ray start` step that started
@@ -14,6 +15,7 @@ chosen at bring-up, SLURM_JOB_ID, SLURMD_NODENAME) is.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 # Allocation-wide SLURM variables: true of every process of the job, kept as inherited.
@@ -33,6 +35,90 @@ TORCH_LAUNCHER = frozenset({
     "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE",
     "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_ENABLE_FILE_TIMER", "CUDA_VISIBLE_DEVICES",
 })
+
+
+RAYDIST_SETTINGS = frozenset({"TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S"})
+"""What raydist sets in its own process for its Ray Train workers (raydist.session.prepare_ray_environment), which
+the embedded instance's processes inherit: not taken from the node (a caller's own value is exported as any other)."""
+RAYDIST_PLUMBING = frozenset({"RAYDIST_WARM_SOCKET", "RAYDIST_WARM_EXEC"})
+"""Where a node's warm interpreter listens (set by the SLURM bring-up, and in a client's shell): never a script's."""
+CALLER_PROCESS = frozenset({
+    "HOSTNAME", "HOST", "PWD", "OLDPWD", "SHLVL", "_", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK",
+    "TMUX", "TMUX_PANE", "STY", "WINDOW", "XDG_SESSION_ID", "RAYDIST_RESULT_FILE",
+})
+"""What describes the caller's own process or host (its shell, terminal, login): never exported to the ranks. srun
+would pass HOSTNAME and the like on too, and a script reading them would see the login node's."""
+NODE_FIRST = frozenset({"TMPDIR", "XDG_RUNTIME_DIR", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"})
+NODE_FIRST_PREFIXES = ("RAY_", "RAYDIST_")
+"""Where the node has its own value, it wins over the caller's: its temp dir, the interface its bring-up chose
+(the caller's NIC name may not exist on the node: the hang raydist replaces), its Ray's settings (auth token path,
+addresses). The caller's is passed on where the node has none."""
+CONTRACT = TORCH_LAUNCHER | {"SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NPROCS",
+                             "SLURM_NNODES", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES",
+                             "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE",
+                             "SLURM_NODELIST", "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST", "RAYDIST_STATUS_FILE",
+                             "TORCHELASTIC_ERROR_FILE"}
+"""The launcher's own variables (rank_environment and the agent's): set by raydist for each rank, not settable by
+--env or --export (a rank that is told another RANK would not meet its peers)."""
+
+
+def _launcher_owned(key: str) -> bool:
+    """Another launcher's or step's variables: an enclosing torchrun's, the SLURM task's, Ray's worker's, and
+    raydist's own plumbing."""
+    return ((key.startswith(("SLURM_", "SLURMD_")) and key not in JOB_LEVEL_SLURM) or key in RAY_WORKER_ONLY
+            or key in TORCH_LAUNCHER or key.startswith("PMI_") or key in RAYDIST_PLUMBING)
+
+
+@dataclass(frozen=True)
+class Export:
+    """srun's --export: everything of the caller's (`all`), and/or the named variables, each with its caller's
+    value (None) or a value given here."""
+
+    all: bool = True
+    named: tuple[tuple[str, str | None], ...] = ()
+
+    @classmethod
+    def parse(cls, spec: str) -> "Export":
+        """'ALL', 'NONE', or '[ALL,]NAME[=VALUE][,...]' as srun spells it. ValueError names what is wrong."""
+        parts = [p for p in spec.split(",") if p.strip()] if spec.strip() else ["NONE"]
+        if [p.strip().upper() for p in parts] == ["NONE"]:
+            return cls(all=False)
+        everything = parts[0].strip().upper() == "ALL"
+        named = []
+        for part in parts[1:] if everything else parts:
+            name, sep, value = part.partition("=")
+            name = name.strip()
+            check_variable_name(name)
+            named.append((name, value if sep else None))
+        return cls(all=everything, named=tuple(named))
+
+
+def check_variable_name(name: str) -> None:
+    """ValueError unless `name` is a variable a user may set for the ranks."""
+    if name.upper() in ("ALL", "NONE"):
+        raise ValueError(f"{name} may only come first (ALL) or alone (NONE)")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise ValueError(f"{name!r} is not an environment variable name")
+    if name in CONTRACT:
+        raise ValueError(f"{name} is set by raydist launch for each rank (docs/launch.md), not by you")
+
+
+def exported(caller: dict[str, str], export: Export) -> dict[str, str]:
+    """What the ranks get of the caller's whole environment: with ALL, all of it less its own process's and
+    other launchers' variables; nothing with NONE or only names. No SLURM variable: the allocation's come from
+    the node (the caller may be outside it, or in another one)."""
+    if not export.all:
+        return {}
+    return {k: v for k, v in caller.items()
+            if k not in CALLER_PROCESS and not _launcher_owned(k) and not k.startswith(("SLURM_", "SLURMD_"))}
+
+
+def given(caller: dict[str, str], export: Export, env: dict[str, str]) -> dict[str, str]:
+    """What the user named: --export NAME (the caller's value, where it has one), --export NAME=VALUE, then --env
+    KEY=VALUE. These win over the node's own values too."""
+    out = {name: caller[name] if value is None else value for name, value in export.named
+           if value is not None or name in caller}
+    return {**out, **env}
 
 
 @dataclass(frozen=True)
@@ -153,24 +239,24 @@ def rank_environment(slot: Slot, group: Group) -> dict[str, str]:
 def inherited(env: dict[str, str]) -> dict[str, str]:
     """What a rank keeps of its Ray worker's environment: everything but the SLURM task variables of the step
     that started Ray, Ray's worker-only variables and an enclosing launcher's variables."""
-    out = {}
-    for key, value in env.items():
-        if key.startswith(("SLURM_", "SLURMD_")) and key not in JOB_LEVEL_SLURM:
-            continue
-        if key in RAY_WORKER_ONLY or key in TORCH_LAUNCHER or key.startswith("PMI_"):
-            continue
-        out[key] = value
-    return out
+    return {key: value for key, value in env.items() if not _launcher_owned(key) and key not in RAYDIST_SETTINGS}
 
 
-def merged(worker_env: dict[str, str], launcher_env: dict[str, str]) -> dict[str, str]:
-    """The whole environment of one rank's process: what it keeps of its Ray worker's, then the launcher's. A job
-    name the allocation has stays (Lightning reads 'bash'/'interactive' from it)."""
-    env = {**inherited(worker_env), **launcher_env}
+def merged(worker_env: dict[str, str], launcher_env: dict[str, str], caller_env: dict[str, str] | None = None,
+           named: dict[str, str] | None = None) -> dict[str, str]:
+    """The whole environment of one rank's process, later winning: what it keeps of its Ray worker's (the node's),
+    the caller's as exported (`exported`; the node's own temp dir, interface and Ray settings stay the node's),
+    the values the user gave by name (--env, --export NAME=VALUE), then the launcher's. A job name the allocation
+    has stays (Lightning reads 'bash'/'interactive' from it)."""
+    node = inherited(worker_env)
+    caller = {k: v for k, v in (caller_env or {}).items()
+              if not (k in node and (k in NODE_FIRST or k.startswith(NODE_FIRST_PREFIXES)))}
+    env = {**node, **caller, **(named or {}), **launcher_env}
     if "SLURM_JOB_NAME" in worker_env:
         env["SLURM_JOB_NAME"] = worker_env["SLURM_JOB_NAME"]
     return env
 
 
-def script_environment(worker_env: dict[str, str], slot: Slot, group: Group) -> dict[str, str]:
-    return merged(worker_env, rank_environment(slot, group))
+def script_environment(worker_env: dict[str, str], slot: Slot, group: Group,
+                       caller_env: dict[str, str] | None = None) -> dict[str, str]:
+    return merged(worker_env, rank_environment(slot, group), caller_env)

@@ -40,6 +40,9 @@ class Rank:
     rss_bytes: int = 0
     lost: str = ""  # why its agent is gone, once it is
     ended_s_ago: float = 0.0  # at the latest poll: how long ago its process ended
+    returned_s_ago: float | None = None  # how long ago its script returned (None: not yet, or not known)
+    error: dict[str, str] | None = None  # what it wrote to TORCHELASTIC_ERROR_FILE when it failed
+    exit_fault: str = ""  # the line saying how it failed after its script had returned, once it has
 
     @property
     def node(self) -> str:
@@ -221,8 +224,9 @@ class Group:
                 f"{self.cfg.start_timeout_s:g} s; the cluster has {have.get('CPU', 0):g} CPUs, "
                 f"{have.get('GPU', 0):g} GPUs{died}")
 
-    def start(self, command: list[str], cwd: str, run_id: str) -> None:
-        """Every rank's process, with the launcher's environment (raydist.launcher.environment)."""
+    def start(self, command: list[str], cwd: str, run_id: str, env) -> None:
+        """Every rank's process, with the launcher's environment (raydist.launcher.environment) and the caller's
+        (`env`, a driver.RankEnv)."""
         rank0 = self.ranks[0]
         port = _get([rank0.agent.free_port.remote()], POLL_TIMEOUT_S)[0]
         shared = environment.Group(
@@ -230,13 +234,14 @@ class Group:
             run_id=run_id, restart_count=self.restarts, max_restarts=self.cfg.max_restarts,
             job_name=self.cfg.name, cpus_per_task=self.cfg.cpus_per_worker)
         extra = {}
-        if self.in_driver and "OMP_NUM_THREADS" not in os.environ:
+        if self.in_driver and "OMP_NUM_THREADS" not in {**os.environ, **env.caller, **env.named}:
             # What a rank of a Ray-placed start inherits from its agent: Ray gives each worker process as many
             # threads as it has CPUs (torchrun sets 1). Without it each rank takes every core's thread.
             extra["OMP_NUM_THREADS"] = str(max(1, int(self.cfg.cpus_per_worker)))
         started = _get([r.agent.start.remote(command, {**environment.rank_environment(r.slot, shared), **extra},
-                                             cwd, r.rank, self.restarts, self.cfg.warm) for r in self.ranks],
-                       POLL_TIMEOUT_S)
+                                             cwd, r.rank, self.restarts, warm=self.cfg.warm, caller_env=env.caller,
+                                             named=env.named)
+                        for r in self.ranks], POLL_TIMEOUT_S)
         for r, s in zip(self.ranks, started):
             r.pid, r.warm, r.cold_why = s["pid"], s["warm"], s["cold_why"]
 
@@ -259,6 +264,7 @@ class Group:
                 continue
             r.exit_code, r.silent_s, r.state = p["exit_code"], p["silent_s"], p["state"]
             r.ended_s_ago = p["ended_s_ago"] or 0.0
+            r.returned_s_ago, r.error = p["returned_s_ago"], p["error"] or r.error
             r.status, r.cpu_s, r.rss_bytes = p["status"] or r.status, p["cpu_s"] or r.cpu_s, p["rss_bytes"]
             if p["lines"]:
                 r.last_line = next((ln for ln in reversed(p["lines"]) if ln.strip()), r.last_line)
@@ -269,11 +275,11 @@ class Group:
         refs = [r.agent.send.remote(signame) for r in self.ranks if not r.lost and r.exit_code is None]
         _wait(refs, POLL_TIMEOUT_S)
 
-    def dump_stacks(self) -> dict[int, dict[str, Any]]:
-        """Every live rank's stack, dumped on its own node at the same time."""
+    def dump_stacks(self, ranks: list[Rank] | None = None) -> dict[int, dict[str, Any]]:
+        """Every live rank's stack (or these ranks'), dumped on its own node at the same time."""
         import ray
 
-        live = [r for r in self.ranks if not r.lost and r.exit_code is None]
+        live = [r for r in (self.ranks if ranks is None else ranks) if not r.lost and r.exit_code is None]
         refs = [r.agent.dump_stack.remote() for r in live]
         ready = _wait(refs, POLL_TIMEOUT_S + 10)
         out = {}
@@ -283,6 +289,11 @@ class Group:
             except ray.exceptions.RayError as e:
                 out[r.rank] = {"how": "none", "text": f"(agent lost: {_death_reason(e)})"}
         return out
+
+    def kill(self, rank: Rank) -> None:
+        """SIGKILL one rank's process group (its agent stays)."""
+        if not rank.lost:
+            _wait([rank.agent.kill.remote()], POLL_TIMEOUT_S)
 
     def end(self) -> None:
         """Kill what still runs, then the agents and the reservation."""

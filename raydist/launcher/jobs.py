@@ -39,6 +39,8 @@ def launch_settings(cfg: Config) -> LaunchConfig:
     return validate(LaunchConfig(
         workers=s.num_workers, cpus_per_worker=s.cpus_per_worker, use_gpu=s.use_gpu, max_restarts=s.max_failures,
         hang_timeout_s=cfg.faults.hang_timeout_s, grace_s=STOP_GRACE_S, output="rank0", name=cfg.run.name,
+        # raydist's own worker loop is known to be safe to fork from a warm interpreter (a user's script is not)
+        warm=True,
         storage_path=cfg.run.storage_dir, address=cfg.run.address))
 
 

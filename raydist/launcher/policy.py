@@ -1,7 +1,8 @@
 """What the launcher does about what happened to its ranks: pure decisions, acted on by raydist.launcher.driver.
 
 `decide(event, restarts, cfg)` is the restart policy (as Ray Train V2's FailurePolicy decides and its controller
-acts); `hung_rank` is the hang rule; `culprit` chooses which of several silent ranks to name.
+acts); `hung_rank` is the hang rule; `culprit` chooses which of several silent ranks to name; `exit_fault` tells a
+rank that failed on its way out (after its script returned) from one whose training failed.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ MAX_DETAIL = 300  # characters of a rank's last line quoted in the one line that
 
 class Kind(str, enum.Enum):
     COMPLETED = "completed"  # every rank exited 0
+    EXIT_FAULT = "exit_fault"  # every rank's script returned; one or more then died or hung on its way out
     EXITED = "exited"  # a rank exited non-zero, or was ended by a signal
     LOST = "lost"  # a rank's agent (and so the rank) died: its node went away, or it was killed
     HUNG = "hung"  # a rank printed nothing and reported no step for hang_timeout_s
@@ -26,6 +28,7 @@ class Kind(str, enum.Enum):
 
 class Action(str, enum.Enum):
     DONE = "done"  # exit 0
+    FINISHED_FAULTY = "finished_faulty"  # exit 1, status exit_fault: the training finished, never rerun it
     RESTART = "restart"  # stop every rank, start the group again (TORCHELASTIC_RESTART_COUNT + 1)
     FAIL = "fail"  # stop every rank, exit 1 (2 for a usage exit) with the event's line
     STOP = "stop"  # stop_signal to every rank, wait grace_s, then exit as a stopped run
@@ -66,6 +69,9 @@ def decide(event: Event, restarts: int, cfg: LaunchConfig) -> Decision:
     """RESTART, FAIL, STOP or DONE for one event, given the restarts that counted so far (failures)."""
     if event.kind == Kind.COMPLETED:
         return Decision(Action.DONE, "every rank exited 0")
+    if event.kind == Kind.EXIT_FAULT:  # a restart would train from the start again, for something at exit
+        return Decision(Action.FINISHED_FAULTY, f"every rank's script returned, but {event.detail}; not restarted",
+                        exit_code=1)
     if event.kind == Kind.STOP:
         return Decision(Action.STOP, event.describe())
     if event.kind == Kind.GROW:  # as Ray Train's elastic policy: not a failure, not counted
@@ -78,6 +84,19 @@ def decide(event: Event, restarts: int, cfg: LaunchConfig) -> Decision:
         return Decision(Action.RESTART, f"{event.describe()}; restarting every rank ({restarts + 1} {limit})")
     tail = f" (max_restarts={cfg.max_restarts} used up)" if cfg.max_restarts else ""
     return Decision(Action.FAIL, f"{event.describe()}{tail}", exit_code=1)
+
+
+def exit_fault(returned_s_ago: float | None, silent_s: float, exit_code: int | None,
+               exit_timeout_s: float) -> str | None:
+    """How a rank whose script had returned failed on its way out (non-daemon threads, atexit, interpreter
+    teardown, destructors): 'signal' (a crash: a destructor's SIGSEGV, an abort), 'hung' (running, and silent for
+    exit_timeout_s since it returned: output, an upload's progress say, restarts the clock), or None (no exit
+    fault: not returned yet, exited with a code, which is the script's own sys.exit, or within the bound)."""
+    if returned_s_ago is None:
+        return None
+    if exit_code is not None:
+        return "signal" if exit_code < 0 else None
+    return "hung" if min(returned_s_ago, silent_s) >= exit_timeout_s else None
 
 
 @dataclass(frozen=True)

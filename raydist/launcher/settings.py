@@ -13,9 +13,34 @@ import signal
 from dataclasses import dataclass
 from typing import Any, ClassVar, Iterable, Literal
 
-from raydist.typedconfig import WorkerRange, check, merge, opt, run_name, shared_path, validate, worker_count
+from raydist.typedconfig import WorkerRange, check, free, merge, opt, run_name, shared_path, validate, worker_count
 
 WHAT = "launch settings (workers, max_restarts, ...)"
+
+
+def _export(value: str, key: str) -> str:
+    from raydist.launcher.environment import Export
+
+    try:
+        Export.parse(str(value))
+    except ValueError as e:
+        check(False, key, f"{e} (ALL, NONE or [ALL,]NAME[=VALUE],... as srun's --export; got {value!r})")
+    return str(value)
+
+
+def _variables(value: Any, key: str) -> dict[str, str]:
+    from raydist.launcher.environment import check_variable_name
+
+    check(isinstance(value, dict), key, f"must be a mapping of variable names to values (got {value!r})")
+    out = {}
+    for name, v in value.items():
+        try:
+            check_variable_name(str(name))
+        except ValueError as e:
+            check(False, key, str(e))
+        check(not isinstance(v, (dict, list)), key, f"{name}: must be a string (got {v!r})")
+        out[str(name)] = "" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+    return out
 
 
 def _signal_name(value: str, key: str) -> str:
@@ -41,6 +66,12 @@ class LaunchConfig(WorkerRange):
     cpus_per_worker: float = opt(1.0, "Ray CPUs reserved per process", gt=0)
     use_gpu: bool = opt(False, "one GPU per process; CUDA_VISIBLE_DEVICES lists its node's GPUs so that device "
                                "LOCAL_RANK is its own")
+    export: str = opt(
+        "ALL", "which of the caller's environment variables every rank gets, as srun's --export: ALL (the shell's "
+        "that ran raydist launch, less what describes that shell itself; docs/launch.md), NONE (only the node's), "
+        "or [ALL,]NAME[=VALUE],...", parse=_export, shown="ALL, NONE or [ALL,]NAME[=VALUE],...")
+    env: dict = free("variables every rank gets with these values (--env KEY=VALUE), over the caller's and the "
+                     "node's", parse=_variables)
     max_restarts: int = opt(
         3, "restarts of the whole group after a rank exited non-zero, died, hung or lost its node "
         "(TORCHELASTIC_RESTART_COUNT counts them); -1 = unlimited", ge=0, special={-1: "unlimited"})
@@ -58,9 +89,13 @@ class LaunchConfig(WorkerRange):
         "rank0", "which ranks' output the console shows, each line prefixed [rank N node]; every rank's is kept "
         "in <run dir>/logs/rank<N>.log")
     warm: bool = opt(
-        True, "on a cluster the SLURM bring-up started, fork each process from its node's warm interpreter, which "
-              "has torch imported (docs/launch.md: what a forked process shares with it); false = a fresh Python, "
-              "as torchrun starts")
+        False, "on a cluster the SLURM bring-up started, fork each process from its node's warm interpreter, which "
+               "has torch imported: a faster start, but the script shares that process's state (docs/launch.md); "
+               "false = a fresh Python, as torchrun and srun start it")
+    exit_timeout_s: float = opt(
+        60.0, "after a rank's script has returned, how long its process may stay silent without exiting "
+        "(non-daemon threads, atexit, interpreter teardown, destructors) before its stack is dumped and it is "
+        "killed: an exit fault, never a restart. Raise it for long silent work at exit (an upload in atexit)", gt=0)
     start_timeout_s: float = opt(
         120.0, "how long placing the processes may take (at the start, and after a node was lost) before the run "
         "fails naming the dead nodes", gt=0)

@@ -24,6 +24,7 @@ WARM_ENV = "RAYDIST_WARM_SOCKET"
 """Set by the SLURM bring-up in its Ray's environment (so in every agent's): the node's warm interpreter."""
 CONNECT_TIMEOUT_S = 60.0  # for the answer too: it listens before its imports, and answers once they are done
 NO_WARM = "no warm interpreter on this node"
+COLD_BY_CHOICE = "warm=false"  # the default: a fresh interpreter, as torchrun and srun start the script
 WARM_LOG = "warm-interpreter.log"  # beside its socket, in the job's temp dir
 WARM_SERVER = Path(__file__).with_name("warm_server.py")
 WARM_EXEC = Path(__file__).with_name("warm_exec.py")

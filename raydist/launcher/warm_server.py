@@ -526,6 +526,8 @@ def become(request: Request, base_path: list[str]) -> None:
     sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
     sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True,
                                                    errors="backslashreplace")
+    global _returned_file
+    _returned_file = request.env.pop(RETURNED_ENV, "")  # the agent's, not the script's
     os.environ.clear()
     os.environ.update(request.env)
     for key, value in SET_AT_IMPORT.items():
@@ -593,6 +595,21 @@ def _run_script(script: str) -> None:
     exec(code, main.__dict__)
 
 
+RETURNED_ENV = "RAYDIST_RETURNED_FILE"
+"""Where a rank of raydist launch notes that its script has returned (raydist.launcher.agent reads it): what
+follows is its way out, and a fault there is not a failed training run."""
+_returned_file = ""
+
+
+def _note_returned() -> None:
+    if _returned_file:
+        try:
+            with open(_returned_file, "w"):
+                pass
+        except OSError:
+            pass
+
+
 def run(request: Request) -> None:
     """The script, as `python` runs it; its traceback shows its own frames only."""
     import runpy
@@ -602,7 +619,11 @@ def run(request: Request) -> None:
             runpy._run_module_as_main(request.module, alter_argv=True)
         else:
             _run_script(request.script)
-    except (SystemExit, KeyboardInterrupt):
+        _note_returned()
+    except SystemExit:
+        _note_returned()  # as a fresh interpreter's rank_site notes it: sys.exit() ends the script too
+        raise
+    except KeyboardInterrupt:
         raise
     except BaseException as e:
         tb = e.__traceback__

@@ -32,7 +32,8 @@ class Outcome:
     signal: str | None = None
     """TIME_LIMIT (SIGUSR1, the --signal warning), PREEMPTION (SIGTERM) or None."""
     status: str | None = None
-    """The raydist job's summary status (completed, stopped), None for other commands or no summary."""
+    """The raydist job's summary status (completed, stopped, exit_fault, ...), None for other commands or no
+    summary."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,9 @@ def decide(outcome: Outcome, restarts: int, cfg: Requeue) -> Decision:
     if outcome.signal == PREEMPTION:
         return Decision(False, "preempted or cancelled (SIGTERM): not requeueing here; a partition with "
                                "PreemptMode=REQUEUE requeues the job itself")
+    if outcome.status == "exit_fault":  # raydist launch: the scripts had returned; a rerun would train again
+        return Decision(False, f"the run completed, but a rank failed on its way out (exit {outcome.exit_code}): "
+                               "nothing to resume, not requeueing")
     if outcome.signal == TIME_LIMIT:
         if outcome.status == "completed":
             return Decision(False, "time-limit warning, but the run had completed: nothing to resume")
