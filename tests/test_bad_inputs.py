@@ -219,6 +219,18 @@ CASES = [
          "raydist: unrecognized arguments: --bogus"),
     Case("launch: a signal no script can handle", "raydist launch --signal KILL -- python examples/ddp_train.py", 2,
          "stop_signal: must name a signal a script can handle, such as TERM, INT or USR1 (got 'KILL')"),
+    Case("launch: --gpu on a machine without a GPU", "raydist launch --gpu -- python examples/ddp_train.py", 2,
+         "raydist launch: --gpu with workers=2 needs 2 GPU(s) but this machine has 0; leave out --gpu or start "
+         "fewer workers"),
+    Case("launch: a launcher variable given with --env", "raydist launch --env RANK=3 -- python "
+         "examples/ddp_train.py", 2,
+         "env: RANK is set by raydist launch for each rank (docs/launch.md), not by you"),
+    Case("launch: --env without a value", "raydist launch --env NCCL_DEBUG -- python examples/ddp_train.py", 2,
+         "raydist launch: --env needs KEY=VALUE (got 'NCCL_DEBUG')"),
+    Case("launch: --export as srun does not spell it", "raydist launch --export NCCL_DEBUG,NONE -- python "
+         "examples/ddp_train.py", 2,
+         "export: NONE may only come first (ALL) or alone (NONE) (ALL, NONE or [ALL,]NAME[=VALUE],... as srun's "
+         "--export; got 'NCCL_DEBUG,NONE')"),
     Case("launch: storage that cannot be written", "raydist launch --storage /proc/forbidden -- python "
          "examples/ddp_train.py", 2,
          "storage_path: cannot write /proc/forbidden/launch-ddp_train: No such file or directory"),

@@ -285,6 +285,7 @@ def test_your_own_script_runs_under_ray_job_submit_one_rank_per_host_on_its_inte
     storage = slurm_cluster.shared / "runs"
     r = slurm_cluster.run(
         "master-node", ["ray", "job", "submit", "--working-dir", ".", "--", "raydist", "launch", "--workers", "3",
+                        "--set", "warm=true",
                         "--name", "submitted", "--storage", str(storage), "--output", "all", "--", "python",
                         "examples/ddp_train.py", "--epochs", "1", "--snapshot", str(slurm_cluster.shared / "sub.pt")],
         env=ray_up.env(), timeout=300)
@@ -293,9 +294,25 @@ def test_your_own_script_runs_under_ray_job_submit_one_rank_per_host_on_its_inte
     assert summary["status"] == "completed" and summary["workers"] == 3
     assert {(x["node"], x["iface"]) for x in summary["ranks"]} == set(EXPECTED_IFACES.items())
     assert re.search(r"\[rank 0 master-node\] done: 22 steps, checksum", r.stdout), r.stdout[-3000:]
-    # Each node's warm interpreter (started at bring-up) forked its rank, on node01 and node02 in Ray's copy of
-    # the working dir: no rank imported torch anew.
+    # Asked for (warm=true), each node's warm interpreter (started at bring-up) forked its rank, on node01 and
+    # node02 in Ray's copy of the working dir: no rank imported torch anew.
     assert "3 of them forked with torch imported" in r.stdout, r.stdout[-3000:]
+
+
+def test_a_variable_set_only_in_the_callers_shell_reaches_the_rank_on_every_host_as_under_srun(slurm_cluster, ray_up):
+    """`CLIENT_EPOCHS=3 raydist launch ...` from node01's shell after `eval "$(raydist env --job N)"`: each rank
+    gets the caller's variable, and its own node's interface (node02's name differs from the caller's)."""
+    seen, storage = slurm_cluster.shared / "caller-env", slurm_cluster.shared / "runs"
+    seen.mkdir(exist_ok=True)
+    r = slurm_cluster.run(
+        "node01", ["raydist", "launch", "--workers", "3", "--name", "caller-env", "--storage", str(storage), "--",
+                   "python", "tests/launch_scripts/edges.py", "env", str(seen)],
+        env=ray_up.env(CLIENT_EPOCHS="3", GLOO_SOCKET_IFNAME="ens1f1"), timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    got = [json.loads((seen / f"rank{rank}.json").read_text()) for rank in range(3)]
+    assert [g["CLIENT_EPOCHS"] for g in got] == ["3"] * 3 and [g["RANK"] for g in got] == ["0", "1", "2"]
+    # The node's own interface, not the caller's: "ens1f1" does not exist on node02.
+    assert {(g["host"], g["GLOO_SOCKET_IFNAME"]) for g in got} == set(EXPECTED_IFACES.items())
 
 
 def test_scancel_leaves_no_process_temp_dir_or_port(slurm_cluster, ray_up):

@@ -16,7 +16,8 @@ mode, where = sys.argv[1], sys.argv[2]
 rank = int(os.environ["RANK"])
 if mode == "env":
     seen = {k: os.environ.get(k) for k in ("CLIENT_EPOCHS", "FROM_ENV_FLAG", "PYTHONPATH", "HOSTNAME",
-                                           "TORCHELASTIC_ERROR_FILE", "RANK")}
+                                           "TORCHELASTIC_ERROR_FILE", "RANK", "GLOO_SOCKET_IFNAME")}
+    seen["host"] = os.uname().nodename
     seen["raydist_variables"] = sorted(k for k in os.environ if k.startswith("RAYDIST_") and k != "RAYDIST_STATUS_FILE")
     seen["sys_path_has_raydist_site"] = any("rank_site" in p for p in sys.path)
     with open(os.path.join(where, f"rank{rank}.json"), "w") as f:
