@@ -9,7 +9,8 @@ Local, each round in alternating order: `torchrun --standalone --nproc-per-node 
 Cluster: cluster/ray_up.slurm brings Ray up on the emulated hosts once (the warm cluster); each round, in alternating
 order, the hand-written way (an `srun --overlap` step on the 3 hosts, each picking its interface in a `case`, as
 examples/srun_before.sbatch), `raydist launch` from the head node with the cluster's address (as after
-`eval "$(raydist env)"`), and `ray job submit -- raydist launch`.
+`eval "$(raydist env)"`; fresh interpreters, the default), the same with `--set warm=true` (ranks forked from the
+nodes' warm interpreters, torch already imported), and `ray job submit -- raydist launch`.
 
 `ray job submit`'s command-line tool runs with PYTHONUNBUFFERED=1, as at a terminal: into a pipe, Python holds
 all of its output back until it exits (the job's log lines included), which is not what a user at a terminal sees.
@@ -117,11 +118,14 @@ def cluster_rounds(rounds: int) -> tuple[list[dict], int]:
             return in_head(["srun", f"--jobid={job.job_id}", "--overlap", f"--nodes={len(hosts)}",
                             "--ntasks-per-node=1", "bash", "-c", script], cluster.env())
 
-        def launch(i: int) -> dict:
+        def launch(i: int, name: str = "direct", *options: str) -> dict:
             got = in_head(["raydist", "launch", "--workers", str(len(hosts)), "--storage", str(shared / "runs"),
-                           "--name", f"direct{i}", "--", "python", "examples/ddp_train.py", *SCRIPT_ARGS,
-                           "--snapshot", str(shared / f"direct{i}.pt")], job.env())
-            return {**got, "split": split(shared / "runs" / f"direct{i}")}
+                           "--name", f"{name}{i}", *options, "--", "python", "examples/ddp_train.py", *SCRIPT_ARGS,
+                           "--snapshot", str(shared / f"{name}{i}.pt")], job.env())
+            return {**got, "split": split(shared / "runs" / f"{name}{i}")}
+
+        def launch_warm(i: int) -> dict:  # opt-in: ranks forked from the nodes' warm interpreters
+            return launch(i, "warm", "--set", "warm=true")
 
         def submit(i: int) -> dict:
             got = in_head(["ray", "job", "submit", "--working-dir", ".", "--", "raydist", "launch", "--workers",
@@ -130,7 +134,8 @@ def cluster_rounds(rounds: int) -> tuple[list[dict], int]:
                            str(shared / f"submit{i}.pt")], {**job.env(), "PYTHONUNBUFFERED": "1"})
             return {**got, "split": split(shared / "runs" / f"submit{i}")}
 
-        runs = {"srun": srun, "raydist_launch": launch, "ray_job_submit_launch": submit}
+        runs = {"srun": srun, "raydist_launch": launch, "raydist_launch_warm": launch_warm,
+                "ray_job_submit_launch": submit}
         for i in range(rounds):
             order = list(runs) if i % 2 == 0 else list(reversed(runs))
             got = {name: runs[name](i) for name in order}
@@ -164,6 +169,7 @@ def ratios(rows: list[dict], base: str) -> dict:
 
 ROWS = (("local", "raydist_launch", "torchrun", "this machine, 2 ranks", "`raydist launch` (embedded Ray)"),
         ("cluster", "raydist_launch", "srun", "warm cluster, 3 hosts", "`raydist launch` (after `raydist env`)"),
+        ("cluster", "raydist_launch_warm", "srun", "warm cluster, 3 hosts", "`raydist launch --set warm=true`"),
         ("cluster", "ray_job_submit_launch", "srun", "warm cluster, 3 hosts", "`ray job submit -- raydist launch`"))
 
 
@@ -176,8 +182,8 @@ def markdown(stored: dict) -> str:
     rows = ["| where | command | against | its first step, s | first step, s | ratio | whole command, ratio |",
             "|---|---|---|---|---|---|---|"]
     for part, name, base, where, what in ROWS:
-        if part not in stored:
-            continue
+        if f"{name}/{base} first_step_s" not in stored.get(part, {}).get("summary", {}):
+            continue  # not in that stored run
         m = stored[part]["summary"]
         rows.append(f"| {where} | {what} | {stored[part]['setting']['baseline']} | {_range(m[f'{base} first_step_s'])} "
                     f"| {_range(m[f'{name} first_step_s'])} | {_range(m[f'{name}/{base} first_step_s'])} "
