@@ -19,7 +19,7 @@ WHEELS := $(VENV)/.torch-wheel
 # Python's own cache of every package, for processes that may not write it (PYTHONDONTWRITEBYTECODE)
 UV_INSTALL := $(UV) pip install --quiet --python $(PY) --compile-bytecode
 
-.PHONY: setup bytecode run test clean
+.PHONY: setup bytecode run test test-min clean
 
 setup: $(STAMP)
 
@@ -35,9 +35,9 @@ $(STAMP): pyproject.toml
 UV_SETUP = { test -x $(UV) || $(PIP) uv 2>&1 | grep -v "^WARNING: Location"; test -x $(UV); } && \
 	{ test -z "$$torch" || { $(VENV)/bin/pip download --quiet --disable-pip-version-check --no-deps -d $(WHEELS) \
 	  "$$torch" 2>&1 | grep -v "^WARNING: Location"; ls $(WHEELS)/*.whl >/dev/null 2>&1; }; } && \
-	$(UV_INSTALL) $$(test -z "$$torch" || ls $(WHEELS)/*.whl) -e '.[test]'
+	$(UV_INSTALL) $$(test -z "$$torch" || ls $(WHEELS)/*.whl) -e '.[test]' $(PINS)
 PIP_SETUP = { test -z "$$torch" || $(PIP) "$$torch" 2>&1 | grep -v "^WARNING: Location"; true; } && \
-	$(PY) -c "import torch" 2>/dev/null && { $(PIP) -e '.[test]' 2>&1 | grep -v "^WARNING: Location"; true; }
+	$(PY) -c "import torch" 2>/dev/null && { $(PIP) -e '.[test]' $(PINS) 2>&1 | grep -v "^WARNING: Location"; true; }
 
 # raydist's own modules as bytecode, refreshed before each run: an editable install is not compiled by pip, and
 # where PYTHONDONTWRITEBYTECODE is set (as on these machines) every process that imports raydist compiled it again.
@@ -51,5 +51,18 @@ run: bytecode
 test: bytecode
 	$(PY) -m pytest -q -ra -n 2 --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
+# The oldest Ray pyproject allows, in a virtual environment of its own: the version check, a sync job, raydist launch
+# against torchrun, and the SLURM bring-up (CI runs it after `make test`; docs/running.md#supported-versions).
+RAY_MIN = $(shell sed -n 's/.*"ray\[train,default\]>=\([0-9.]*\),.*/\1/p' pyproject.toml)
+MIN_TESTS = tests/test_versions.py \
+	tests/test_sync_job.py::test_two_workers_reach_the_accuracy_threshold_on_digits \
+	tests/test_launch.py::test_a_torchrun_script_trains_unmodified_to_torchruns_checksum \
+	tests/test_slurm_cluster.py::test_every_node_joins_on_its_own_interface
+test-min:
+	@test -n "$(RAY_MIN)" || { echo "raydist: error: no ray lower bound in pyproject.toml" >&2; exit 2; }
+	@$(MAKE) --no-print-directory bytecode VENV=.venv-min PINS="'ray[train,default]==$(RAY_MIN)'"
+	.venv-min/bin/python -c "import ray; print('make test-min: ray', ray.__version__)"
+	.venv-min/bin/python -m pytest -q -ra -p no:xdist $(MIN_TESTS) $(PYTEST_ARGS)
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-min build *.egg-info

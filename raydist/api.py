@@ -37,6 +37,9 @@ def fit(strategy: str, *, model: Code = None, model_args: dict[str, Any] | None 
     model_args and data_args. config: YAML file(s) merged over the job's defaults, as `--config`. Every other
     keyword is a config section as a mapping, as `--set`: `train={"max_steps": 100}`. Raises a `RaydistError`
     (a `UsageError` for bad input) with the one line the job scripts print."""
+    from raydist.versions import check_versions
+
+    check_versions()
     cfg = config_for(strategy, model=model, model_args=model_args, data=data, data_args=data_args, loss=loss,
                      config=config, sections=sections)
     from raydist.job import run_job

@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 @exits_cleanly
 def main(argv: list[str] | None = None) -> int:
+    from raydist.versions import check_versions
+
+    check_versions()
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 

@@ -73,7 +73,10 @@ def run_job(job: str, cfg: Config, started: float | None = None) -> Any:
 
 @exits_cleanly
 def job_main(job: str, argv: list[str] | None = None, doc: str | None = None) -> int:
+    from raydist.versions import check_versions
+
     started = time.perf_counter()
+    check_versions()
     if job not in registry.jobs():
         raise UsageError(f"unknown job {job!r} (choose from {', '.join(registry.jobs())})")
     cfg = parse_job_args(job, argv, doc or registry.get(job).summary)
