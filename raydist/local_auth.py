@@ -19,7 +19,7 @@ def check_token_accepted(address: str) -> None:
     if address.startswith("ray://") or address in ("auto", "local"):
         return
     try:
-        from ray._raylet import GcsClient
+        from raydist.private_api import GcsClient
         from ray.exceptions import AuthenticationError
     except ImportError:
         return

@@ -34,11 +34,11 @@ class StopRequest:
 
 def stop_requested() -> StopRequest | None:
     """The cluster's stop request, if any; needs a connected Ray (driver or worker)."""
-    from ray.experimental import internal_kv
+    from raydist.private_api import internal_kv_get, internal_kv_initialized
 
-    if not internal_kv._internal_kv_initialized():
+    if not internal_kv_initialized():
         return None
-    raw = internal_kv._internal_kv_get(STOP_KEY, namespace=NAMESPACE)
+    raw = internal_kv_get(STOP_KEY, namespace=NAMESPACE)
     if raw is None:
         return None
     data = json.loads(raw)
@@ -48,13 +48,13 @@ def stop_requested() -> StopRequest | None:
 def request_stop(reason: str, deadline_s: float | None) -> list[tuple[str, bool]]:
     """Set the stop key and drain every alive node but the head; returns (node address, drain accepted) pairs."""
     import ray
-    from ray.core.generated import autoscaler_pb2
-    from ray.experimental import internal_kv
+
+    from raydist.private_api import GcsClient, autoscaler_pb2, internal_kv_put
 
     deadline_unix = time.time() + deadline_s if deadline_s is not None else None
-    internal_kv._internal_kv_put(STOP_KEY, json.dumps({"reason": reason, "deadline_unix": deadline_unix}),
-                                 overwrite=True, namespace=NAMESPACE)
-    gcs = ray._raylet.GcsClient(address=ray.get_runtime_context().gcs_address)
+    internal_kv_put(STOP_KEY, json.dumps({"reason": reason, "deadline_unix": deadline_unix}), overwrite=True,
+                    namespace=NAMESPACE)
+    gcs = GcsClient(address=ray.get_runtime_context().gcs_address)
     deadline_ms = int(deadline_unix * 1000) if deadline_unix is not None else 0
     preemption = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION")
     drained = []
@@ -71,6 +71,6 @@ def draining_nodes() -> dict[str, int]:
 
     Ray has no public call for this in 2.60; Ray Train's own PreemptionWatcher reads the same private state.
     """
-    import ray
+    from raydist.private_api import global_state
 
-    return ray._private.state.state.get_draining_nodes()
+    return global_state.get_draining_nodes()

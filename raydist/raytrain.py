@@ -29,7 +29,7 @@ ELASTIC_PLACEMENT_RETRIES = 3
 def hung_worker(error: BaseException, cfg: Config) -> str | None:
     """'rank R on node H (pid P) stopped answering ...' when Ray Train gave a worker up for not answering its
     health check (a stopped or frozen process), else None. Ray's message holds the worker's repr: read it there."""
-    from ray.train.v2._internal.exceptions import WorkerHealthCheckTimeoutError
+    from raydist.private_api import WorkerHealthCheckTimeoutError
 
     failures = getattr(error, "worker_failures", None) or {}
     for rank, failure in sorted(failures.items()):
@@ -140,9 +140,7 @@ def start_autoscaling_coordinator() -> None:
     it is up by then (docs/benchmarks.md has the before and after); on a slow start (the GPU machine's first run)
     the 5 s ran out and Ray printed a traceback. A Ray without this function starts it the old way."""
     try:
-        from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
-            get_or_create_autoscaling_coordinator,
-        )
+        from raydist.private_api import get_or_create_autoscaling_coordinator
 
         get_or_create_autoscaling_coordinator()
     except Exception:  # noqa: BLE001  (a speed-up only: Ray Train creates it itself when this cannot)

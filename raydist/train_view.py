@@ -131,7 +131,7 @@ class TrainView:
                   f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else '-'})", file=sys.stderr, flush=True)
 
     def _state_actor(self):
-        from ray.train.v2._internal.state.state_actor import get_or_create_state_actor
+        from raydist.private_api import get_or_create_state_actor
 
         if self.actor is None:
             self.actor = get_or_create_state_actor()
@@ -148,9 +148,15 @@ class TrainView:
 
     def _running(self, actors: list, controller_actor: Any, detail: str | None) -> None:
         import ray
-        from ray.train.v2._internal.state.schema import (
-            ActorStatus, RunAttemptStatus, RunStatus, TrainResources, TrainRunAttempt, TrainWorker)
-        from ray.train.v2._internal.state.util import current_time_ns
+
+        from raydist.private_api import actor_id
+        from raydist.private_api import state_schema as s
+
+        ActorStatus, RunAttemptStatus, RunStatus = s.ActorStatus, s.RunAttemptStatus, s.RunStatus
+        TrainResources, TrainRunAttempt, TrainWorker = s.TrainResources, s.TrainRunAttempt, s.TrainWorker
+        from raydist.private_api import state_util
+
+        current_time_ns = state_util.current_time_ns
 
         d = self.desc
         where = ray.get([w.__ray_call__.remote(_whereabouts) for w in actors], timeout=REGISTER_TIMEOUT_S)
@@ -162,7 +168,7 @@ class TrainView:
                 nodes.append(w["node_id"])
             workers.append(TrainWorker(
                 world_rank=rank, local_rank=sum(1 for v in where[:rank] if v["node_id"] == w["node_id"]),
-                node_rank=nodes.index(w["node_id"]), actor_id=actor._actor_id.hex(), node_id=w["node_id"],
+                node_rank=nodes.index(w["node_id"]), actor_id=actor_id(actor), node_id=w["node_id"],
                 node_ip=w["node_ip"], pid=w["pid"], gpu_ids=w["gpu_ids"], status=ActorStatus.ALIVE,
                 resources=TrainResources(resources=per_worker)))
         self.attempt_state = TrainRunAttempt(
@@ -171,7 +177,7 @@ class TrainView:
             resources=[TrainResources(resources=per_worker) for _ in workers], workers=workers)
         # The dashboard takes a RUNNING run whose controller actor is dead for aborted; these runs have no
         # controller actor (the driver is one), so one of theirs that dies with the driver stands in.
-        controller = controller_actor._actor_id.hex()
+        controller = actor_id(controller_actor)
         if self.run is None:
             self.run = self._new_run(controller)
         self.run.controller_actor_id = controller
@@ -180,8 +186,10 @@ class TrainView:
 
     def _attempt_ended(self, attempt_status: str, attempt_detail: str | None, run_status: str,
                        run_detail: str | None) -> None:
-        from ray.train.v2._internal.state.schema import RunAttemptStatus, RunStatus
-        from ray.train.v2._internal.state.util import current_time_ns, mark_workers_dead
+        from raydist.private_api import state_schema, state_util
+
+        RunAttemptStatus, RunStatus = state_schema.RunAttemptStatus, state_schema.RunStatus
+        current_time_ns, mark_workers_dead = state_util.current_time_ns, state_util.mark_workers_dead
 
         if self.run is None:  # the actors never came up: there is nothing to show
             return
@@ -197,11 +205,13 @@ class TrainView:
 
     def _new_run(self, controller: str):
         import ray
-        from ray.train._internal.data_config import DataConfig
-        from ray.train.v2._internal.state.schema import (
-            BackendConfig, CheckpointConfig, FailureConfig, RunConfig, RunSettings, RunStatus, ScalingConfig,
-            TrainRun)
-        from ray.train.v2._internal.state.util import construct_data_config, current_time_ns
+        from raydist.private_api import DataConfig, state_schema, state_util
+
+        s = state_schema
+        BackendConfig, CheckpointConfig, FailureConfig, RunConfig = (s.BackendConfig, s.CheckpointConfig,
+                                                                    s.FailureConfig, s.RunConfig)
+        RunSettings, RunStatus, ScalingConfig, TrainRun = s.RunSettings, s.RunStatus, s.ScalingConfig, s.TrainRun
+        construct_data_config, current_time_ns = state_util.construct_data_config, state_util.current_time_ns
 
         d = self.desc
         with warnings.catch_warnings():  # Ray Data's default options set a field it has deprecated: not ours to see

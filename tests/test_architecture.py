@@ -4,6 +4,7 @@ one way, no module reaches into another's private names, no function grows past 
 from __future__ import annotations
 
 import ast
+import re
 import os
 from pathlib import Path
 
@@ -222,3 +223,54 @@ def test_the_dashboards_run_list_learns_torchs_version_without_importing_torch()
     code = "import sys\nfrom raydist.train_view import _torch_version\nprint(_torch_version(), 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.split() == [torch.__version__, "False"], out.stdout + out.stderr[-2000:]
+
+
+PRIVATE_HOME = PACKAGE / "private_api.py"
+PRIVATE_MODULE = re.compile(r"^(ray|torch)(\.\w+)*\.(_(?!_)\w*|core\.generated|experimental\.internal_kv)(\.|$)")
+
+
+def _private_uses(path: Path) -> list[str]:
+    """file:line of each private Ray or torch name `path` uses: an import of a private module or name, an
+    attribute `_x` of a ray/torch chain, or a string that is a private module's dotted name."""
+    found = []
+    for node in ast.walk(tree(path)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("ray", "torch"):
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in ("ray", "torch"):
+                names = [f"{root.id}.{node.attr}"]
+            elif node.attr == "_actor_id":
+                names = ["ray.actor.ActorHandle._actor_id"]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and " " not in node.value:
+            names = [node.value]
+        found += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {n}" for n in names
+                  if PRIVATE_MODULE.match(n) or re.match(r"^(ray|torch)\._", n) or n.endswith("._actor_id")]
+    return found
+
+
+def test_private_ray_and_torch_apis_are_used_in_one_module_only():
+    """Ray and torch change their private modules between releases: raydist/private_api.py holds every use, with
+    its reason and the versions checked, and the range pyproject declares is the one CI runs."""
+    leaks = [use for path in modules().values() if path != PRIVATE_HOME for use in _private_uses(path)]
+    assert not leaks, "use raydist.private_api:\n" + "\n".join(leaks)
+
+
+def test_the_private_use_check_sees_imports_attributes_and_module_names(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("def f(ray, h):\n    from ray._raylet import GcsClient\n    import torch._utils\n"
+                       "    from ray.train.torch.config import _shutdown_torch\n    ray._private.state.state\n"
+                       "    h._actor_id.hex()\n    return 'ray.train.v2._internal.x'\n")
+    global PACKAGE
+    old, PACKAGE = PACKAGE, tmp_path
+    try:
+        uses = [u.split(" ", 1)[1] for u in _private_uses(planted)]
+    finally:
+        PACKAGE = old
+    assert {"ray._raylet", "torch._utils", "ray.train.torch.config._shutdown_torch", "ray._private",
+            "ray.actor.ActorHandle._actor_id", "ray.train.v2._internal.x"} <= set(uses), uses

@@ -41,7 +41,9 @@ import sys
 import time
 import types
 
-PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch.utils.data", "torch._dynamo")
+from raydist.private_api import DYNAMO_MODULE  # noqa: E402
+
+PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch.utils.data", DYNAMO_MODULE)
 """torch._dynamo too: DistributedDataParallel imports it as it is built, and torch's optimizers at their first step
 (torch 2.13): about a second of a fresh process's imports (sympy, inductor's config) before its first step."""
 KEPT_PYTHON_VARS = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE",
@@ -408,7 +410,7 @@ class Server:
         """Whether two workers forked now would draw the same random Ray IDs. Ray's C++ side has one generator per
         process, seeded at its first draw; a fork copies it. Ray Train's workers would then send tasks under the
         same IDs to its synchronization actor, which crashes on the second (`Check failed: erased == 1`)."""
-        from ray._raylet import ObjectRef
+        from raydist.private_api import ObjectRef
 
         drawn = []
         for _ in range(2):
@@ -575,10 +577,9 @@ def _torch_threads(env: dict[str, str], ray_worker: bool) -> int:
 def _ray_settings_from_environment() -> None:
     """In a worker forked by a Ray job's server: Ray's C++ side reads its settings again from this worker's
     environment, as ray.init does after setting one (ray._private.authentication), and forgets a cached token."""
-    raylet = sys.modules.get("ray._raylet")
-    if raylet is not None:
-        raylet.Config.initialize("")
-        raylet.AuthenticationTokenLoader.instance().reset_cache()
+    from raydist.private_api import reread_ray_settings
+
+    reread_ray_settings()
 
 
 def _run_script(script: str) -> None:

@@ -410,7 +410,7 @@ class _OnFirstRecord(logging.Filter):
         return True
 
 
-CONTROLLER_LOGGER = "ray.train.v2._internal.execution.controller.controller"
+from raydist.private_api import CONTROLLER_LOGGER  # noqa: E402
 
 
 def quiet_controller_logs() -> None:

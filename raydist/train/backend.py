@@ -92,28 +92,28 @@ class PlainVersions:
 
 
 def _address_and_port() -> tuple[str, int]:
-    from ray.train._internal.utils import get_address_and_port
+    from raydist.private_api import get_address_and_port
 
     return get_address_and_port()
 
 
 def _torch_environment(addr: str, port: int) -> None:
     """MASTER_ADDR/PORT, then what torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, ...), before the process group."""
-    from ray.train.torch.config import _set_torch_distributed_env_vars
+    from raydist.private_api import set_torch_distributed_env_vars as _set_torch_distributed_env_vars
 
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = addr, str(port)
     _set_torch_distributed_env_vars()
 
 
 def _init_process_group(backend: str, rank: int, world_size: int, timeout_s: int) -> None:
-    from ray.train.torch.config import _setup_torch_process_group
+    from raydist.private_api import setup_torch_process_group as _setup_torch_process_group
 
     _setup_torch_process_group(backend=backend, world_rank=rank, world_size=world_size, init_method="env://",
                                timeout_s=timeout_s)
 
 
 def _shutdown(destroy_process_group: bool) -> None:
-    from ray.train.torch.config import _shutdown_torch
+    from raydist.private_api import shutdown_torch as _shutdown_torch
 
     _shutdown_torch(destroy_process_group=destroy_process_group)
 
@@ -182,6 +182,6 @@ class QuietTorchConfig(BackendConfig):
 
     @property
     def framework(self):
-        from ray.train.v2._internal.util import TrainingFramework
+        from raydist.private_api import TrainingFramework
 
         return TrainingFramework.TORCH

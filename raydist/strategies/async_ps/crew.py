@@ -11,6 +11,8 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from raydist.private_api import actor_id
+
 UNKNOWN_NODE = "?"
 SETTLE_S = 10  # how long a killed worker's `run` call may take to come back failed
 
@@ -123,7 +125,7 @@ class Crew:
 
     def add(self, actor: Any, name: str) -> Any:
         """Name an actor as soon as it is created: it may die before it ever answers."""
-        self.names[actor._actor_id.hex()] = name
+        self.names[actor_id(actor)] = name
         return actor
 
     def everyone(self) -> list:
@@ -135,7 +137,7 @@ class Crew:
 
         actors = self.everyone()
         for actor, host in zip(actors, ray.get([a.__ray_call__.remote(_hostname) for a in actors])):
-            self.hosts[actor._actor_id.hex()] = host
+            self.hosts[actor_id(actor)] = host
 
     def kill(self) -> None:
         """End every actor of this start (those already dead included: ray.kill is a no-op for them), then take the
@@ -165,18 +167,18 @@ class Crew:
         return ray.get(calls)
 
     def hung(self, actor: Any, seconds: float, bound: float, what: str) -> Death:
-        actor_id = actor._actor_id.hex()
-        return Death(self.names.get(actor_id, "an actor of the run"),
+        key = actor_id(actor)
+        return Death(self.names.get(key, "an actor of the run"),
                      f"{what} for {seconds:.0f} s, faults.hang_timeout_s={bound:g}",
-                     self.hosts.get(actor_id, UNKNOWN_NODE), verb="stopped answering")
+                     self.hosts.get(key, UNKNOWN_NODE), verb="stopped answering")
 
     def death(self, error: BaseException) -> Death:
         """Who died, why and where, from the error the driver caught. The error names the dead actor's id: a call
         to a dead actor raises its ActorDiedError, and a worker that failed because a shard died raises a task
         error that carries the shard's ActorDiedError (and its id), so the shard is named, not the worker."""
-        actor_id = getattr(error, "actor_id", None)
-        node = self.hosts.get(actor_id) or _node_named_in(str(getattr(error, "cause", None) or error))
-        return Death(self.names.get(actor_id, "an actor of the run"), why(error), node)
+        dead = getattr(error, "actor_id", None)
+        node = self.hosts.get(dead) or _node_named_in(str(getattr(error, "cause", None) or error))
+        return Death(self.names.get(dead, "an actor of the run"), why(error), node)
 
 
 def _node_named_in(message: str) -> str:

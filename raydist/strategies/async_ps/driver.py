@@ -33,6 +33,7 @@ from raydist.strategies.async_ps.checks import check_async
 from raydist.strategies.async_ps.messages import Drained, PullReply, WorkerReport
 from raydist.summary import JobSummary
 from raydist.observability.tensorboard_log import RunLog
+from raydist.private_api import actor_id
 
 STRATEGY = "async"
 STATE_FILE = "ps_state.pt"
@@ -491,7 +492,7 @@ class AsyncPSRun:
             checkpoint=checkpoint, metrics_file=self.log.path,
             **per_worker_summary([{"bytes": r.bytes, "wait_s": r.wait_s} for r in reports]),
             servers=len(self.crew.shards),
-            server_hosts=[self.crew.hosts.get(s._actor_id.hex(), "?") for s in self.crew.shards],
+            server_hosts=[self.crew.hosts.get(actor_id(s), "?") for s in self.crew.shards],
             staleness_mean=sum(k * v for k, v in staleness.items()) / updates if updates else 0.0,
             staleness_max=max(staleness, default=0), dropped=sum(st["dropped"] for st in stats),
             steps_per_worker=steps_per_worker, restarts=self.restarts,

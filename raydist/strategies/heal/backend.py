@@ -6,8 +6,9 @@ import os
 import socket
 
 import ray
-from ray.train.v2._internal.execution.worker_group import ReplicaGroup
-from ray.train.v2.torch.torchft_config import TorchftConfig, _TorchftBackend
+from raydist.private_api import ReplicaGroup
+from raydist.private_api import TorchftBackend as _TorchftBackend
+from raydist.private_api import TorchftConfig
 
 from raydist.config import Config
 from raydist.train.backend import PlainVersions, QuietController, QuietShutdown, driver_shutdown_timeout_s

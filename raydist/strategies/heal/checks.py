@@ -9,7 +9,7 @@ from raydist.config import Config
 from raydist.preflight import check_loop
 
 # Ray Train's torchft backend (Ray 2.60); an older Ray has none.
-_RAY_TORCHFT = "ray.train.v2.torch.torchft_config"
+from raydist.private_api import TORCHFT_MODULE as _RAY_TORCHFT  # noqa: E402
 
 
 def why_not_heal(cfg: Config) -> str | None:

@@ -6,7 +6,8 @@ import contextlib
 
 import torch
 import torch.distributed as dist
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from raydist.private_api import flatten_dense_tensors as _flatten_dense_tensors
+from raydist.private_api import unflatten_dense_tensors as _unflatten_dense_tensors
 from torch.nn.parallel import DistributedDataParallel
 
 from raydist.commstats import allreduce_bytes, tensor_bytes
