@@ -1,0 +1,84 @@
+"""Scripts written the way users write them give torchrun's result under `raydist launch`, and print the
+environment their framework detected: plain DDP reading srun's variables, a Lightning Trainer, a Hugging Face
+Trainer, and an FSDP2 script with torch.distributed.checkpoint that snapshots at the time-limit signal and resumes
+(tests/conformance/; the whole matrix, srun and batch mode included: benchmarks/conformance.py). On the emulated
+SLURM hosts, srun against raydist launch: tests/test_slurm_cluster.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "conformance"))
+import harness  # noqa: E402
+from jobutil import clean_env  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
+BIN = Path(sys.executable).parent
+
+
+def env(work: Path) -> dict[str, str]:
+    return clean_env(PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", TMPDIR=str(work))
+
+
+@pytest.fixture(scope="module")
+def work() -> Path:
+    d = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))
+    yield d
+    import shutil
+
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def under_torchrun(name: str, work: Path) -> dict:
+    where = work / f"torchrun-{name}"
+    where.mkdir()
+    return harness.torchrun(name, where, 2, env(where))
+
+
+def under_launch(name: str, where: Path, *options: str, extra: tuple[str, ...] = ()) -> subprocess.Popen:
+    where.mkdir(exist_ok=True)
+    return subprocess.Popen(harness.launch_argv(name, where, 2, name, *options) + list(extra), cwd=where,
+                            env=env(where), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finished(proc: subprocess.Popen) -> dict:
+    out, err = proc.communicate(timeout=300)
+    return harness.finished(proc.returncode, out + err)
+
+
+@pytest.mark.parametrize("name, detected", [
+    ("ddp_slurm", {"read": "SLURM_PROCID"}),  # raydist sets srun's variables too: the script reads those
+    ("lightning_trainer", {"cluster_environment": "TorchElasticEnvironment"}),
+    ("hf_trainer", {"parallel_mode": "DISTRIBUTED", "distributed_type": "MULTI_CPU"}),
+])
+def test_a_users_script_gives_torchruns_result_under_raydist_launch(work, name, detected):
+    expected = under_torchrun(name, work)
+    got = finished(under_launch(name, work / f"launch-{name}"))
+    assert harness.same(got, expected), (got, expected)
+    assert got["env"] == detected, got
+
+
+def test_an_fsdp2_script_stopped_by_the_time_limit_signal_resumes_to_torchruns_result(work):
+    expected = under_torchrun("fsdp2_dcp", work)
+    where = work / "launch-fsdp2_dcp"
+    proc = under_launch("fsdp2_dcp", where, extra=("0.15",))  # 40 steps of 0.15 s
+    log = where / "runs" / "fsdp2_dcp" / "logs" / "rank0.log"
+    deadline = time.monotonic() + 120
+    while not (log.exists() and "step 10 " in log.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)  # as SLURM's time-limit warning becomes SIGTERM to every rank
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "SIGTERM: snapshot at step" in out, (out + err)[-3000:]
+    got = finished(under_launch("fsdp2_dcp", where))  # the same command again, as a requeued job runs it
+    assert 10 <= got["resumed_from"] < 40 and harness.same(got, expected), (got, expected)
+    assert got["env"] == {"sharded": "DTensor"}
