@@ -145,9 +145,10 @@ def main() -> int:
     if a.table:
         print(report(json.loads(Path(a.out).read_text())), end="")
         return 0
+    stamped = stamp()  # the tree the rounds run from: taken before them, as an edit meanwhile would not count
     rows, hosts = rounds(a.rounds)
     stored = {"setting": {"hosts": hosts, "script": SCRIPT, "bound_s": BOUND_S}, "counts": counts(rows),
-              "rounds": rows, **stamp()}
+              "rounds": rows, **stamped}
     Path(a.out).write_text(json.dumps(stored, indent=1) + "\n")
     print(report(stored), end="")
     return 0

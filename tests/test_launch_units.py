@@ -476,3 +476,19 @@ def test_torchruns_error_file_names_the_exception_and_where_it_was_raised(tmp_pa
     path.write_text("{torn")
     assert read_error_file(str(path)) is None and read_error_file(str(tmp_path / "none")) is None
     assert describe(None) == ""
+
+
+def test_the_docs_exit_fault_table_is_the_stored_result():
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(repo / "benchmarks"))
+    from exit_faults import report
+
+    stored = json.loads((repo / "docs" / "data" / "exit_faults.json").read_text())
+    assert len(stored["commit"]) == 40 and stored["counts"]["srun"]["runs"] >= 20
+    text = (repo / "docs" / "benchmarks.md").read_text()
+    block = ("<!-- BEGIN exit faults (generated: python benchmarks/exit_faults.py --table) -->\n\n"
+             f"{report(stored)}\n<!-- END exit faults -->")
+    assert block in text, "docs/benchmarks.md is stale: paste `python benchmarks/exit_faults.py --table`"

@@ -317,6 +317,26 @@ def test_a_variable_set_only_in_the_callers_shell_reaches_the_rank_on_every_host
     assert {(g["host"], g["GLOO_SOCKET_IFNAME"]) for g in got} == set(EXPECTED_IFACES.items())
 
 
+def test_plain_ddp_reading_sruns_variables_ends_alike_under_srun_and_raydist_launch_on_three_hosts(slurm_cluster,
+                                                                                                   ray_up):
+    """tests/conformance/ddp_slurm.py, as users' sbatch scripts run it (srun, each host picking its interface in a
+    `case`) and under `raydist launch` from a login shell: the same steps, loss and parameters."""
+    sys.path.insert(0, str(REPO / "tests" / "conformance"))
+    import harness
+
+    work = slurm_cluster.shared / "conformance"
+    work.mkdir(exist_ok=True)
+    hosts = list(slurm_cluster.hosts.values())
+    r = slurm_cluster.run("master-node", harness.srun_argv("ddp_slurm", work, ray_up.job_id, hosts, 19559),
+                          env=slurm_cluster.env(), timeout=300)
+    under_srun = harness.finished(r.returncode, r.stdout + r.stderr)
+    r = slurm_cluster.run("node01", harness.launch_argv("ddp_slurm", work, 3, "conformance-ddp"), env=ray_up.env(),
+                          timeout=300)
+    under_launch = harness.finished(r.returncode, r.stdout + r.stderr)
+    assert under_srun["world"] == 3 and harness.same(under_launch, under_srun), (under_launch, under_srun)
+    assert under_launch["env"] == under_srun["env"] == {"read": "SLURM_PROCID"}
+
+
 def test_scancel_leaves_no_process_temp_dir_or_port(slurm_cluster, ray_up):
     slurm_cluster.run("master-node", ["scancel", str(ray_up.job_id)], check=True)
     t = time.monotonic()
@@ -439,24 +459,3 @@ def _warm_ray_jobs(cluster, up) -> list[str]:
         if log.exists() and "imported Ray for Ray job" in log.read_text():
             hosts.append(host)
     return hosts
-
-
-def test_plain_ddp_reading_sruns_variables_ends_alike_under_srun_and_raydist_launch_on_three_hosts(slurm_cluster,
-                                                                                                   ray_up):
-    """tests/conformance/ddp_slurm.py, as users' sbatch scripts run it (srun, each host picking its interface in a
-    `case`) and under `raydist launch` from a login shell: the same steps, loss and parameters."""
-    sys.path.insert(0, str(REPO / "tests" / "conformance"))
-    import harness
-
-    work = slurm_cluster.shared / "conformance"
-    work.mkdir(exist_ok=True)
-    hosts = list(slurm_cluster.hosts.values())
-    r = slurm_cluster.run("master-node", harness.srun_argv("ddp_slurm", work, ray_up.job_id, hosts, 19559),
-                          env=slurm_cluster.env(), timeout=300)
-    under_srun = harness.finished(r.returncode, r.stdout + r.stderr)
-    r = slurm_cluster.run("node01", harness.launch_argv("ddp_slurm", work, 3, "conformance-ddp"), env=ray_up.env(),
-                          timeout=300)
-    under_launch = harness.finished(r.returncode, r.stdout + r.stderr)
-    assert under_srun["world"] == 3 and harness.same(under_launch, under_srun), (under_launch, under_srun)
-    assert under_launch["env"] == under_srun["env"] == {"read": "SLURM_PROCID"}
-
