@@ -274,3 +274,17 @@ def test_the_private_use_check_sees_imports_attributes_and_module_names(tmp_path
         PACKAGE = old
     assert {"ray._raylet", "torch._utils", "ray.train.torch.config._shutdown_torch", "ray._private",
             "ray.actor.ActorHandle._actor_id", "ray.train.v2._internal.x"} <= set(uses), uses
+
+
+def test_the_warm_interpreter_imports_nothing_of_raydists_as_a_package():
+    """raydist/launcher/warm_server.py forks users' scripts: a raydist of its own in sys.modules would be every forked
+    script's (not the one in a job's working dir), and where raydist is not installed the server would not start. It
+    takes raydist/private_api.py by path."""
+    import subprocess
+    import sys
+
+    code = ("import runpy, sys; runpy.run_path(sys.argv[1], run_name='warm');"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'raydist'))")
+    out = subprocess.run([sys.executable, "-c", code, str(PACKAGE / "launcher" / "warm_server.py")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr[-2000:]
