@@ -390,3 +390,52 @@ def test_the_warm_interpreter_imports_nothing_of_raydists_as_a_package():
     out = subprocess.run([sys.executable, "-c", code, str(PACKAGE / "launcher" / "warm_server.py")],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr[-2000:]
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether 'ray._raylet.Config.initialize' exists here: its longest importable module, then attributes."""
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for name in parts[cut:]:
+                found = getattr(found, name)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def test_every_private_name_raydist_uses_exists_in_the_installed_ray_and_torch():
+    """What raydist/private_api.py lists, imports in its functions, names and overrides is there in the Ray and
+    torch installed. `make test-min` runs this too, at the oldest Ray pyproject allows: the releases its docstring
+    says were checked."""
+    from raydist import private_api
+
+    wanted = {f"{module}.{attribute}" if attribute else module for module, attribute, _ in private_api.PRIVATE.values()}
+    for node in ast.walk(tree(PRIVATE_HOME)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] in ("ray", "torch"):
+            wanted.update(f"{node.module}.{a.name}" for a in node.names)
+    wanted.update({
+        private_api.CONTROLLER_LOGGER, private_api.DYNAMO_MODULE, private_api.TORCHFT_MODULE,
+        "ray._raylet.Config.initialize", "ray._raylet.AuthenticationTokenLoader.instance",  # reread_ray_settings
+        "ray.actor.ActorHandle._actor_id",  # actor_id
+        "ray.train.v2.api.data_parallel_trainer.DataParallelTrainer._create_default_callbacks",
+        "ray.train.v2.torch.torchft_config._TorchftBackend._maybe_create_lighthouse_actor",
+        # what raydist.train_view takes from state_schema and state_util
+        *(f"ray.train.v2._internal.state.schema.{name}" for name in (
+            "ActorStatus", "RunAttemptStatus", "RunStatus", "TrainResources", "TrainRunAttempt", "TrainWorker",
+            "BackendConfig", "CheckpointConfig", "FailureConfig", "RunConfig", "RunSettings", "ScalingConfig",
+            "TrainRun")),
+        *(f"ray.train.v2._internal.state.util.{name}" for name in (
+            "current_time_ns", "mark_workers_dead", "construct_data_config")),
+        "ray._private.state.state.get_draining_nodes",  # global_state
+        "ray.core.generated.autoscaler_pb2.DrainNodeReason",
+    })
+    missing = sorted(name for name in wanted if not _resolves(name))
+    assert not missing, "not in this Ray or torch:\n" + "\n".join(missing)
