@@ -52,7 +52,8 @@ test: bytecode
 	$(PY) -m pytest -q -ra -n 2 --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The oldest Ray pyproject allows, in a virtual environment of its own: the version check, every private name
-# raydist/private_api.py uses, a sync job, raydist launch against torchrun, and the SLURM bring-up (CI runs it after `make test`; docs/running.md#supported-versions).
+# raydist/private_api.py uses, a sync job, raydist launch against torchrun, and the SLURM bring-up (CI runs it
+# after `make test`; docs/running.md#supported-versions).
 RAY_MIN = $(shell sed -n 's/.*"ray\[train,default\]>=\([0-9.]*\),.*/\1/p' pyproject.toml)
 MIN_TESTS = tests/test_versions.py \
 	tests/test_architecture.py::test_every_private_name_raydist_uses_exists_in_the_installed_ray_and_torch \
