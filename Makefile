@@ -51,10 +51,12 @@ run: bytecode
 test: bytecode
 	$(PY) -m pytest -q -ra -n 2 --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
-# The oldest Ray pyproject allows, in a virtual environment of its own: the version check, a sync job, raydist launch
-# against torchrun, and the SLURM bring-up (CI runs it after `make test`; docs/running.md#supported-versions).
+# The oldest Ray pyproject allows, in a virtual environment of its own: the version check, every private name
+# raydist/private_api.py uses, a sync job, raydist launch against torchrun, and the SLURM bring-up (CI runs it
+# after `make test`; docs/running.md#supported-versions).
 RAY_MIN = $(shell sed -n 's/.*"ray\[train,default\]>=\([0-9.]*\),.*/\1/p' pyproject.toml)
 MIN_TESTS = tests/test_versions.py \
+	tests/test_architecture.py::test_every_private_name_raydist_uses_exists_in_the_installed_ray_and_torch \
 	tests/test_sync_job.py::test_two_workers_reach_the_accuracy_threshold_on_digits \
 	tests/test_launch.py::test_a_torchrun_script_trains_unmodified_to_torchruns_checksum \
 	tests/test_slurm_cluster.py::test_every_node_joins_on_its_own_interface

@@ -15,6 +15,8 @@ import json
 import time
 from dataclasses import dataclass
 
+from raydist.private_api import HEAD_NODE_RESOURCE
+
 STOP_KEY = b"raydist:stop"
 NAMESPACE = "raydist"
 
@@ -59,7 +61,7 @@ def request_stop(reason: str, deadline_s: float | None) -> list[tuple[str, bool]
     preemption = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION")
     drained = []
     for node in ray.nodes():
-        if not node["Alive"] or "node:__internal_head__" in node["Resources"]:
+        if not node["Alive"] or HEAD_NODE_RESOURCE in node["Resources"]:
             continue
         accepted, _ = gcs.drain_node(node["NodeID"], preemption, reason, deadline_ms)
         drained.append((node["NodeManagerAddress"], bool(accepted)))

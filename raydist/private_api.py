@@ -50,7 +50,6 @@ PRIVATE: dict[str, tuple[str, str, str]] = {
                      "the heal strategy replaces one replica group, as Ray's torchft backend does"),
     "TorchftConfig": ("ray.train.v2.torch.torchft_config", "TorchftConfig",
                       "Ray's torchft backend (lighthouse, one process group per replica group) is not exported"),
-    "TorchftBackend": ("ray.train.v2.torch.torchft_config", "_TorchftBackend", "as TorchftConfig"),
     "DataConfig": ("ray.train._internal.data_config", "DataConfig",
                    "raydist.train_view writes runs that Ray Train did not start to the dashboard's run list"),
     "get_or_create_state_actor": ("ray.train.v2._internal.state.state_actor", "get_or_create_state_actor",
@@ -69,6 +68,42 @@ CONTROLLER_LOGGER = "ray.train.v2._internal.execution.controller.controller"
 """Ray Train's controller's logger: its control-loop tracebacks are kept off the console (raydist.observability)."""
 DYNAMO_MODULE = "torch._dynamo"
 """Imported ahead by the warm interpreter: DistributedDataParallel imports it as it is built."""
+
+
+HEAD_NODE_RESOURCE = "node:__internal_head__"
+"""The resource only the head node carries in `ray.nodes()`' Resources (raydist.preemption never drains the head;
+raydist doctor marks it): Ray's own internal name, and `IsHeadNode` is not in every release's node table.
+Checked: ray 2.58.0, 2.60.0."""
+
+
+def trainer_class_filtering_default_callbacks(base: type, keep) -> type:
+    """`base` (Ray Train V2's DataParallelTrainer) with only the default callbacks `keep(trainer, callback)` accepts.
+    Ray's private `_create_default_callbacks` is the one place Ray Train makes that list, and no option drops its
+    placement-group cleaner or dataset manager (raydist.train.trainer says why raydist does). Checked: ray 2.58.0,
+    2.60.0."""
+
+    class RaydistTorchTrainer(base):
+        def _create_default_callbacks(self):
+            return [c for c in super()._create_default_callbacks() if keep(self, c)]
+
+    return RaydistTorchTrainer
+
+
+def torchft_backend_class() -> type:
+    """Ray Train's torchft backend (`_TorchftBackend`: Ray carries it but does not export it), with its private
+    lighthouse hook under a public name: a subclass overrides `lighthouse_address(backend_config)` (the heal
+    strategy's places the lighthouse on the controller's node without a CPU), and may call it on super() for Ray's.
+    Checked: ray 2.58.0, 2.60.0."""
+    from ray.train.v2.torch.torchft_config import _TorchftBackend
+
+    class TorchftBackend(_TorchftBackend):
+        def _maybe_create_lighthouse_actor(self, backend_config) -> str:
+            return self.lighthouse_address(backend_config)
+
+        def lighthouse_address(self, backend_config) -> str:
+            return super()._maybe_create_lighthouse_actor(backend_config)
+
+    return TorchftBackend
 
 
 PYTHON_PRIVATE = {"threading._register_atexit": "raydist/launcher/rank_site/sitecustomize.py: the one hook at the "

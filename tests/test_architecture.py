@@ -257,7 +257,9 @@ def _private_uses(path: Path) -> list[str]:
 def test_private_ray_and_torch_apis_are_used_in_one_module_only():
     """Ray and torch change their private modules between releases: raydist/private_api.py holds every use, with
     its reason and the versions checked, and the range pyproject declares is the one CI runs."""
-    leaks = [use for path in modules().values() if path != PRIVATE_HOME for use in _private_uses(path)]
+    ours = _defined_in_raydist()
+    leaks = [use for path in modules().values() if path != PRIVATE_HOME
+             for use in _private_uses(path) + _private_hooks(path, ours)]
     assert not leaks, "use raydist.private_api:\n" + "\n".join(leaks)
 
 
@@ -274,3 +276,166 @@ def test_the_private_use_check_sees_imports_attributes_and_module_names(tmp_path
         PACKAGE = old
     assert {"ray._raylet", "torch._utils", "ray.train.torch.config._shutdown_torch", "ray._private",
             "ray.actor.ActorHandle._actor_id", "ray.train.v2._internal.x"} <= set(uses), uses
+
+
+def _bindings(module: ast.Module) -> dict[str, str]:
+    """Every name a module's imports bind, at any depth, to what it stands for:
+    `from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer` -> {'DataParallelTrainer': 'ray...'}."""
+    bound = {}
+    for node in ast.walk(module):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                bound[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for a in node.names:
+                bound[a.asname or a.name] = f"{node.module}.{a.name}"
+    return bound
+
+
+def _dotted(node: ast.AST, bound: dict[str, str]) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name) and node.id in bound:
+        return ".".join([bound[node.id], *reversed(parts)])
+    return None
+
+
+def _defined_in_raydist() -> set[str]:
+    """Every name raydist defines somewhere (functions, classes, names and attributes it assigns, parameters,
+    keywords, import aliases): a private attribute outside this set is another library's."""
+    names = set()
+    for path in modules().values():
+        for node in ast.walk(tree(path)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, ast.arg):
+                names.add(node.arg)
+            elif isinstance(node, ast.keyword) and node.arg:
+                names.add(node.arg)
+            elif isinstance(node, ast.alias):
+                names.add((node.asname or node.name).split(".")[0])
+    return names
+
+
+def _private_hooks(path: Path, ours: set[str]) -> list[str]:
+    """file:line of what `_private_uses` cannot see by name: a class on a Ray or torch base that overrides a private
+    method the base has (`_create_default_callbacks`), Ray's private resource names ('node:__internal_head__'), and
+    a private attribute of an object raydist does not define (`handle._actor_id`; the standard library's, on a name
+    imported from it, such as `os._exit`, are not Ray's or torch's)."""
+    import importlib
+
+    module = tree(path)
+    bound, found = _bindings(module), []
+    stdlib = {name for name, what in bound.items() if what.split(".")[0] not in ("ray", "torch", "raydist")}
+    where = path.relative_to(PACKAGE.parent)
+    for node in ast.walk(module):
+        if isinstance(node, ast.ClassDef):
+            for base in node.bases:
+                dotted = _dotted(base, bound)
+                if not dotted or not (dotted.split(".")[0] in ("ray", "torch")
+                                      or dotted.startswith("raydist.private_api.")):  # a class it re-exports
+                    continue
+                owner, _, name = dotted.rpartition(".")
+                try:
+                    cls = getattr(importlib.import_module(owner), name)
+                except (ImportError, AttributeError):
+                    continue
+                found += [f"{where}:{item.lineno} {dotted}.{item.name}" for item in node.body
+                          if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name.startswith("_")
+                          and not item.name.endswith("__") and hasattr(cls, item.name)]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("node:__"):
+            found.append(f"{where}:{node.lineno} the resource name {node.value!r}")
+        elif (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.endswith("__")
+              and node.attr not in ours and node.attr != "_actor_id"):  # _actor_id: _private_uses names it
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if not (isinstance(root, ast.Name) and root.id in stdlib) and _dotted(node, bound) is None:
+                found.append(f"{where}:{node.lineno} {ast.unparse(node)} (a private attribute raydist does not define)")
+    return found
+
+
+def test_the_private_hook_check_sees_overrides_resource_names_and_foreign_private_attributes(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("import os\nfrom ray.train.v2.api.data_parallel_trainer import DataParallelTrainer\n"
+                       "class T(DataParallelTrainer):\n    def _create_default_callbacks(self):\n        return []\n"
+                       "    def _mine(self):\n        return os._exit\n"
+                       "def f(nodes, handle):\n    return 'node:__internal_head__' in nodes, handle._ray_secret\n")
+    global PACKAGE
+    old, PACKAGE = PACKAGE, tmp_path
+    try:
+        uses = [u.split(" ", 1)[1] for u in _private_hooks(planted, {"_mine"})]
+    finally:
+        PACKAGE = old
+    assert sorted(uses) == ["handle._ray_secret (a private attribute raydist does not define)",
+                            "ray.train.v2.api.data_parallel_trainer.DataParallelTrainer._create_default_callbacks",
+                            "the resource name 'node:__internal_head__'"], uses
+
+
+def test_the_warm_interpreter_imports_nothing_of_raydists_as_a_package():
+    """raydist/launcher/warm_server.py forks users' scripts: a raydist of its own in sys.modules would be every forked
+    script's (not the one in a job's working dir), and where raydist is not installed the server would not start. It
+    takes raydist/private_api.py by path."""
+    import subprocess
+    import sys
+
+    code = ("import runpy, sys; runpy.run_path(sys.argv[1], run_name='warm');"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'raydist'))")
+    out = subprocess.run([sys.executable, "-c", code, str(PACKAGE / "launcher" / "warm_server.py")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr[-2000:]
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether 'ray._raylet.Config.initialize' exists here: its longest importable module, then attributes."""
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for name in parts[cut:]:
+                found = getattr(found, name)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def test_every_private_name_raydist_uses_exists_in_the_installed_ray_and_torch():
+    """What raydist/private_api.py lists, imports in its functions, names and overrides is there in the Ray and
+    torch installed. `make test-min` runs this too, at the oldest Ray pyproject allows: the releases its docstring
+    says were checked."""
+    from raydist import private_api
+
+    wanted = {f"{module}.{attribute}" if attribute else module for module, attribute, _ in private_api.PRIVATE.values()}
+    for node in ast.walk(tree(PRIVATE_HOME)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] in ("ray", "torch"):
+            wanted.update(f"{node.module}.{a.name}" for a in node.names)
+    wanted.update({
+        private_api.CONTROLLER_LOGGER, private_api.DYNAMO_MODULE, private_api.TORCHFT_MODULE,
+        "ray._raylet.Config.initialize", "ray._raylet.AuthenticationTokenLoader.instance",  # reread_ray_settings
+        "ray.actor.ActorHandle._actor_id",  # actor_id
+        "ray.train.v2.api.data_parallel_trainer.DataParallelTrainer._create_default_callbacks",
+        "ray.train.v2.torch.torchft_config._TorchftBackend._maybe_create_lighthouse_actor",
+        # what raydist.train_view takes from state_schema and state_util
+        *(f"ray.train.v2._internal.state.schema.{name}" for name in (
+            "ActorStatus", "RunAttemptStatus", "RunStatus", "TrainResources", "TrainRunAttempt", "TrainWorker",
+            "BackendConfig", "CheckpointConfig", "FailureConfig", "RunConfig", "RunSettings", "ScalingConfig",
+            "TrainRun")),
+        *(f"ray.train.v2._internal.state.util.{name}" for name in (
+            "current_time_ns", "mark_workers_dead", "construct_data_config")),
+        "ray._private.state.state.get_draining_nodes",  # global_state
+        "ray.core.generated.autoscaler_pb2.DrainNodeReason",
+    })
+    missing = sorted(name for name in wanted if not _resolves(name))
+    assert not missing, "not in this Ray or torch:\n" + "\n".join(missing)

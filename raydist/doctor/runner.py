@@ -12,6 +12,7 @@ from raydist.doctor import checks
 from raydist.doctor.bandwidth import algo_bandwidth_gbps, bus_bandwidth_gbps
 from raydist.doctor.checks import ALL, FAIL, Probe, Row
 from raydist.doctor.facts import Where, hostname
+from raydist.private_api import HEAD_NODE_RESOURCE
 
 MiB = 2**20
 
@@ -84,7 +85,7 @@ def ray_nodes() -> list[RayNode]:
         res = n.get("Resources") or {}
         out.append(RayNode(node_id=n["NodeID"], hostname=hostname(n.get("Labels") or {}, n.get("NodeManagerHostname")),
                            ip=n.get("NodeManagerAddress", "?"), alive=bool(n.get("Alive")),
-                           is_head="node:__internal_head__" in res or bool(n.get("IsHeadNode")),
+                           is_head=HEAD_NODE_RESOURCE in res or bool(n.get("IsHeadNode")),
                            gpus=float(res.get("GPU", 0.0))))
     return out
 

@@ -41,9 +41,24 @@ import sys
 import time
 import types
 
-from raydist.private_api import DYNAMO_MODULE  # noqa: E402
 
-PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch.utils.data", DYNAMO_MODULE)
+def _load_private_api() -> types.ModuleType:
+    """raydist/private_api.py (every private Ray or torch name raydist uses), loaded by path under a name of its own
+    and left out of sys.modules: this server imports nothing of raydist's as a package, so that a forked script
+    imports raydist afresh (its own copy, from a job's working dir), and the server starts where raydist is not
+    installed. That module imports only the standard library at its import."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "private_api.py")
+    spec = importlib.util.spec_from_file_location("raydist_warm_server_private_api", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+private_api = _load_private_api()
+
+PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch.utils.data", private_api.DYNAMO_MODULE)
 """torch._dynamo too: DistributedDataParallel imports it as it is built, and torch's optimizers at their first step
 (torch 2.13): about a second of a fresh process's imports (sympy, inductor's config) before its first step."""
 KEPT_PYTHON_VARS = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE",
@@ -410,7 +425,7 @@ class Server:
         """Whether two workers forked now would draw the same random Ray IDs. Ray's C++ side has one generator per
         process, seeded at its first draw; a fork copies it. Ray Train's workers would then send tasks under the
         same IDs to its synchronization actor, which crashes on the second (`Check failed: erased == 1`)."""
-        from raydist.private_api import ObjectRef
+        ObjectRef = private_api.ObjectRef
 
         drawn = []
         for _ in range(2):
@@ -577,9 +592,7 @@ def _torch_threads(env: dict[str, str], ray_worker: bool) -> int:
 def _ray_settings_from_environment() -> None:
     """In a worker forked by a Ray job's server: Ray's C++ side reads its settings again from this worker's
     environment, as ray.init does after setting one (ray._private.authentication), and forgets a cached token."""
-    from raydist.private_api import reread_ray_settings
-
-    reread_ray_settings()
+    private_api.reread_ray_settings()
 
 
 def _run_script(script: str) -> None:

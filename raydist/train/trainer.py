@@ -12,7 +12,7 @@ Ray Train 2.60 starts, for every `fit()`, beside its controller:
   set (each worker reads its own shard, `raydist.sharding`), so it is only started when one is passed.
 
 Measured side by side (docs/benchmarks.md, "Two helpers fewer"): dropping both cut the machine's CPU time for a
-one-epoch `jobs/sync.py` by an eighth; its first step moved within the noise. The hook is Ray's `_create_default_callbacks`, the
+one-epoch `jobs/sync.py` by an eighth; its first step moved within the noise. The hook is Ray's `_create_default_callbacks` (raydist.private_api), the
 one place the list is made: if a later Ray renames it, nothing breaks, the helpers are started again, and
 tests/test_architecture.py fails so that the hook is moved.
 """
@@ -42,13 +42,11 @@ def torch_trainer(*, torch_config=None, **kwargs):
     a driver that sizes a built-in model without torch (raydist.preflight) then never imports it."""
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
+    from raydist.private_api import trainer_class_filtering_default_callbacks
     from raydist.train.backend import QuietTorchConfig
 
-    class RaydistTorchTrainer(DataParallelTrainer):
-        def _create_default_callbacks(self):
-            return [c for c in super()._create_default_callbacks()
-                    if not UNUSED.get(type(c).__name__, lambda _: False)(self)]
-
+    RaydistTorchTrainer = trainer_class_filtering_default_callbacks(
+        DataParallelTrainer, lambda trainer, c: not UNUSED.get(type(c).__name__, lambda _: False)(trainer))
     return RaydistTorchTrainer(backend_config=torch_config or QuietTorchConfig(), **kwargs)
 
 

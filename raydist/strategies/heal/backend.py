@@ -7,8 +7,7 @@ import socket
 
 import ray
 from raydist.private_api import ReplicaGroup
-from raydist.private_api import TorchftBackend as _TorchftBackend
-from raydist.private_api import TorchftConfig
+from raydist.private_api import TorchftConfig, torchft_backend_class
 
 from raydist.config import Config
 from raydist.train.backend import PlainVersions, QuietController, QuietShutdown, driver_shutdown_timeout_s
@@ -21,7 +20,7 @@ class ReplicaNodeLost(RuntimeError):
     """A failed replica group's node is gone: Ray Train cannot replace the group in place."""
 
 
-class _Backend(QuietController, PlainVersions, QuietShutdown, _TorchftBackend):
+class _Backend(QuietController, PlainVersions, QuietShutdown, torchft_backend_class()):
     def on_shutdown(self, group, backend_config) -> None:
         """Ray Train shuts a failed replica group down right before it starts the replacement on the group's own
         slot, and waits for that worker without a limit: when the slot's node is gone and no other node has room,
@@ -35,7 +34,7 @@ class _Backend(QuietController, PlainVersions, QuietShutdown, _TorchftBackend):
                                       f"in place")
         super().on_shutdown(group, backend_config)
 
-    def _maybe_create_lighthouse_actor(self, backend_config) -> str:
+    def lighthouse_address(self, backend_config) -> str:
         """Ray's lighthouse (torchft's quorum server) on this node, as Ray's backend places it, but taking no CPU:
         Ray's asks for one, and where the workers hold every CPU of the controller's node (or it has none, as a
         head started with --num-cpus=0) it never starts. Its address has this node's Ray address, not its host
