@@ -68,5 +68,7 @@ def srun_argv(name: str, work: Path, job_id: int, hosts: list, port: int) -> lis
               f"MASTER_ADDR={hosts[0].ip} MASTER_PORT={port} RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS "
               f"LOCAL_RANK=$SLURM_LOCALID LOCAL_WORLD_SIZE=1 OMP_NUM_THREADS=1; exec "
               + " ".join(script_argv(name, work)))
-    return ["srun", f"--jobid={job_id}", "--overlap", f"--nodes={len(hosts)}", "--ntasks-per-node=1", "bash", "-c",
-            script]
+    # --job-name: a step started outside the batch shell is named after its program ("bash" here), which Lightning
+    # takes for an interactive session and then ignores SLURM's variables; in a batch script it is the job's name.
+    return ["srun", f"--jobid={job_id}", "--overlap", f"--nodes={len(hosts)}", "--ntasks-per-node=1",
+            f"--job-name={name}", "bash", "-c", script]
