@@ -48,7 +48,8 @@ def server(tmp_path_factory):
     here = tmp_path_factory.mktemp("warm")
     sock = here / "warm.sock"
     log = open(here / "server.log", "wb")
-    proc = subprocess.Popen([sys.executable, warm_server.__file__, str(sock)], stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([sys.executable, warm_server.__file__, str(sock)], stdout=log, stderr=subprocess.STDOUT,
+                            env=node_env())
     deadline = time.monotonic() + 60
     while not sock.exists():
         assert proc.poll() is None and time.monotonic() < deadline, (here / "server.log").read_text()
@@ -72,6 +73,15 @@ def agent(server, monkeypatch):
     yield make
     for a in agents:
         a.kill()
+
+
+def node_env() -> dict[str, str]:
+    """This process's environment as a node's warm interpreter would have it: without the variables Ray sets for its
+    own worker process (an earlier test's in-process ray.init in this xdist worker sets RAY_CLIENT_MODE), which a
+    rank's environment never carries (raydist.launcher.environment.RAY_WORKER_ONLY)."""
+    from raydist.launcher.environment import RAY_WORKER_ONLY
+
+    return {k: v for k, v in os.environ.items() if k not in RAY_WORKER_ONLY}
 
 
 def _env(**extra) -> dict[str, str]:
@@ -312,7 +322,8 @@ def test_a_malformed_request_is_declined_and_the_server_serves_on(agent, server,
 
 def test_sigterm_ends_the_server_only_once_its_ranks_have_ended(server, tmp_path):
     sock = tmp_path / "w.sock"
-    proc = subprocess.Popen([sys.executable, warm_server.__file__, str(sock)], stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, warm_server.__file__, str(sock)], stdout=subprocess.DEVNULL,
+                            env=node_env())
     try:
         deadline = time.monotonic() + 60
         while not sock.exists():
