@@ -129,7 +129,8 @@ def test_a_torchrun_script_trains_unmodified_to_torchruns_checksum(work, torchru
 @pytest.mark.shared_ray
 def test_a_killed_rank_restarts_the_group_which_resumes_from_the_scripts_snapshot(work, torchrun_checksum):
     snap, out = work / "kill-snap.pt", work / "kill.json"
-    proc = launch(work, "kill", "--workers", "2", "--max-restarts", "2",
+    # warm=true: what is tested is the launcher's restart, not the rank's start (a fresh one imports torch: CPU)
+    proc = launch(work, "kill", "--workers", "2", "--max-restarts", "2", "--set", "warm=true",
                   script_args=[*EPOCHS, "--step-sleep", "0.03", "--snapshot", str(snap), "--out", str(out)])
     wait_for(snap, proc)  # trained 20 steps at least
     os.kill(rank_pid(work, "kill", 1), signal.SIGKILL)
@@ -154,6 +155,7 @@ def test_a_stopped_rank_is_named_with_every_ranks_stack_within_the_bound(work):
     # it must outlast a silent start-up of Python, torch and DDP on 2 loaded cores (6 s once did not).
     snap, bound = work / "hang-snap.pt", 20.0
     proc = launch(work, "hang", "--workers", "2", "--max-restarts", "0", "--hang-timeout", f"{bound:g}",
+                  "--set", "warm=true",  # the hang rule is tested, not the rank's start (a fresh one imports torch)
                   script_args=["--epochs", "100", "--step-sleep", "0.05", "--snapshot", str(snap)])
     wait_for(snap, proc)
     pid = rank_pid(work, "hang", 1)
