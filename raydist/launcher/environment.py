@@ -257,6 +257,5 @@ def merged(worker_env: dict[str, str], launcher_env: dict[str, str], caller_env:
     return env
 
 
-def script_environment(worker_env: dict[str, str], slot: Slot, group: Group,
-                       caller_env: dict[str, str] | None = None) -> dict[str, str]:
-    return merged(worker_env, rank_environment(slot, group), caller_env)
+def script_environment(worker_env: dict[str, str], slot: Slot, group: Group) -> dict[str, str]:
+    return merged(worker_env, rank_environment(slot, group))
