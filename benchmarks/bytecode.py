@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import stored as stored_file  # noqa: E402
 from stored import spread  # noqa: E402
 
-IMPORTED = ("raydist.job", "raydist.cli", "raydist.session", "raydist.train.loop", "raydist.launcher.agent",
+IMPORTED = ("raydist.job", "raydist.cli", "raydist.driver.session", "raydist.train.loop", "raydist.launcher.agent",
             "raydist.strategies")
 PROBE = ("import sys, time, torch, ray, ray.train\n"
          "t = time.process_time()\n"

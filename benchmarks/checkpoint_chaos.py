@@ -63,8 +63,8 @@ def _write_local_sgd(run_dir: str, step: int, written: list[str]) -> None:
 
 
 def _write_sync(run_dir: str, step: int, written: list[str], per_rank: int = 0) -> None:
-    from raydist.checkpoint import RAY_SNAPSHOT, Progress, rng_state, save_replica, save_state
-    from raydist.context import new_checkpoint_dir
+    from raydist.torchkit.checkpoint import RAY_SNAPSHOT, Progress, rng_state, save_replica, save_state
+    from raydist.train.context import new_checkpoint_dir
 
     # save_state only asks the optimizer and scheduler for their state: stand-ins spare each restarted writer the
     # second torch.optim takes to set up (the saves, not the payload, are under test).
@@ -117,7 +117,7 @@ def _warm_up() -> None:
 
     import torch
 
-    import raydist.context  # noqa: F401
+    import raydist.train.context  # noqa: F401
 
     torch.save(_model(0).state_dict(), io.BytesIO())
 
@@ -152,7 +152,7 @@ def choose(writer: str, run_dir: str, use_snapshot: bool = True) -> str | None:
 
         with contextlib.redirect_stdout(io.StringIO()):  # its one line is not this harness's output
             return latest_checkpoint(run_dir)
-    from raydist.checkpoint import RAY_SNAPSHOT, STATE_FILE, resume_choice, set_aside_broken_snapshot
+    from raydist.torchkit.checkpoint import RAY_SNAPSHOT, STATE_FILE, resume_choice, set_aside_broken_snapshot
 
     known = None
     snapshot = os.path.join(run_dir, RAY_SNAPSHOT)
@@ -174,7 +174,7 @@ def check(writer: str, directory: str) -> int:
 
         params = load_params(directory)
     else:
-        from raydist.checkpoint import load_replica, load_state
+        from raydist.torchkit.checkpoint import load_replica, load_state
 
         state = load_state(directory)
         if state["progress"].step != step:
@@ -231,7 +231,7 @@ def _start_writer(writer: str, run_dir: str):
     import multiprocessing
 
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "raydist.checkpoint", "raydist.context"])
+    ctx.set_forkserver_preload(["torch", "raydist.torchkit.checkpoint", "raydist.train.context"])
     # The staging directories a killed sync writer leaves behind (as a killed worker would) stay in the run.
     staging, err = os.path.join(run_dir, ".staging"), os.path.join(run_dir, ".writer-stderr")
     os.makedirs(staging, exist_ok=True)
@@ -257,7 +257,7 @@ def chaos(writer: str, kills: int, run_dir: str, seed: int = 0, max_delay_s: flo
           mid_save_at_least: int = 0) -> ChaosResult:
     """Start the writer, SIGKILL it after a random delay, check what resume would choose; `kills` times, and on
     (up to 4x `kills`) until `mid_save_at_least` kills have landed inside a write."""
-    from raydist.checkpoint import checkpoint_dirs, verify
+    from raydist.torchkit.checkpoint import checkpoint_dirs, verify
 
     rng = random.Random(seed)
     result = ChaosResult(writer)
@@ -296,7 +296,7 @@ def _checked_choice(writer: str, run_dir: str, use_snapshot: bool) -> int:
 def _partials(run_dir: str, writer: str) -> set[str]:
     """What interrupted writes left in the run directory: broken checkpoint directories, temporary files or
     directories, a snapshot that is not JSON. A kill landed inside a write when it adds to this set."""
-    from raydist.checkpoint import RAY_SNAPSHOT, checkpoint_dirs, verify
+    from raydist.torchkit.checkpoint import RAY_SNAPSHOT, checkpoint_dirs, verify
 
     found = {n for n in os.listdir(run_dir) if ".tmp-" in n or n.startswith(".old-")}
     if os.path.exists(os.path.join(run_dir, RAY_SNAPSHOT)):
@@ -316,11 +316,11 @@ def _saver(overrides: list[str]):
     optimizer state and two ranks' RNG, as every real checkpoint), and the model's parameter bytes."""
     import torch
 
-    from raydist.checkpoint import Progress, rng_state, save_state
+    from raydist.torchkit.checkpoint import Progress, rng_state, save_state
     from raydist.config import job_defaults, load_config
-    from raydist.data import load_splits
-    from raydist.models import build_model
-    from raydist.optim import build_optimizer, build_scheduler
+    from raydist.torchkit.data import load_splits
+    from raydist.torchkit.models import build_model
+    from raydist.torchkit.optim import build_optimizer, build_scheduler
 
     cfg = load_config(job_defaults("sync"), [], overrides)
     data = load_splits(cfg.data)
@@ -346,7 +346,7 @@ def _saver(overrides: list[str]):
 def save_cost(rounds: int) -> dict:
     """Time `save_state` with and without fsync: the default sync model into the loop's local staging directory
     (Ray copies it from there) and into a directory beside this repository; a 12.9 MB model into staging."""
-    from raydist.context import new_checkpoint_dir
+    from raydist.train.context import new_checkpoint_dir
 
     beside = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".bench-save")
     cases = {}

@@ -39,10 +39,10 @@ def _rank(rank: int, port: int, args: argparse.Namespace, out) -> None:
     import torch
     import torch.distributed as dist
 
-    from raydist.commstats import CommStats
+    from raydist.torchkit.commstats import CommStats
     from raydist.config import load_config
-    from raydist.data import load_splits
-    from raydist.models import build_model
+    from raydist.torchkit.data import load_splits
+    from raydist.torchkit.models import build_model
     from raydist.strategies.sync.worker import SyncDDP
     from raydist.train.desync import param_checksum
 

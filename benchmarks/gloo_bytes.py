@@ -7,7 +7,7 @@ ring bound says ((n-1)/n of the tensor per rank) or does it move an all-reduce's
 
 (root: `unshare -n` gives the run a network namespace of its own, so its loopback counter holds only these ranks'
 traffic.) The stored count is docs/data/gloo_bytes.json (quoted in docs/strategies.md and docs/costmodel.md). The
-cost model (raydist/costmodel.py, `Setting.backend`) counts FSDP's reduce-scatter on gloo as an all-reduce.
+cost model (raydist/planning/costmodel.py, `Setting.backend`) counts FSDP's reduce-scatter on gloo as an all-reduce.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import stored as stored_file  # noqa: E402
 from jobutil import job_processes_titled, start_job  # noqa: E402
 
-from raydist.checkpoint import checkpoint_dirs  # noqa: E402
+from raydist.torchkit.checkpoint import checkpoint_dirs  # noqa: E402
 
 # Long enough for two kills to land on a healing run: a survivor alone steps three to four times as fast here,
 # so the seconds a replacement takes to start cover hundreds of steps.

@@ -106,7 +106,7 @@ def workload(a: argparse.Namespace) -> list[str]:
 
 def param_count(a: argparse.Namespace) -> int:
     from raydist.config import ModelConfig
-    from raydist.model_size import mlp_params, mlp_width
+    from raydist.torchkit.model_size import mlp_params, mlp_width
 
     depth = ModelConfig().depth
     return mlp_params(a.features, a.classes, mlp_width(a.params, a.features, a.classes, depth), depth)
@@ -234,7 +234,7 @@ def real_model(cluster, job, a, link: float, storage: Path) -> list[dict]:
     """examples/tinygpt (a GPT-style model on synthetic tokens, given by import path) with every strategy in one
     compare run, submitted from examples/ as its users submit it: the "real model" rows, and the cost model's
     check on a model of another kind (its sync run gives the compute per step; costmodel.anchor)."""
-    from raydist.costmodel import BYTES_PER_PARAM
+    from raydist.planning.costmodel import BYTES_PER_PARAM
 
     name = f"real-{link:g}"
     submit(cluster, job, ["-m", "raydist.job", "compare", "--config", REAL_CONFIG,
@@ -269,8 +269,8 @@ def spread(values: list[float], digits: int) -> str:
 
 
 def fanin_table(points: list[dict], hosts: int) -> str:
-    """Measured async rate against the busiest link's bound at the raw link rate (raydist.costmodel)."""
-    from raydist import costmodel as cm
+    """Measured async rate against the busiest link's bound at the raw link rate (raydist.planning.costmodel)."""
+    from raydist.planning import costmodel as cm
     from raydist.strategies.async_ps.cost import ps_link_bound
 
     rows = ["| link | shards | runs | measured steps/s | busiest link's bound | measured / bound | MB/s moved by the "
@@ -310,7 +310,7 @@ def plots(points: list[dict], hosts: int, directory: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from raydist import costmodel as cm
+    from raydist.planning import costmodel as cm
     from raydist.strategies.async_ps.cost import ps_link_bound
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -369,7 +369,7 @@ def plots(points: list[dict], hosts: int, directory: Path) -> list[Path]:
 def hosts_table(points: list[dict], hosts: int) -> str:
     """The runs that recorded the machine's CPU (the workers part since `--hosts`): measured against what the cost
     model fitted on the shipped 6-host runs predicts, beside how busy the 2 cores were while each ran."""
-    from raydist import costmodel as cm
+    from raydist.planning import costmodel as cm
 
     fit = cm.fit(json.loads((REPO / "docs" / "data" / "shaped_runs.json").read_text())["points"])
     rows = ["| hosts | link | workers | strategy | steps/s | predicted | measured / predicted | CPU busy, median "

@@ -11,11 +11,11 @@ from raydist.errors import exits_cleanly, fail
 # Each module defines `register(subparsers)`, which adds its sub-command(s) and sets `func`
 # (called with the parsed args, returns an exit status).
 COMMANDS = [
-    "raydist.commands.config_cmd",
-    "raydist.slurm.commands",
+    "raydist.config_command",
+    "raydist.slurm.command",
     "raydist.doctor.command",
-    "raydist.commands.top_cmd",
-    "raydist.commands.plan_cmd",
+    "raydist.observability.command",
+    "raydist.planning.command",
     "raydist.launcher.command",
 ]
 

@@ -13,13 +13,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raydist import finished, registry
+from raydist import registry
+from raydist.engines import finished
 from raydist.atomic import write_json_atomic
 from raydist.cli import OneLineParser
 from raydist.config import Config, job_defaults, load_config
 from raydist.errors import UsageError, exits_cleanly
-from raydist.preflight import check_before_ray
-from raydist.session import Session, prepare_ray_environment
+from raydist.driver.preflight import check_before_ray
+from raydist.driver.session import Session, prepare_ray_environment
 from raydist.summary import RESULT_ENV
 
 
@@ -44,7 +45,7 @@ def parse_job_args(job: str, argv: list[str] | None, doc: str | None = None) -> 
 
 def run_job(job: str, cfg: Config, started: float | None = None) -> Any:
     """Run `job` (a registry name) on `cfg`; writes its summary.json and returns the summary. A run that completed
-    with this very config is reported again without starting Ray (raydist.finished). A strategy that cannot run
+    with this very config is reported again without starting Ray (raydist.engines.finished). A strategy that cannot run
     here runs as its registry fallback, after one line saying why."""
     job, why = registry.runnable(job, cfg)
     if why:

@@ -18,7 +18,7 @@ from typing import Any
 PRIVATE: dict[str, tuple[str, str, str]] = {
     # ---- Ray core ----------------------------------------------------------------------------------------------
     "internal_kv_initialized": ("ray.experimental.internal_kv", "_internal_kv_initialized",
-                                "the cluster-wide stop request (raydist.preemption) is a key in the GCS's KV store; "
+                                "the cluster-wide stop request (raydist.cluster.preemption) is a key in the GCS's KV store; "
                                 "Ray's public KV is Ray Serve's or a named actor, which would need a process"),
     "internal_kv_get": ("ray.experimental.internal_kv", "_internal_kv_get", "as internal_kv_initialized"),
     "internal_kv_put": ("ray.experimental.internal_kv", "_internal_kv_put", "as internal_kv_initialized"),
@@ -37,21 +37,21 @@ PRIVATE: dict[str, tuple[str, str, str]] = {
     "get_or_create_autoscaling_coordinator": (
         "ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator",
         "get_or_create_autoscaling_coordinator",
-        "started beside Ray Train's controller, which waits for it on the path to the first step (raydist.raytrain)"),
+        "started beside Ray Train's controller, which waits for it on the path to the first step (raydist.engines.raytrain)"),
     "get_address_and_port": ("ray.train._internal.utils", "get_address_and_port",
-                             "rank 0's address for raydist's own process-group backend (raydist.train.backend)"),
+                             "rank 0's address for raydist's own process-group backend (raydist.engines.raytrain_backend)"),
     "set_torch_distributed_env_vars": ("ray.train.torch.config", "_set_torch_distributed_env_vars",
                                        "raydist's backend sets up torch.distributed as TorchConfig's does"),
     "setup_torch_process_group": ("ray.train.torch.config", "_setup_torch_process_group", "as above"),
     "shutdown_torch": ("ray.train.torch.config", "_shutdown_torch", "as above"),
     "TrainingFramework": ("ray.train.v2._internal.util", "TrainingFramework",
-                          "the framework Ray Train records for a run (raydist.train.backend)"),
+                          "the framework Ray Train records for a run (raydist.engines.raytrain_backend)"),
     "ReplicaGroup": ("ray.train.v2._internal.execution.worker_group", "ReplicaGroup",
                      "the heal strategy replaces one replica group, as Ray's torchft backend does"),
     "TorchftConfig": ("ray.train.v2.torch.torchft_config", "TorchftConfig",
                       "Ray's torchft backend (lighthouse, one process group per replica group) is not exported"),
     "DataConfig": ("ray.train._internal.data_config", "DataConfig",
-                   "raydist.train_view writes runs that Ray Train did not start to the dashboard's run list"),
+                   "raydist.driver.train_view writes runs that Ray Train did not start to the dashboard's run list"),
     "get_or_create_state_actor": ("ray.train.v2._internal.state.state_actor", "get_or_create_state_actor",
                                   "as DataConfig: the run list lives in Ray Train's state actor"),
     "state_schema": ("ray.train.v2._internal.state.schema", None, "as DataConfig: the run list's record types"),
@@ -71,7 +71,7 @@ DYNAMO_MODULE = "torch._dynamo"
 
 
 HEAD_NODE_RESOURCE = "node:__internal_head__"
-"""The resource only the head node carries in `ray.nodes()`' Resources (raydist.preemption never drains the head;
+"""The resource only the head node carries in `ray.nodes()`' Resources (raydist.cluster.preemption never drains the head;
 raydist doctor marks it): Ray's own internal name, and `IsHeadNode` is not in every release's node table.
 Checked: ray 2.58.0, 2.60.0."""
 
@@ -79,7 +79,7 @@ Checked: ray 2.58.0, 2.60.0."""
 def trainer_class_filtering_default_callbacks(base: type, keep) -> type:
     """`base` (Ray Train V2's DataParallelTrainer) with only the default callbacks `keep(trainer, callback)` accepts.
     Ray's private `_create_default_callbacks` is the one place Ray Train makes that list, and no option drops its
-    placement-group cleaner or dataset manager (raydist.train.trainer says why raydist does). Checked: ray 2.58.0,
+    placement-group cleaner or dataset manager (raydist.engines.raytrain_trainer says why raydist does). Checked: ray 2.58.0,
     2.60.0."""
 
     class RaydistTorchTrainer(base):

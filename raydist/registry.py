@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 PACKAGE_DIR = Path(__file__).parent
-RAY_TRAIN_DRIVER = "raydist.raytrain:fit_on_ray_train"
-LAUNCH_DRIVER = "raydist.launcher.jobs:fit_as_processes"
+RAY_TRAIN_DRIVER = "raydist.engines.raytrain:fit_on_ray_train"
+LAUNCH_DRIVER = "raydist.engines.processes:fit_as_processes"
 """The driver of every loop strategy under `scaling.engine=launch` (one plain process per worker)."""
 
 
@@ -31,9 +31,9 @@ class StrategySpec:
     """"module:Class" of a `raydist.train.Strategy` run by the shared loop on Ray Train workers; '' when `driver` does it all."""
     driver: str = RAY_TRAIN_DRIVER
     """"module:function" taking (cfg, spec, session) and returning a `JobSummary`."""
-    check: str = "raydist.preflight:check_loop"
+    check: str = "raydist.driver.preflight:check_loop"
     """"module:function" taking (cfg): what only this job can check before Ray starts (raises a UsageError,
-    writes nothing); run by `raydist.preflight.check_before_ray` after the checks every job shares."""
+    writes nothing); run by `raydist.driver.preflight.check_before_ray` after the checks every job shares."""
     compared: bool = True
     """Whether `compare` runs it by default (any strategy can still be named in `compare.strategies`)."""
     section: str = ""
@@ -43,7 +43,7 @@ class StrategySpec:
     summary_fields: str = ""
     """"module:Class" of a dataclass of the summary fields only it fills (appended to `JobSummary`); '' when none."""
     cost: str = ""
-    """"module:Class" of its `raydist.costmodel.CostTerms`: the bytes and hops of its step and what is fitted on
+    """"module:Class" of its `raydist.planning.costmodel.CostTerms`: the bytes and hops of its step and what is fitted on
     its measured runs; '' when `raydist plan` does not model it."""
 
     torch_config: str = ""

@@ -18,15 +18,15 @@ from pathlib import Path
 from typing import Iterator
 
 from jobutil import REPO, clean_env
-from raydist.launcher import ray_python
-from raydist.launcher.warm import NO_PRESTART, WARM_ENV, WARM_EXEC, WARM_EXEC_ENV, WARM_LOG, WARM_SERVER, py_executable
-from raydist.listen_port import free_port
+from raydist.warm import ray_python
+from raydist.warm.client import NO_PRESTART, WARM_ENV, WARM_EXEC, WARM_EXEC_ENV, WARM_LOG, WARM_SERVER, py_executable
+from raydist.cluster.listen_port import free_port
 
 VENV_BIN = Path(os.sys.executable).parent  # the venv that runs the tests runs the cluster too
 
 
 def free_ports(n: int) -> list[int]:
-    """n distinct free ports, outside the ephemeral range (raydist.listen_port says why)."""
+    """n distinct free ports, outside the ephemeral range (raydist.cluster.listen_port says why)."""
     socks = []
     while len(socks) < n:
         s = socket.socket()
@@ -68,7 +68,7 @@ class Head:
                 **(self.warm or {})}
 
     def forked_jobs(self) -> int:
-        """How many Ray jobs' workers its warm interpreter has forked (a server per job: warm_server.py's log)."""
+        """How many Ray jobs' workers its warm interpreter has forked (a server per job: raydist/warm/server.py's log)."""
         log = Path(self.temp_dir, WARM_LOG)
         return log.read_text(errors="replace").count("imported Ray for Ray job") if self.warm and log.exists() else 0
 
@@ -102,7 +102,7 @@ def _pids_using(path: str) -> list[int]:
 
 WORKER_PORTS = (61000, 65535)
 """Where test heads' worker ports come from: above the kernel's ephemeral range (32768-60999 here) and away from the
-ports raydist picks for its own servers (raydist.listen_port), the SLURM port blocks and an embedded instance's
+ports raydist picks for its own servers (raydist.cluster.listen_port), the SLURM port blocks and an embedded instance's
 worker ports (Ray's 10002-19999)."""
 WORKER_BLOCK = 51
 
@@ -116,7 +116,7 @@ def _worker_block() -> Iterator[int]:
     import fcntl
     import random
 
-    from raydist.listen_port import claims_dir
+    from raydist.cluster.listen_port import claims_dir
 
     claims_dir().mkdir(parents=True, exist_ok=True, mode=0o700)
     starts = list(range(WORKER_PORTS[0], WORKER_PORTS[1] - WORKER_BLOCK + 2, WORKER_BLOCK))

@@ -143,7 +143,7 @@ def test_ray_trains_controller_needs_no_torch_for_raydists_backend_config():
     import subprocess
     import sys
 
-    code = ("import sys, pickle; from raydist.train.backend import QuietTorchConfig;"
+    code = ("import sys, pickle; from raydist.engines.raytrain_backend import QuietTorchConfig;"
             "pickle.loads(pickle.dumps(QuietTorchConfig(backend='gloo'))); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stdout + out.stderr
@@ -156,9 +156,9 @@ def test_the_controller_waits_for_a_group_to_leave_its_process_group_as_long_as_
     import subprocess
     import sys
 
-    from raydist.train.backend import SHUTDOWN_TIMEOUT_VAR, QuietTorchConfig
+    from raydist.engines.raytrain_backend import SHUTDOWN_TIMEOUT_VAR, QuietTorchConfig
 
-    os.environ[SHUTDOWN_TIMEOUT_VAR] = "5"  # what raydist.session sets in the driver
+    os.environ[SHUTDOWN_TIMEOUT_VAR] = "5"  # what raydist.driver.session sets in the driver
     try:
         config = pickle.dumps(QuietTorchConfig(backend="gloo"))
     finally:
@@ -178,14 +178,14 @@ def test_the_controller_waits_for_a_group_to_leave_its_process_group_as_long_as_
 def test_raydists_backend_config_shows_the_dashboard_what_rays_torch_config_shows():
     from ray.train.torch import TorchConfig
 
-    from raydist.train.backend import QuietTorchConfig
+    from raydist.engines.raytrain_backend import QuietTorchConfig
 
     assert QuietTorchConfig(backend="gloo", timeout_s=7).to_dict() == TorchConfig(backend="gloo", timeout_s=7).to_dict()
 
 def test_a_run_starts_neither_ray_trains_placement_group_cleaner_nor_its_dataset_manager():
-    """raydist.train.trainer drops both from Ray Train's default callbacks (the cleaner's job is the driver's,
+    """raydist.engines.raytrain_trainer drops both from Ray Train's default callbacks (the cleaner's job is the driver's,
     `release_placement_group`); a Ray that makes the list elsewhere fails here instead of quietly starting both."""
-    from raydist.train.trainer import torch_trainer
+    from raydist.engines.raytrain_trainer import torch_trainer
 
     trainer = torch_trainer(train_loop_per_worker=lambda: None)
     names = {type(c).__name__ for c in trainer._create_default_callbacks()}
@@ -195,15 +195,15 @@ def test_a_run_starts_neither_ray_trains_placement_group_cleaner_nor_its_dataset
 
 def test_a_builtin_ray_train_jobs_driver_needs_no_torch_to_check_and_build_its_trainer(tmp_path):
     """A second of the driver's start-up, before Ray: its checks size a built-in data set and model without torch
-    (raydist.model_size), and its trainer is Ray Train's DataParallelTrainer with raydist's torch-free backend
+    (raydist.torchkit.model_size), and its trainer is Ray Train's DataParallelTrainer with raydist's torch-free backend
     config, not TorchTrainer, whose module imports torch; nor does the workers' function that `fit()` builds before
     it asks for the controller (its context, which sets each worker's CUDA device, was Ray's, in a module that
     imports torch: 1.8 s of the driver's, after connecting)."""
     import subprocess
     import sys
 
-    code = ("import sys\nfrom raydist import job, registry\nfrom raydist.preflight import check_before_ray\n"
-            "from raydist.raytrain import build_trainer\n"
+    code = ("import sys\nfrom raydist import job, registry\nfrom raydist.driver.preflight import check_before_ray\n"
+            "from raydist.engines.raytrain import build_trainer\n"
             "cfg = job.parse_job_args('sync', ['--set', 'run.storage_path=' + sys.argv[1]], '')\n"
             "check_before_ray('sync', cfg)\nbuild_trainer(cfg, registry.get('sync'))._get_train_func()\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
@@ -220,7 +220,7 @@ def test_the_dashboards_run_list_learns_torchs_version_without_importing_torch()
 
     import torch
 
-    code = "import sys\nfrom raydist.train_view import _torch_version\nprint(_torch_version(), 'torch' in sys.modules)"
+    code = "import sys\nfrom raydist.driver.train_view import _torch_version\nprint(_torch_version(), 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.split() == [torch.__version__, "False"], out.stdout + out.stderr[-2000:]
 
@@ -379,7 +379,7 @@ def test_the_private_hook_check_sees_overrides_resource_names_and_foreign_privat
 
 
 def test_the_warm_interpreter_imports_nothing_of_raydists_as_a_package():
-    """raydist/launcher/warm_server.py forks users' scripts: a raydist of its own in sys.modules would be every forked
+    """raydist/warm/server.py forks users' scripts: a raydist of its own in sys.modules would be every forked
     script's (not the one in a job's working dir), and where raydist is not installed the server would not start. It
     takes raydist/private_api.py by path."""
     import subprocess
@@ -387,7 +387,7 @@ def test_the_warm_interpreter_imports_nothing_of_raydists_as_a_package():
 
     code = ("import runpy, sys; runpy.run_path(sys.argv[1], run_name='warm');"
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'raydist'))")
-    out = subprocess.run([sys.executable, "-c", code, str(PACKAGE / "launcher" / "warm_server.py")],
+    out = subprocess.run([sys.executable, "-c", code, str(PACKAGE / "warm" / "server.py")],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr[-2000:]
 
@@ -427,7 +427,7 @@ def test_every_private_name_raydist_uses_exists_in_the_installed_ray_and_torch()
         "ray.actor.ActorHandle._actor_id",  # actor_id
         "ray.train.v2.api.data_parallel_trainer.DataParallelTrainer._create_default_callbacks",
         "ray.train.v2.torch.torchft_config._TorchftBackend._maybe_create_lighthouse_actor",
-        # what raydist.train_view takes from state_schema and state_util
+        # what raydist.driver.train_view takes from state_schema and state_util
         *(f"ray.train.v2._internal.state.schema.{name}" for name in (
             "ActorStatus", "RunAttemptStatus", "RunStatus", "TrainResources", "TrainRunAttempt", "TrainWorker",
             "BackendConfig", "CheckpointConfig", "FailureConfig", "RunConfig", "RunSettings", "ScalingConfig",

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from raydist.checkpoint import (MANIFEST, RAY_SNAPSHOT, STATE_FILE, Progress, load_state, newest_valid, resume_choice,
+from raydist.torchkit.checkpoint import (MANIFEST, RAY_SNAPSHOT, STATE_FILE, Progress, load_state, newest_valid, resume_choice,
                                 rng_state, save_state, set_aside_broken_snapshot, sha256_of, skipped_line, verify)
 from raydist.errors import RaydistError
 

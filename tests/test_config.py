@@ -8,7 +8,7 @@ import pytest
 
 from jobutil import REPO
 from raydist import registry
-from raydist.commands.config_cmd import refreshed
+from raydist.config_command import refreshed
 from raydist.config import Config, job_defaults, load_config
 from raydist.typedconfig import reference_markdown
 from raydist.errors import ConfigError

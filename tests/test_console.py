@@ -188,7 +188,7 @@ def test_the_controllers_placement_tracebacks_leave_the_console_but_not_the_log_
     Train has made its console handlers, so the filter goes on them at the controller logger's first record."""
     import pickle
 
-    from raydist.train.backend import QuietTorchConfig
+    from raydist.engines.raytrain_backend import QuietTorchConfig
 
     controller = logging.getLogger(console.CONTROLLER_LOGGER)
     ray_train = logging.getLogger("ray.train")

@@ -1,4 +1,4 @@
-"""The cost model behind `raydist plan` (raydist/costmodel.py) and where async puts its server shards
+"""The cost model behind `raydist plan` (raydist/planning/costmodel.py) and where async puts its server shards
 (raydist/strategies/async_ps/placement.py): pure functions, checked by hand-computed values and on the shipped measured runs."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from raydist import costmodel as cm
-from raydist.commands import plan_cmd
+from raydist.planning import costmodel as cm
+from raydist.planning import command as plan_cmd
 from raydist.strategies.async_ps import cost as ps_cost
 from raydist.strategies.async_ps.placement import shard_nodes
 

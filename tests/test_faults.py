@@ -182,7 +182,7 @@ sys.stdout.write("placement group: " + json.dumps(ray.util.placement_group_table
 @pytest.mark.shared_ray
 def test_a_driver_that_lives_on_after_its_controller_was_killed_gets_the_workers_cpus_back(tmp_path):
     """Ray removes a worker group's placement group once both its creator (Ray Train's controller) and its job are
-    gone; raydist starts no PlacementGroupCleaner (raydist.train.trainer), so its driver removes the group itself
+    gone; raydist starts no PlacementGroupCleaner (raydist.engines.raytrain_trainer), so its driver removes the group itself
     when fit() fails: a Python API user who called ray.init() (whose job outlives the fit) finds the CPUs free."""
     import sys
 

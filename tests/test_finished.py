@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 
-from raydist import finished
+from raydist.engines import finished
 from raydist.config import job_defaults, load_config
 from raydist.summary import JobSummary
 

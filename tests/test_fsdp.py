@@ -16,7 +16,7 @@ import tempfile
 import pytest
 
 from jobutil import REPO, summary
-from raydist.checkpoint import MANIFEST, STATE_FILE, checkpoint_dirs, read_manifest, verify
+from raydist.torchkit.checkpoint import MANIFEST, STATE_FILE, checkpoint_dirs, read_manifest, verify
 from raydist.observability.metrics import read_steps
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]

@@ -67,7 +67,7 @@ def _gather(rank: int, port: int, out) -> None:
 
 
 def test_objects_are_gathered_in_rank_order_over_a_group_that_only_sums():
-    from raydist.listen_port import free_port
+    from raydist.cluster.listen_port import free_port
 
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
@@ -161,7 +161,7 @@ def warm_interpreter(monkeypatch):
     import time
     from pathlib import Path
 
-    from raydist.launcher.warm import NO_PRESTART, WARM_ENV, WARM_EXEC, WARM_EXEC_ENV, WARM_LOG, start_server
+    from raydist.warm.client import NO_PRESTART, WARM_ENV, WARM_EXEC, WARM_EXEC_ENV, WARM_LOG, start_server
 
     temp = Path(tempfile.mkdtemp(prefix="rdw-", dir="/tmp"))  # short: a unix socket path fits 107 bytes
     sock = temp / "warm.sock"
@@ -239,7 +239,7 @@ def test_an_elastic_heal_run_that_loses_a_node_continues_on_the_workers_that_fit
 
 def test_an_elastic_in_place_run_that_lost_a_node_starts_again_within_its_failure_budget():
     from raydist.config import load_config
-    from raydist.raytrain import failure_line, refit_after_node_loss
+    from raydist.engines.raytrain import failure_line, refit_after_node_loss
 
     lost = ["node02 (192.168.20.17): no heartbeat"]
     elastic = load_config(None, [], ["scaling.num_workers=2-3", "scaling.max_failures=2"], job="heal")

@@ -276,7 +276,7 @@ def test_a_cluster_job_gives_every_worker_the_ray_train_settings_its_servers_imp
     the job's own runtime_env sets it (Ray refuses a variable set twice)."""
     import json
 
-    from raydist.launcher import warm
+    from raydist.warm import client as warm
 
     exec_path = tmp_path / "warm_exec.py"
     exec_path.write_text("")
@@ -306,7 +306,8 @@ def test_ray_worker_set_up_is_done_without_ray_only_for_raydist_jobs_context(mon
     other context to Ray's setup_worker.py (None)."""
     import shlex
 
-    from raydist.launcher import warm, warm_exec
+    from raydist.warm import client as warm
+    from raydist.warm import worker_exec as warm_exec
 
     ours = {"command_prefix": [], "env_vars": {"RUST_LOG": "warn", "RAYDIST_T": "1"},
             "py_executable": warm.py_executable(), "override_worker_entrypoint": None, "java_jars": []}
@@ -340,7 +341,8 @@ def test_the_ray_interpreter_script_runs_anything_but_ray_worker_set_up_as_pytho
     import subprocess
     import sys
 
-    from raydist.launcher import ray_python, warm
+    from raydist.warm import ray_python
+    from raydist.warm import client as warm
 
     script = ray_python.write(tmp_path, warm.py_executable())
     probe = "import json, sys; print(json.dumps([sys.executable, sys.argv[1:]]))"
@@ -352,10 +354,10 @@ def test_the_ray_interpreter_script_runs_anything_but_ray_worker_set_up_as_pytho
 def test_only_rays_own_command_line_runs_through_the_ray_interpreter_module(tmp_path):
     import sys
 
-    from raydist.launcher import ray_python
+    from raydist.warm import ray_python
 
     wrapped = ray_python.command(tmp_path / "ray-python", ["/venv/bin/ray", "start", "--block"])
-    assert wrapped == [sys.executable, "-m", "raydist.launcher.ray_python", str(tmp_path / "ray-python"),
+    assert wrapped == [sys.executable, "-m", "raydist.warm.ray_python", str(tmp_path / "ray-python"),
                        "/venv/bin/ray", "start", "--block"]
     assert ray_python.command(tmp_path / "ray-python", [sys.executable, "-c", "pass"]) == [sys.executable, "-c", "pass"]
 

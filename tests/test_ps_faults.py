@@ -97,7 +97,7 @@ def _alive_actor_pid(name: str) -> int | None:
     import urllib.parse
 
     import sharedray
-    from raydist.slurm.dashboard_client import get_json
+    from raydist.cluster.dashboard_client import get_json
 
     head = sharedray.head()
     query = urllib.parse.urlencode({"filter_keys": "name", "filter_predicates": "=", "filter_values": name,

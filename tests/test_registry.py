@@ -64,7 +64,7 @@ def test_docs_summary_field_table_matches_the_dataclass():
 def test_every_part_a_registry_entry_names_is_where_it_says(name):
     import dataclasses
 
-    from raydist.costmodel import CostTerms
+    from raydist.planning.costmodel import CostTerms
 
     spec = registry.get(name)
     if spec.config:

@@ -1,10 +1,10 @@
-"""raydist.schedule: when a run reports, evaluates, checkpoints, checks for desync and polls for a stop (pure, fast)."""
+"""raydist.train.schedule: when a run reports, evaluates, checkpoints, checks for desync and polls for a stop (pure, fast)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raydist.schedule import STOP_POLL_S, Cadence, Every, Schedule
+from raydist.train.schedule import STOP_POLL_S, Cadence, Every, Schedule
 
 
 @dataclass

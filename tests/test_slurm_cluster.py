@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 import rayup
-from raydist.launcher import ray_python
+from raydist.warm import ray_python
 from raydist.slurm import ports, teardown
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
@@ -233,7 +233,7 @@ def test_sync_ddp_job_trains_one_worker_per_host_over_gloo(slurm_cluster, ray_up
     # which would say why on its stderr, forwarded here by --verbose.
     assert "starts without the warm interpreter" not in out, out[-4000:]
     assert sorted(_warm_ray_jobs(slurm_cluster, ray_up)) == sorted(EXPECTED_IFACES), out[-3000:]
-    # Each node's Ray was started with raydist.launcher.ray_python as its interpreter, which bring-up writes
+    # Each node's Ray was started with raydist.warm.ray_python as its interpreter, which bring-up writes
     # beside the warm interpreter's socket: its workers' set-up went through warm_exec, not a fresh Python.
     assert all((_node_temp(slurm_cluster, ray_up, h) / ray_python.SCRIPT_NAME).exists() for h in EXPECTED_IFACES)
 

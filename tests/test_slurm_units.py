@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from raydist.errors import ConfigError, RaydistError
-from raydist.slurm import connection, netif, ports, readiness, settings, sweep, teardown
+from raydist.slurm import netif, ports, readiness, settings, sweep, teardown
+from raydist.cluster import connection
 from raydist.slurm.bringup import private_dir
 from raydist.slurm.jobdir import JobDir, Plan
 from raydist.slurm.nodes import Allocation, cpus_from_env, expand_hostlist, gpus_from_env
@@ -266,7 +267,7 @@ def test_connection_file_round_trip_and_export_lines(tmp_path):
 
 
 def test_a_driver_started_after_raydist_env_joins_the_gcs_the_connection_file_names(tmp_path, monkeypatch):
-    from raydist.preflight import join_address
+    from raydist.driver.preflight import join_address
 
     conn = readiness.connection_for(_plan(tmp_path), user="ana")
     path = tmp_path / "connection.env"

@@ -6,7 +6,7 @@ import pytest
 
 from jobutil import run_job, summary
 from raydist.config import StragglerConfig
-from raydist.straggler import delay_s
+from raydist.torchkit.straggler import delay_s
 
 
 def test_only_the_named_worker_sleeps_in_proportion_to_its_own_step_time():

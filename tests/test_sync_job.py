@@ -28,7 +28,7 @@ def test_two_workers_reach_the_accuracy_threshold_on_digits(tmp_path):
 
     # A quiet console (not a terminal here: plain progress lines, a bounded number), the JSON line last on stdout.
     # (Ray Train's PlacementGroupCleaner printed a traceback here when other Ray instances ran on the host; raydist
-    # starts none: raydist.train.trainer.)
+    # starts none: raydist.engines.raytrain_trainer.)
     lines = (proc.stdout + proc.stderr).splitlines()
     assert len(lines) <= 30, "\n".join(lines)
     progress = [ln for ln in proc.stderr.splitlines() if ln.startswith("[raydist] sync: step ")]
@@ -104,10 +104,10 @@ def test_stopped_run_resumes_at_the_next_step_with_identical_losses(tmp_path):
 
 
 def test_the_driver_starts_the_autoscaling_coordinator_that_ray_train_waits_for():
-    # raydist.raytrain.start_autoscaling_coordinator goes through Ray's own get-or-create and says nothing when it
+    # raydist.engines.raytrain.start_autoscaling_coordinator goes through Ray's own get-or-create and says nothing when it
     # cannot: a Ray release that renames it would lose the speed-up silently (docs/benchmarks.md). This fails instead.
     code = ("import ray; ray.init(num_cpus=1, include_dashboard=False, logging_level='ERROR');"
-            "from raydist.raytrain import start_autoscaling_coordinator; start_autoscaling_coordinator();"
+            "from raydist.engines.raytrain import start_autoscaling_coordinator; start_autoscaling_coordinator();"
             "ray.get_actor('AutoscalingCoordinator', namespace='AutoscalingCoordinator'); print('started')")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=clean_env(), capture_output=True, text=True,
                           timeout=120)

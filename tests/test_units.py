@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from raydist.checkpoint import Progress, load_state, rng_state, save_state, set_rng_state
+from raydist.torchkit.checkpoint import Progress, load_state, rng_state, save_state, set_rng_state
 from raydist.config import ScheduleConfig
-from raydist.optim import lr_factor
-from raydist.sampler import ResumableDistributedSampler
+from raydist.torchkit.optim import lr_factor
+from raydist.torchkit.sampler import ResumableDistributedSampler
 
 
 def test_sampler_resumes_mid_epoch_with_the_same_order():
@@ -50,7 +50,7 @@ def test_checkpoint_round_trip_restores_rng_and_progress(tmp_path):
 @pytest.mark.parametrize("params", [1_000_000, 10_000_000, 50_000_000])
 @pytest.mark.parametrize("depth", [1, 2, 4])
 def test_model_params_sizes_the_mlp_within_a_percent(params, depth):
-    from raydist.model_size import mlp_params, mlp_width
+    from raydist.torchkit.model_size import mlp_params, mlp_width
 
     width = mlp_width(params, 64, 10, depth)
     assert abs(mlp_params(64, 10, width, depth) / params - 1) < 0.01
@@ -60,8 +60,8 @@ def test_model_params_sizes_the_mlp_within_a_percent(params, depth):
 def test_model_params_builds_that_model_and_is_refused_for_other_models():
     from raydist.config import load_config
     from raydist.errors import ConfigError
-    from raydist.data import load_splits
-    from raydist.models import build_model
+    from raydist.torchkit.data import load_splits
+    from raydist.torchkit.models import build_model
 
     cfg = load_config(None, [], ["data.name=synthetic", "data.synthetic_features=32", "data.synthetic_samples=100",
                                  "model.params=2000000", "model.depth=3"])
@@ -79,12 +79,12 @@ def test_model_params_builds_that_model_and_is_refused_for_other_models():
      "model.params=200000", "model.heads=2"],
 ])
 def test_the_drivers_count_of_a_builtin_model_is_the_built_models(overrides):
-    """The driver's checks size a built-in model without torch (raydist.model_size, from the data's numpy
+    """The driver's checks size a built-in model without torch (raydist.torchkit.model_size, from the data's numpy
     arrays): the same count as the model built from the loaded splits."""
     from raydist.config import load_config
-    from raydist.data import builtin_arrays, load_splits
-    from raydist.model_size import builtin_params
-    from raydist.models import build_model
+    from raydist.torchkit.data import builtin_arrays, load_splits
+    from raydist.torchkit.model_size import builtin_params
+    from raydist.torchkit.models import build_model
 
     cfg = load_config(None, [], overrides)
     arrays = builtin_arrays(cfg.data)
@@ -98,9 +98,9 @@ def test_the_drivers_count_of_a_builtin_model_is_the_built_models(overrides):
 @pytest.mark.parametrize("params", [1_000_000, 10_000_000])
 def test_the_transformer_is_sized_by_params_and_counted_exactly(params):
     from raydist.config import load_config
-    from raydist.data import load_splits
-    from raydist.model_size import transformer_params
-    from raydist.models import build_model
+    from raydist.torchkit.data import load_splits
+    from raydist.torchkit.model_size import transformer_params
+    from raydist.torchkit.models import build_model
 
     cfg = load_config(None, [], ["data.name=synthetic", "data.synthetic_features=64", "data.synthetic_samples=100",
                                  "model.name=transformer", f"model.params={params}", "model.depth=4"])
@@ -112,8 +112,8 @@ def test_the_transformer_is_sized_by_params_and_counted_exactly(params):
 
 def test_the_transformer_learns_digits_from_their_rows():
     from raydist.config import load_config
-    from raydist.data import load_splits
-    from raydist.models import build_model
+    from raydist.torchkit.data import load_splits
+    from raydist.torchkit.models import build_model
 
     torch.manual_seed(0)
     cfg = load_config(None, [], ["model.name=transformer", "model.hidden=32", "model.depth=1"])
@@ -144,14 +144,14 @@ def test_the_transformer_refuses_tokens_that_do_not_divide_the_features():
 
 @pytest.mark.parametrize("seed,fraction", [(0, 0.2), (1, 0.25), (7, 0.5)])
 def test_the_split_is_scikit_learns_without_importing_it(seed, fraction):
-    """raydist.data reads the digits and splits them itself (scikit-learn's import is ~0.9 s of every worker's
+    """raydist.torchkit.data reads the digits and splits them itself (scikit-learn's import is ~0.9 s of every worker's
     start-up), with exactly scikit-learn's stratified split, so results stay what they were."""
     import numpy as np
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
     from raydist.config import DataConfig
-    from raydist.data import _digits, _synthetic, stratified_split
+    from raydist.torchkit.data import _digits, _synthetic, stratified_split
 
     d = load_digits()
     x, y, _ = _digits(DataConfig())
@@ -188,7 +188,7 @@ def test_train_startup_split_reads_the_raylet_and_controller_logs(tmp_path):
                                  "placement-group cleaner": 1.456, "worker actors": 1.97,
                                  "train context and synchronization actor": 2.44,
                                  "process group, callbacks, launch": 0.789}, abs=1e-3)
-    # raydist's runs start no placement-group cleaner (raydist.train.trainer): the state actor's step runs on
+    # raydist's runs start no placement-group cleaner (raydist.engines.raytrain_trainer): the state actor's step runs on
     (tmp_path / "logs" / "train" / "ray-train-sys-controller-61ae.log").write_text("".join(
         json.dumps({"asctime": f"2026-11-24 04:03:{t}", "message": m}) + "\n" for t, m in messages if "Cleaner" not in m))
     got = split(str(tmp_path))
@@ -199,7 +199,7 @@ def test_listen_ports_come_from_below_the_ephemeral_range():
     import random
     import socket
 
-    from raydist.listen_port import LISTEN_RANGE, candidate_ports, ephemeral_low, free_port
+    from raydist.cluster.listen_port import LISTEN_RANGE, candidate_ports, ephemeral_low, free_port
 
     ports = candidate_ports(32768, random.Random(0))
     assert sorted(ports) == list(range(LISTEN_RANGE[0], LISTEN_RANGE[1] + 1)) and ports != sorted(ports)
@@ -215,7 +215,7 @@ def test_listen_ports_come_from_below_the_ephemeral_range():
 def test_a_port_one_raydist_process_picked_is_not_picked_by_another_until_its_claim_expires(tmp_path):
     import random
 
-    from raydist.listen_port import CLAIM_TTL_S, LISTEN_RANGE, candidate_ports, claim, ephemeral_low, free_port
+    from raydist.cluster.listen_port import CLAIM_TTL_S, LISTEN_RANGE, candidate_ports, claim, ephemeral_low, free_port
 
     if ephemeral_low() <= LISTEN_RANGE[0]:
         pytest.skip("this kernel's ephemeral range covers raydist's listen range")

@@ -1,4 +1,4 @@
-"""Ray's own worker processes forked by the warm interpreter (raydist.launcher.warm_exec, scaling.warm_python): on
+"""Ray's own worker processes forked by the warm interpreter (raydist.warm.worker_exec, scaling.warm_python): on
 the embedded instance every actor of a job (Ray Train's controller, helpers and workers alike) is forked by the
 job's server under the warm interpreter, with torch imported, and set up without Ray's setup_worker.py; a worker
 whose settings differ from that server's starts the cold way and works the same; a killed forked worker is seen
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 DRIVER = textwrap.dedent("""
     import json, os, signal, sys, threading, time
     import ray
-    from raydist.session import prepare_ray_environment, start_local
+    from raydist.driver.session import prepare_ray_environment, start_local
 
     ray_set_up = set()  # Ray's own setup_worker.py processes (a fresh interpreter importing Ray, per worker)
 
@@ -101,26 +101,26 @@ def test_the_embedded_instance_forks_its_ray_workers_with_torch_imported():
     out = _drive("warm")
     first, other = out["first"], out["other"]
     # Forked by the job's server, a child of the warm interpreter: torch came with the fork.
-    assert all("warm_server.py" in w["parent"] and w["torch"] for w in out["probes"]), out["probes"]
+    assert all("warm/server.py" in w["parent"] and w["torch"] for w in out["probes"]), out["probes"]
     # And Ray Train, which Ray Train's own actors import next (this Probe imports none of it).
     assert all(w["ray_train"] for w in out["probes"]), out["probes"]
     # With the one thread Ray gives a worker that holds one CPU or none, as torch imported after Ray set
     # OMP_NUM_THREADS would have: not one per CPU of the warm interpreter's (two workers would fight over them).
     assert first["threads"] == 1, first
     # Ray's IDs are random per process, forked or not: two workers that drew the same would send tasks under the
-    # same IDs, and Ray Train's synchronization actor crashes on that (warm_server.RAY_JOB_PRELOAD).
+    # same IDs, and Ray Train's synchronization actor crashes on that (raydist.warm.server.RAY_JOB_PRELOAD).
     assert len({w["random_id"] for w in out["probes"]}) == 3, out["probes"]
     assert first["job"] == other["job"]
-    # Each worker's runtime_env set up by raydist.launcher.warm_exec, without Ray's setup_worker.py (a fresh
+    # Each worker's runtime_env set up by raydist.warm.worker_exec, without Ray's setup_worker.py (a fresh
     # interpreter importing Ray per worker, the "other" one's included): the instance runs it through
-    # raydist.launcher.ray_python.
+    # raydist.warm.ray_python.
     assert out["ray_set_up"] == 0, out
     # No default worker started ahead for the driver: this job's workers come from the warm interpreter, which
     # Ray's prestarted ones (one per CPU, without the job's runtime_env) could never serve (warm.NO_PRESTART).
     assert out["prestarted"] == 0, out
     # Its RAY_DEDUP_LOGS differs from the job server's, which Ray read at its import: a fresh Python instead,
     # named on the worker's stderr (Ray shows it on the driver's console).
-    assert "warm_server.py" not in other["parent"] and not other["torch"] and other["dedup"] == "0", other
+    assert "warm/server.py" not in other["parent"] and not other["torch"] and other["dedup"] == "0", other
     assert "starts without the warm interpreter: RAY_DEDUP_LOGS differs" in out["stderr"], out["stderr"][-2000:]
     assert out["killed"] == "dead"
     # The warm interpreter's private directory (its socket) went with the driver.
@@ -129,7 +129,7 @@ def test_the_embedded_instance_forks_its_ray_workers_with_torch_imported():
 
 def test_warm_python_off_starts_every_ray_worker_as_ray_does():
     out = _drive("cold")
-    assert "warm_server.py" not in out["first"]["parent"] and not out["first"]["torch"], out["first"]
+    assert "warm/server.py" not in out["first"]["parent"] and not out["first"]["torch"], out["first"]
     assert "warm interpreter" not in out["stderr"], out["stderr"][-3000:]
     assert out["ray_set_up"] >= 4, out  # the job's runtime_env set up by Ray, as without raydist
     assert out["prestarted"] >= 1, out  # Ray's own default: workers started ahead, which cold jobs may use

@@ -1,4 +1,4 @@
-"""A node's warm interpreter (raydist/launcher/warm_server.py): a rank forked from it, with torch already imported,
+"""A node's warm interpreter (raydist/warm/server.py): a rank forked from it, with torch already imported,
 behaves as the same script started by `python` would: its argv, directory, sys.path, environment, output, exit
 code, traceback and signals; fresh random state; it dies with its agent. What it cannot run that way it declines,
 and the rank starts cold. Real processes, no Ray: the agent (RankAgent) is driven directly, as Ray would call it.
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from raydist.launcher import warm_server
+from raydist.warm import server as warm_server
 from raydist.launcher.agent import RankAgent
-from raydist.launcher.warm import WARM_ENV
+from raydist.warm.client import WARM_ENV
 
 # Slow: its ranks fork from interpreters that import torch (half a minute in all on 2 cores), and `make test` sends
 # the slow modules out before the quick ones, so that neither xdist worker ends on a long module alone.
@@ -125,7 +125,7 @@ def test_lightning_fabric_forked_warm_finds_its_launcher_and_trains(agent, serve
     variables raydist launch gives: it sees the ranks' environment, not the warm interpreter's."""
     pytest.importorskip("lightning_fabric")
     from raydist.launcher import environment as E
-    from raydist.listen_port import free_port
+    from raydist.cluster.listen_port import free_port
 
     host = os.uname().nodename
     slots = E.assign_ranks([E.Place("n1", host, "127.0.0.1"), E.Place("n1", host, "127.0.0.1")])

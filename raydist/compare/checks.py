@@ -5,7 +5,7 @@ from __future__ import annotations
 from raydist.compare.runner import output_dir, strategy_config
 from raydist.config import Config
 from raydist.errors import RaydistError
-from raydist.preflight import check_before_ray, check_writable
+from raydist.driver.preflight import check_before_ray, check_writable
 
 
 def check_compare(cfg: Config) -> None:

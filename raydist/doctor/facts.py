@@ -117,6 +117,6 @@ def as_dict(facts: NodeFacts) -> dict:
 
 def hostname(labels: Mapping[str, str], fallback: str | None = None) -> str:
     """A Ray node's hostname: raydist's node label where bring-up set one, else what Ray knows, else uname."""
-    from raydist.slurm.dashboard_client import HOST_LABEL
+    from raydist.cluster.dashboard_client import HOST_LABEL
 
     return labels.get(HOST_LABEL) or fallback or socket.gethostname()

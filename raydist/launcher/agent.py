@@ -5,7 +5,7 @@ first start on the embedded instance, an object in the driver's own process (ray
 script runs as a process of its own, not inside the agent: its own `__main__`, `sys.argv`, signal handlers and
 DataLoader workers, exactly as under torchrun or srun. It is a process group of its own (signals reach its DataLoader
 workers too) and dies with its agent, so a lost agent leaves nothing running. On a node the SLURM bring-up started,
-that process is forked by the node's warm interpreter, which has torch imported (raydist.launcher.warm_server);
+that process is forked by the node's warm interpreter, which has torch imported (raydist.warm.server);
 elsewhere, or when that interpreter cannot run the command as a fresh one would, it is a fresh interpreter.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 
 from raydist.hook import STATUS_ENV, read
 from raydist.launcher.errorfile import ERROR_FILE_ENV, read_error_file
-from raydist.launcher.warm import COLD_BY_CHOICE, WarmProcess, spawn
+from raydist.warm.client import COLD_BY_CHOICE, WarmProcess, spawn
 from raydist.observability.ray_metrics import export_relayed
 
 RETURNED_ENV = "RAYDIST_RETURNED_FILE"  # these three: as raydist/launcher/rank_site/sitecustomize.py reads them
@@ -133,7 +133,7 @@ class RankAgent:
 
     def free_port(self) -> int:
         """A port free on this node, for MASTER_PORT (rank 0's agent)."""
-        from raydist.listen_port import free_port
+        from raydist.cluster.listen_port import free_port
 
         return free_port("")
 
@@ -143,7 +143,7 @@ class RankAgent:
               warm: bool = False, caller_env: dict[str, str] | None = None,
               named: dict[str, str] | None = None) -> dict[str, Any]:
         """The script's process: a fresh interpreter, or (`warm`) forked by the node's warm interpreter where there
-        is one that can run it (raydist.launcher.warm_server: torch already imported). Its environment: this node's,
+        is one that can run it (raydist.warm.server: torch already imported). Its environment: this node's,
         the caller's (`caller_env`, `named`) and the launcher's (raydist.launcher.environment.merged). Its pid and
         which way it started."""
         from raydist.launcher.environment import merged

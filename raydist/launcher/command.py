@@ -100,14 +100,14 @@ def _python_script(args: list[str]) -> str | None:
 
 
 def cluster_address(cfg) -> str:
-    """The GCS address to join; '' for the embedded instance (raydist.preflight.join_address)."""
-    from raydist.preflight import join_address
+    """The GCS address to join; '' for the embedded instance (raydist.driver.preflight.join_address)."""
+    from raydist.driver.preflight import join_address
 
     return join_address(cfg.address)
 
 
 def check_before_ray(cfg) -> None:
-    from raydist.preflight import check_ray_target, check_writable, local_gpu_count
+    from raydist.driver.preflight import check_ray_target, check_writable, local_gpu_count
 
     check_writable(cfg.run_dir, "storage_path")
     address = cluster_address(cfg)
@@ -133,8 +133,8 @@ def connect(cfg) -> str:
 
     import ray
 
-    from raydist.session import prepare_ray_environment, start_local
-    from raydist.preflight import check_reachable
+    from raydist.driver.session import prepare_ray_environment, start_local
+    from raydist.driver.preflight import check_reachable
 
     prepare_ray_environment()
     address = cluster_address(cfg)
@@ -185,8 +185,3 @@ def _launch(args: argparse.Namespace) -> int:
         f"restart(s); summary {os.path.join(cfg.run_dir, 'summary.json')}")
     return 0
 
-
-if __name__ == "__main__":
-    from raydist.cli import main
-
-    sys.exit(main(["launch", *sys.argv[1:]]))

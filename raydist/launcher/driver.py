@@ -23,7 +23,7 @@ from raydist.launcher.errorfile import describe as describe_error
 from raydist.launcher.group import Group, capacity, group_size
 from raydist.launcher.settings import LaunchConfig, to_dict
 from raydist.launcher.summary import LaunchSummary
-from raydist.launcher.warm import COLD_BY_CHOICE, NO_WARM
+from raydist.warm.client import COLD_BY_CHOICE, NO_WARM
 from raydist.summary import RESULT_ENV
 
 POLL_S = 0.2  # how often output is relayed and the ranks are looked at
@@ -182,7 +182,7 @@ class LaunchRun:
                 group.end()
 
     def _view(self):
-        from raydist.train_view import RunDescription, TrainView
+        from raydist.driver.train_view import RunDescription, TrainView
 
         c = self.cfg
         return TrainView(RunDescription(
@@ -372,7 +372,7 @@ class LaunchRun:
                                                      f"(running {group.n})")
 
     def _stop_event(self, group: Group) -> policy.Event | None:
-        from raydist.preemption import draining_nodes, stop_requested
+        from raydist.cluster.preemption import draining_nodes, stop_requested
 
         try:
             request = stop_requested()
@@ -390,7 +390,7 @@ class LaunchRun:
 
     def _stop(self, group: Group, reason: str) -> None:
         """stop_signal to every rank, then up to grace_s (less when the cluster ends sooner) for them to exit."""
-        from raydist.preemption import stop_requested
+        from raydist.cluster.preemption import stop_requested
 
         grace = self.cfg.grace_s
         try:
@@ -447,7 +447,7 @@ class LaunchRun:
     def _startup(self) -> dict[str, float]:
         out = dict(self.timeline)
         if self.first_step_unix is not None:
-            from raydist.session import process_start_time
+            from raydist.driver.session import process_start_time
 
             out["first_step"] = round(self.first_step_unix - process_start_time(), 3)
         return out

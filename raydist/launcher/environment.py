@@ -38,7 +38,7 @@ TORCH_LAUNCHER = frozenset({
 
 
 RAYDIST_SETTINGS = frozenset({"TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S"})
-"""What raydist sets in its own process for its Ray Train workers (raydist.session.prepare_ray_environment), which
+"""What raydist sets in its own process for its Ray Train workers (raydist.driver.session.prepare_ray_environment), which
 the embedded instance's processes inherit: not taken from the node (a caller's own value is exported as any other)."""
 RAYDIST_PLUMBING = frozenset({"RAYDIST_WARM_SOCKET", "RAYDIST_WARM_EXEC"})
 """Where a node's warm interpreter listens (set by the SLURM bring-up, and in a client's shell): never a script's."""

@@ -29,7 +29,7 @@ class Rank:
     agent: Any
     slot: environment.Slot
     pid: int | None = None
-    warm: bool = False  # forked by its node's warm interpreter (raydist.launcher.warm_server)
+    warm: bool = False  # forked by its node's warm interpreter (raydist.warm.server)
     cold_why: str = ""  # else why not, when the node has one
     exit_code: int | None = None
     last_line: str = ""
@@ -214,7 +214,7 @@ class Group:
     def _unplaceable(self) -> str:
         import ray
 
-        from raydist.cluster_watch import dead_nodes
+        from raydist.cluster.watch import dead_nodes
 
         dead = [name.split(":", 1)[0] for name in dead_nodes()]
         have = ray.cluster_resources()

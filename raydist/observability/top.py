@@ -218,7 +218,7 @@ class Source:
 
     def session_name(self) -> str | None:
         if self.session is None and self.dashboard_url is not None:
-            from raydist.slurm import dashboard_client
+            from raydist.cluster import dashboard_client
 
             try:
                 version = dashboard_client.get_json(f"{self.dashboard_url}/api/version", self.token)
@@ -234,7 +234,7 @@ class Source:
             except (OSError, ValueError) as e:
                 raise RaydistError(f"cannot read {self.sd_file}: {getattr(e, 'strerror', None) or e} "
                                    f"(is a Ray instance running on this machine?)") from None
-        from raydist.slurm import dashboard_client
+        from raydist.cluster import dashboard_client
 
         try:
             return targets_from_sd(dashboard_client.get_json(f"{self.dashboard_url}/api/prometheus/sd", self.token))
@@ -244,7 +244,7 @@ class Source:
     def dead_nodes(self) -> list[str]:
         if self.dashboard_url is None:
             return []
-        from raydist.slurm import dashboard_client
+        from raydist.cluster import dashboard_client
 
         try:
             nodes = dashboard_client.list_nodes(self.dashboard_url, self.token)

@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 from raydist.errors import RaydistError
-from raydist.launcher import ray_python
-from raydist.launcher.warm import NO_PRESTART, WARM_EXEC_ENV, py_executable
+from raydist.warm import ray_python
+from raydist.warm.client import NO_PRESTART, WARM_EXEC_ENV, py_executable
 from raydist.slurm import netif, ports, sweep, teardown
-from raydist.slurm.dashboard_client import HOST_LABEL, IFACE_LABEL
+from raydist.cluster.dashboard_client import HOST_LABEL, IFACE_LABEL
 from raydist.slurm.jobdir import JobDir, Plan
 from raydist.slurm.nodes import Allocation
 from raydist.slurm.settings import ClusterConfig
@@ -165,7 +165,7 @@ def run_node(cfg: ClusterConfig, alloc: Allocation, log=print) -> int:
     if cfg.warm_python:
         env = {**NO_PRESTART, **env}  # a user's own setting wins
     warm = start_warm_interpreter(env, temp) if cfg.warm_python else None
-    if warm is not None:  # Ray's worker set-up goes through it too (raydist.launcher.ray_python)
+    if warm is not None:  # Ray's worker set-up goes through it too (raydist.warm.ray_python)
         cmd = ray_python.command(ray_python.write(temp, py_executable(env[WARM_EXEC_ENV])), cmd)
     # Both halves of the teardown budget must fit in SLURM's KillWait, after which everything gets SIGKILL.
     half = cfg.timeouts.teardown / 2
@@ -200,12 +200,12 @@ def run_node(cfg: ClusterConfig, alloc: Allocation, log=print) -> int:
 
 
 def start_warm_interpreter(env: dict[str, str], temp: Path) -> subprocess.Popen | None:
-    """The node's warm interpreter (raydist.launcher.warm_server): a process with torch imported, which forks the
+    """The node's warm interpreter (raydist.warm.server): a process with torch imported, which forks the
     ranks of `raydist launch` and scaling.engine=launch instead of each importing torch anew, and with
     scaling.warm_python Ray's workers of raydist's jobs. It is tagged like the node's Ray (the clean-up finds it by
     that), and its socket is in the job's private temp dir. `env` gains the variables that tell the agents and the
     jobs (Ray's workers and drivers inherit them) where it listens and what Ray should run to reach it."""
-    from raydist.launcher.warm import WARM_ENV, WARM_EXEC, WARM_EXEC_ENV, WARM_LOG, start_server
+    from raydist.warm.client import WARM_ENV, WARM_EXEC, WARM_EXEC_ENV, WARM_LOG, start_server
 
     sock = temp / "warm.sock"
     proc = start_server(env, sock, temp / WARM_LOG)

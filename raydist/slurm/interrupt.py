@@ -14,7 +14,7 @@ import shlex
 import time
 from typing import Callable
 
-from raydist.slurm.connection import Connection
+from raydist.cluster.connection import Connection
 
 RUNNING = ("PENDING", "RUNNING")
 
@@ -46,13 +46,13 @@ def resume_command(entrypoint: str) -> str:
 
 def stop_cluster_runs(conn: Connection, reason: str, deadline_s: float | None, wait_s: float,
                       still_running: Callable[[], bool] = lambda: False, log: Callable[[str], None] = print) -> float:
-    """Set the stop request (raydist.preemption), then wait until the cluster's submitted jobs and `still_running`
+    """Set the stop request (raydist.cluster.preemption), then wait until the cluster's submitted jobs and `still_running`
     are done, at most `wait_s`; names every interrupted submission with its resume command. Returns the seconds
     waited."""
     os.environ.update(ray_env(conn))  # before Ray is imported: it reads its auth settings once, at import
     import ray
 
-    from raydist.preemption import request_stop
+    from raydist.cluster.preemption import request_stop
 
     started = time.monotonic()
     ray.init(address=conn.gcs_address, log_to_driver=False, logging_level="ERROR")

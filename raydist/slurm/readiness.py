@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Callable
 
 from raydist.errors import RaydistError
-from raydist.slurm import dashboard_client, ports
-from raydist.slurm.connection import Connection
+from raydist.slurm import ports
+from raydist.cluster import dashboard_client
+from raydist.cluster.connection import Connection
 from raydist.slurm.jobdir import JobDir, Plan
 
 

@@ -1,6 +1,6 @@
 """The worker side of training: the one loop (`Trainer`) and what a strategy plugs into it (`Strategy`).
 
-Imported lazily: Ray Train's controller imports this package (for raydist.train.backend) and needs no torch."""
+Imported lazily: Ray Train's controller imports this package (for raydist.engines.raytrain_backend) and needs no torch."""
 
 __all__ = ["Strategy", "Trainer"]
 

@@ -1,7 +1,7 @@
 """The one worker-side training loop: every Ray Train strategy (sync DDP, local SGD, ...) runs this `Trainer`.
 
 The loop owns the run's shape: data shard, progress and resume, metrics, the straggler hook, and the step boundary
-at which a run stops. `raydist.schedule` says when a report, an evaluation, a checkpoint, a desync check or a stop
+at which a run stops. `raydist.train.schedule` says when a report, an evaluation, a checkpoint, a desync check or a stop
 poll is due; the loop acts on it where it can. A `Strategy` supplies only how the model is wrapped and what it
 exchanges, and when (its sync points).
 
@@ -23,22 +23,22 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from raydist.checkpoint import Progress, load_replica, load_state, rng_state, save_replica, save_state, set_rng_state
-from raydist.commstats import CommStats, per_worker_summary
+from raydist.torchkit.checkpoint import Progress, load_replica, load_state, rng_state, save_replica, save_state, set_rng_state
+from raydist.torchkit.commstats import CommStats, per_worker_summary
 from raydist.config import Config
 from raydist.errors import RaydistError
-from raydist.context import WorkerContext, new_checkpoint_dir
-from raydist.data import load_splits
-from raydist.evaluation import evaluate
-from raydist.final_result import write_final_result
+from raydist.train.context import WorkerContext, new_checkpoint_dir
+from raydist.torchkit.data import load_splits
+from raydist.train.evaluation import evaluate
+from raydist.train.result import write_final_result
 from raydist.observability.metrics import Throughput, progress_line
-from raydist.models import build_model
+from raydist.torchkit.models import build_model
 from raydist.observability.ray_metrics import Exporter, peak_memory_bytes
-from raydist.optim import build_optimizer, build_scheduler
-from raydist.schedule import Cadence, Due, Every, Schedule
-from raydist.seeding import reseed
-from raydist.sharding import total_steps as run_length, worker_shard
-from raydist.straggler import Straggler
+from raydist.torchkit.optim import build_optimizer, build_scheduler
+from raydist.train.schedule import Cadence, Due, Every, Schedule
+from raydist.torchkit.seeding import reseed
+from raydist.torchkit.sharding import total_steps as run_length, worker_shard
+from raydist.torchkit.straggler import Straggler
 from raydist.observability.tensorboard_log import RunLog
 from raydist.train import desync
 from raydist.train.step import compute_gradients
@@ -96,7 +96,7 @@ class Trainer:
         """When to report, evaluate, checkpoint, check for desync and poll for a stop; rank 0's clock decides the
         timed ones for every rank (through the sync point's all-reduce)."""
         self.stop_requests: list[Callable[[], str | None]] = [ctx.stop_request]
-        """Polled on rank 0 about every raydist.schedule.STOP_POLL_S, at a sync point; the first reason any returns
+        """Polled on rank 0 about every raydist.train.schedule.STOP_POLL_S, at a sync point; the first reason any returns
         makes every rank checkpoint there and stop (the preemption and desync checks hook in here)."""
         self.stop_reason: str | None = None
         self._stopped = False

@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 import torch
 
 from raydist.config import Config
-from raydist.evaluation import autocast
+from raydist.train.evaluation import autocast
 from raydist.factories import loss_function
 
 

@@ -12,10 +12,10 @@ from typing import Any, Callable
 
 import torch
 
-from raydist.checkpoint import Progress
-from raydist.commstats import CommStats
+from raydist.torchkit.checkpoint import Progress
+from raydist.torchkit.commstats import CommStats
 from raydist.config import Config
-from raydist.context import WorkerContext
+from raydist.train.context import WorkerContext
 from raydist.train.collectives import Collectives
 
 

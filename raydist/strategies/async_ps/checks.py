@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from raydist.config import Config
 from raydist.errors import ConfigError, UsageError
-from raydist.preflight import check_loop, local_cpus, ray_address
+from raydist.driver.preflight import check_loop, local_cpus, ray_address
 
 
 def check_async(cfg: Config, data=None) -> None:

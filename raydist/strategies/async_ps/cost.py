@@ -8,7 +8,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from raydist.costmodel import CostTerms, Fit, Setting, base_for, rate_bytes_per_s, setting_of
+from raydist.planning.costmodel import CostTerms, Fit, Setting, base_for, rate_bytes_per_s, setting_of
 from raydist.strategies.async_ps.placement import shard_nodes
 
 

@@ -14,21 +14,22 @@ from typing import Any
 
 import torch
 
-from raydist import registry, sharding
-from raydist.checkpoint import checkpoint_dirs, newest_valid, publish_dir, skipped_line, verify, write_atomic, write_manifest
-from raydist.commstats import per_worker_summary
+from raydist import registry
+from raydist.torchkit import sharding
+from raydist.torchkit.checkpoint import checkpoint_dirs, newest_valid, publish_dir, skipped_line, verify, write_atomic, write_manifest
+from raydist.torchkit.commstats import per_worker_summary
 from raydist.config import Config
 from raydist.observability.console import ProgressBar, start_line
-from raydist.data import load_splits
+from raydist.torchkit.data import load_splits
 from raydist.errors import RaydistError, UsageError
-from raydist.evaluation import evaluate
-from raydist.flat import as_tensor, flatten_, slice_bounds
-from raydist.models import build_model
+from raydist.train.evaluation import evaluate
+from raydist.torchkit.flat import as_tensor, flatten_, slice_bounds
+from raydist.torchkit.models import build_model
 from raydist.observability.ray_metrics import Exporter
-from raydist.schedule import Cadence, Due, Every, Schedule
+from raydist.train.schedule import Cadence, Due, Every, Schedule
 from raydist.strategies.async_ps import policy
 from raydist.strategies.async_ps.crew import Crew, Hung, Watchdog
-from raydist.train_view import RunDescription, TrainView, actor_name
+from raydist.driver.train_view import RunDescription, TrainView, actor_name
 from raydist.strategies.async_ps.checks import check_async
 from raydist.strategies.async_ps.messages import Drained, PullReply, WorkerReport
 from raydist.summary import JobSummary
@@ -395,8 +396,8 @@ class AsyncPSRun:
     def _check_stop(self) -> None:
         """On a stop request or a draining node: grant no more steps; the workers end after the steps they hold,
         and the final checkpoint then covers every step taken (none lost beyond those in flight)."""
-        from raydist.cluster_watch import preempted
-        from raydist.preemption import draining_nodes, stop_requested
+        from raydist.cluster.watch import preempted
+        from raydist.cluster.preemption import draining_nodes, stop_requested
 
         request = stop_requested()
         draining = draining_nodes()
@@ -507,7 +508,7 @@ def train(cfg: Config, ray_address: str = "local", started: float | None = None)
 
 def run(cfg: Config, spec: registry.StrategySpec, session) -> JobSummary:
     """The registry's driver: everything checkable is checked before Ray starts."""
-    from raydist.session import connect
+    from raydist.driver.session import connect
 
     job = AsyncPSRun(cfg, started=session.started)
     job.ray_address = session.ray = connect(cfg)

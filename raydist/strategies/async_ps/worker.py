@@ -10,17 +10,17 @@ from typing import Any, Iterator
 import ray
 import torch
 
-from raydist.checkpoint import Progress
-from raydist.commstats import CommStats
+from raydist.torchkit.checkpoint import Progress
+from raydist.torchkit.commstats import CommStats
 from raydist.config import Config
-from raydist.data import load_splits
-from raydist.flat import as_tensor, flatten_
-from raydist.models import build_model
+from raydist.torchkit.data import load_splits
+from raydist.torchkit.flat import as_tensor, flatten_
+from raydist.torchkit.models import build_model
 from raydist.strategies.async_ps.messages import PullReply, WorkerReport
 from raydist.observability.ray_metrics import Exporter
-from raydist.seeding import reseed
-from raydist.sharding import worker_shard
-from raydist.straggler import Straggler
+from raydist.torchkit.seeding import reseed
+from raydist.torchkit.sharding import worker_shard
+from raydist.torchkit.straggler import Straggler
 from raydist.train.step import compute_gradients
 
 

@@ -3,7 +3,7 @@ reduce-scatter: 3(n-1)/n x G with NCCL; 4(n-1)/n x G with gloo, whose reduce-sca
 
 from __future__ import annotations
 
-from raydist.costmodel import CostTerms, Setting
+from raydist.planning.costmodel import CostTerms, Setting
 
 
 class FSDPCost(CostTerms):

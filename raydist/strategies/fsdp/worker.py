@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from raydist.commstats import allreduce_bytes, tensor_bytes
+from raydist.torchkit.commstats import allreduce_bytes, tensor_bytes
 from raydist.errors import RaydistError
 from raydist.train.strategy import Strategy
 

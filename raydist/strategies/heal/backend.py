@@ -10,7 +10,7 @@ from raydist.private_api import ReplicaGroup
 from raydist.private_api import TorchftConfig, torchft_backend_class
 
 from raydist.config import Config
-from raydist.train.backend import PlainVersions, QuietController, QuietShutdown, driver_shutdown_timeout_s
+from raydist.engines.raytrain_backend import PlainVersions, QuietController, QuietShutdown, driver_shutdown_timeout_s
 
 
 LIGHTHOUSE_LOG = "lighthouse.log"
@@ -26,7 +26,7 @@ class _Backend(QuietController, PlainVersions, QuietShutdown, torchft_backend_cl
         slot, and waits for that worker without a limit: when the slot's node is gone and no other node has room,
         for ever. A node that is gone refuses the replacement here; Ray Train's controller then fails the run, and
         raydist starts it again on the workers that fit (an elastic range) or ends it naming the node
-        (`raydist.raytrain`)."""
+        (`raydist.engines.raytrain`)."""
         if isinstance(group, ReplicaGroup):
             lost = _dead_nodes_of(group)
             if lost:
@@ -89,7 +89,7 @@ class HealTorchftConfig(TorchftConfig):
         self.log_path = log_path
         """Where the lighthouse's log goes (the run directory's lighthouse.log); None: to Ray, and so the console."""
         self.shutdown_timeout_s = driver_shutdown_timeout_s()
-        """The driver's wait for a group to leave its process group (raydist.train.backend.QuietShutdown)."""
+        """The driver's wait for a group to leave its process group (raydist.engines.raytrain_backend.QuietShutdown)."""
 
     @property
     def backend_cls(self):

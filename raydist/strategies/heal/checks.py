@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 
 from raydist.config import Config
-from raydist.preflight import check_loop
+from raydist.driver.preflight import check_loop
 
 # Ray Train's torchft backend (Ray 2.60); an older Ray has none.
 from raydist.private_api import TORCHFT_MODULE as _RAY_TORCHFT  # noqa: E402

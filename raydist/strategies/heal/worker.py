@@ -25,9 +25,9 @@ from typing import Any, Callable
 import torch
 from torch.distributed import ReduceOp
 
-from raydist.checkpoint import Progress
-from raydist.commstats import allreduce_bytes
-from raydist.flat import flatten_
+from raydist.torchkit.checkpoint import Progress
+from raydist.torchkit.commstats import allreduce_bytes
+from raydist.torchkit.flat import flatten_
 from raydist.train.collectives import Collectives, SumOnlyCollectives
 from raydist.train.strategy import Strategy
 

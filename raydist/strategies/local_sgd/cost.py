@@ -7,7 +7,7 @@ import statistics
 from dataclasses import replace
 from typing import Any
 
-from raydist.costmodel import CostTerms, Fit, Setting, ring_allreduce_bytes, setting_of, step_s
+from raydist.planning.costmodel import CostTerms, Fit, Setting, ring_allreduce_bytes, setting_of, step_s
 
 COMPUTES_LIKE = "sync"
 """The strategy whose base it shares: it computes what sync computes."""

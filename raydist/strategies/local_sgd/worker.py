@@ -12,8 +12,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from raydist.commstats import allreduce_bytes
-from raydist.flat import flatten_
+from raydist.torchkit.commstats import allreduce_bytes
+from raydist.torchkit.flat import flatten_
 from raydist.train.strategy import Strategy
 
 

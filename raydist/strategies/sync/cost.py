@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from raydist.costmodel import CostTerms, Setting, ring_allreduce_bytes
+from raydist.planning.costmodel import CostTerms, Setting, ring_allreduce_bytes
 
 
 class SyncCost(CostTerms):

@@ -1,6 +1,6 @@
 """The driver's Ray session: the settings raydist relies on, and joining a cluster or starting the embedded instance.
 
-Every driver uses it: the Ray Train driver (raydist.raytrain), the async PS's driver and `raydist launch`.
+Every driver uses it: the Ray Train driver (raydist.engines.raytrain), the async PS's driver and `raydist launch`.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from raydist.config import Config
 from raydist.errors import RaydistError
-from raydist.listen_port import free_port
-from raydist.local_auth import private_auth_token
-from raydist.preflight import check_cluster_fits, check_reachable, local_cpus, ray_address
+from raydist.cluster.listen_port import free_port
+from raydist.cluster.local_auth import private_auth_token
+from raydist.driver.preflight import check_cluster_fits, check_reachable, local_cpus, ray_address
 
 
 @dataclass
@@ -32,7 +32,7 @@ def prepare_ray_environment() -> None:
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
     # Ray Train then records each run, its attempts and workers in its state actor, which the dashboard's Train
     # API (/api/train/v2/runs/v1) reads; off by default in Ray 2.60. Read by the trainer in this process, and by
-    # raydist.train_view for the async PS and raydist launch.
+    # raydist.driver.train_view for the async PS and raydist launch.
     os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")
     # Ray Train holds one pending report per worker and drains it on each controller poll (2 s by
     # default), so a report every epoch of a small model would stall training; poll faster instead
@@ -63,7 +63,7 @@ def connect(cfg: Config) -> str:
     address = ray_address(cfg)
     if address:
         check_reachable(address)  # again: run_job's checks may have taken a while
-        from raydist.launcher.warm import for_cluster_job
+        from raydist.warm.client import for_cluster_job
 
         runtime_env = for_cluster_job() if _warm_ray_workers(cfg) else {}
         try:
@@ -90,7 +90,7 @@ def _warm_ray_workers(cfg: Config) -> bool:
 def start_local(num_cpus: int, logging_level: int = logging.INFO, notice=None, warm: bool = False) -> None:
     """Start the embedded Ray instance: private, loopback only, ending with this process. Its token line goes to
     `notice` (stdout by default; `raydist launch` keeps stdout for the script's own output). With `warm`, its
-    Ray workers are forked from a warm interpreter started beside it (raydist.launcher.warm)."""
+    Ray workers are forked from a warm interpreter started beside it (raydist.warm.client)."""
     import ray
 
     token = private_auth_token()
@@ -109,8 +109,8 @@ def start_local(num_cpus: int, logging_level: int = logging.INFO, notice=None, w
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     # RUST_LOG: torchft's lighthouse (the heal strategy) logs every quorum at its default level.
     env = {"PYTHONWARNINGS": QUIET_WARNINGS, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
-    from raydist.launcher.ray_python import starting_ray_with
-    from raydist.launcher.warm import NO_PRESTART, start_for_embedded
+    from raydist.warm.ray_python import starting_ray_with
+    from raydist.warm.client import NO_PRESTART, start_for_embedded
 
     # What ray.init would set (to 1) before it starts the instance's processes, set first so that the warm
     # interpreter has it too; a private loopback instance reports no usage.
@@ -136,7 +136,7 @@ of Ray's business on the user's console. The embedded instance's processes skip 
 
 
 def process_start_time() -> float:
-    """Wall time this process started (Linux: /proc; elsewhere the time raydist.session was imported)."""
+    """Wall time this process started (Linux: /proc; elsewhere the time raydist.driver.session was imported)."""
     try:
         with open("/proc/self/stat") as f:
             ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, counted after the comm field

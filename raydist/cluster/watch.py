@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-from raydist.slurm.dashboard_client import HOST_LABEL  # set on every node by SLURM bring-up
+from raydist.cluster.dashboard_client import HOST_LABEL  # set on every node by SLURM bring-up
 
 
 def node_name(node: dict[str, Any]) -> str:

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from raydist.config import Config
-from raydist.context import WorkerContext
-from raydist.data import Splits
+from raydist.train.context import WorkerContext
+from raydist.torchkit.data import Splits
 from raydist.factories import loss_function
 
 

@@ -1,4 +1,4 @@
-"""`raydist plan`: which strategy for a cluster that is not there yet, from the cost model (raydist/costmodel.py)
+"""`raydist plan`: which strategy for a cluster that is not there yet, from the cost model (raydist/planning/costmodel.py)
 fitted on measured runs (benchmarks/shaped_strategies.py's JSON; the repo ships one in docs/data/)."""
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def _choose(row: dict[str, Any], key: str | None, factor: float) -> tuple[str, l
 
 
 def plan(fit, q: Question) -> list[dict[str, Any]]:
-    from raydist.costmodel import Setting, samples_per_s, step_s, terms
+    from raydist.planning.costmodel import Setting, samples_per_s, step_s, terms
 
     params, batch_size, to_target, backend = q.params, q.batch_size, q.to_target, q.backend
     rows = []
@@ -145,7 +145,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def _plan(args) -> int:
-    from raydist import costmodel
+    from raydist.planning import costmodel
 
     points = load_points(Path(args.measured))
     if not math.isfinite(args.latency_us) or args.latency_us < 0:

@@ -57,7 +57,7 @@ def _torch_version() -> str:
 
 
 def _enabled() -> bool:
-    # The same switch as Ray Train's own state tracking (raydist.session turns it on for every job).
+    # The same switch as Ray Train's own state tracking (raydist.driver.session turns it on for every job).
     return os.environ.get("RAY_TRAIN_ENABLE_STATE_TRACKING", "0").lower() in ("1", "true")
 
 

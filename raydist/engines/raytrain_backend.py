@@ -19,7 +19,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.train.backend import Backend, BackendConfig
 
-# Ray's TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S (raydist.session sets it); Ray's default when unset.
+# Ray's TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S (raydist.driver.session sets it); Ray's default when unset.
 SHUTDOWN_TIMEOUT_VAR, SHUTDOWN_TIMEOUT_DEFAULT_S = "TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S", 30
 
 
@@ -60,7 +60,7 @@ class QuietController:
 
     def __setstate__(self, state: dict) -> None:
         from raydist.observability.console import quiet_controller_logs
-        from raydist.session import DEPRECATION_SKIPPED
+        from raydist.driver.session import DEPRECATION_SKIPPED
 
         state.pop("_quiet_controller", None)
         self.__dict__.update(state)
@@ -160,7 +160,7 @@ class CudaDeviceContext:
 
 @dataclass
 class QuietTorchConfig(BackendConfig):
-    """`ray.train.torch.TorchConfig` with `init_method="env"`, for raydist.train.trainer.torch_trainer(torch_config=...)."""
+    """`ray.train.torch.TorchConfig` with `init_method="env"`, for raydist.engines.raytrain_trainer.torch_trainer(torch_config=...)."""
 
     backend: str | None = None
     timeout_s: int = 1800

@@ -9,7 +9,7 @@ Ray Train 2.60 starts, for every `fit()`, beside its controller:
   plus a state query a second. raydist's driver knows when `fit()` ended: `release_placement_group` removes the
   group the workers last ran in, if it is still there, whenever `fit()` raised.
 - a `DatasetManager` (through `DatasetsCallback`), which serves Ray Data shards; a raydist run passes no Ray Data
-  set (each worker reads its own shard, `raydist.sharding`), so it is only started when one is passed.
+  set (each worker reads its own shard, `raydist.torchkit.sharding`), so it is only started when one is passed.
 
 Measured side by side (docs/benchmarks.md, "Two helpers fewer"): dropping both cut the machine's CPU time for a
 one-epoch `jobs/sync.py` by an eighth; its first step moved within the noise. The hook is Ray's `_create_default_callbacks` (raydist.private_api), the
@@ -37,13 +37,13 @@ PLACEMENT_GROUP_FILE = "placement_group.json"
 
 def torch_trainer(*, torch_config=None, **kwargs):
     """What `ray.train.torch.TorchTrainer(torch_config=..., **kwargs)` builds, without the helpers in `UNUSED`:
-    Ray Train's `DataParallelTrainer` with the torch backend config (raydist.train.backend's, torch-free).
+    Ray Train's `DataParallelTrainer` with the torch backend config (raydist.engines.raytrain_backend's, torch-free).
     TorchTrainer adds to it only Ray Train's local mode, which raydist does not use, and its module imports torch:
-    a driver that sizes a built-in model without torch (raydist.preflight) then never imports it."""
+    a driver that sizes a built-in model without torch (raydist.driver.preflight) then never imports it."""
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
     from raydist.private_api import trainer_class_filtering_default_callbacks
-    from raydist.train.backend import QuietTorchConfig
+    from raydist.engines.raytrain_backend import QuietTorchConfig
 
     RaydistTorchTrainer = trainer_class_filtering_default_callbacks(
         DataParallelTrainer, lambda trainer, c: not UNUSED.get(type(c).__name__, lambda _: False)(trainer))

@@ -33,7 +33,7 @@ class WorkerContext(Protocol):
         together and gets the same answer."""
 
     def stop_request(self) -> str | None:
-        """Why the cluster asks its runs to stop (raydist.preemption), or None; rank 0 polls it."""
+        """Why the cluster asks its runs to stop (raydist.cluster.preemption), or None; rank 0 polls it."""
 
 
 class RayTrainContext:
@@ -64,7 +64,7 @@ class RayTrainContext:
         if on_storage and self._run_dir:
             # Every rank's files are complete in the staging directory: a rename publishes them, and Ray records
             # the checkpoint where it is rather than copying every rank's part once more over the storage network.
-            from raydist.checkpoint import publish_dir
+            from raydist.torchkit.checkpoint import publish_dir
 
             final = os.path.join(self._run_dir, name)
             publish_dir(checkpoint_dir, final)
@@ -86,12 +86,12 @@ class RayTrainContext:
         info = ray.train.get_preemption_info()  # a barrier: every rank calls it at the same sync point
         if info is None:
             return None
-        from raydist.cluster_watch import preempted
+        from raydist.cluster.watch import preempted
 
         return preempted(info.preempted_node_to_ranks)
 
     def stop_request(self) -> str | None:
-        from raydist.preemption import stop_requested
+        from raydist.cluster.preemption import stop_requested
 
         request = stop_requested()
         return request.describe() if request else None
@@ -100,7 +100,7 @@ class RayTrainContext:
     def latest_checkpoint(self) -> Iterator[str | None]:
         import ray.train
 
-        from raydist.checkpoint import STATE_FILE, resume_choice, skipped_line
+        from raydist.torchkit.checkpoint import STATE_FILE, resume_choice, skipped_line
 
         # Ray's own choice can be a checkpoint whose save was killed; with none (a snapshot set aside by
         # raytrain.fit_on_ray_train, a kill before Ray's first snapshot) complete ones may still be on disk.
@@ -185,7 +185,7 @@ class LaunchedContext:
         import json
 
         from raydist.atomic import write_json_atomic
-        from raydist.checkpoint import checkpoint_dirs, publish_dir
+        from raydist.torchkit.checkpoint import checkpoint_dirs, publish_dir
 
         name = f"checkpoint_step{step:08d}"
         staging = checkpoint_dir
@@ -202,7 +202,7 @@ class LaunchedContext:
 
     @contextlib.contextmanager
     def latest_checkpoint(self) -> Iterator[str | None]:
-        from raydist.checkpoint import STATE_FILE, resume_choice, skipped_line
+        from raydist.torchkit.checkpoint import STATE_FILE, resume_choice, skipped_line
 
         found, skipped = resume_choice(None, self.run_dir, STATE_FILE)
         if skipped and self.rank == 0:

@@ -13,7 +13,7 @@ import tempfile
 from raydist import registry
 from raydist.config import Config
 from raydist.errors import ConfigError, RaydistError, UsageError
-from raydist.local_auth import check_auth_env, check_token_accepted
+from raydist.cluster.local_auth import check_auth_env, check_token_accepted
 
 
 def ray_address(cfg: Config) -> str:
@@ -30,7 +30,7 @@ def join_address(configured: str) -> str:
     if address.startswith(("http://", "https://")) and connection:
         from pathlib import Path
 
-        from raydist.slurm.connection import read
+        from raydist.cluster.connection import read
 
         return read(Path(connection)).gcs_address
     return "" if address == "local" else address
@@ -159,7 +159,7 @@ def check_cluster_fits(cfg: Config, address: str) -> None:
     dead, and the range that would run on what is left."""
     import ray
 
-    from raydist.cluster_watch import dead_nodes
+    from raydist.cluster.watch import dead_nodes
 
     s = cfg.scaling
     have = ray.cluster_resources()
@@ -224,7 +224,7 @@ def check_ray_target(address: str, reach: bool = True) -> None:
 def check_checkpoint_kind(spec: registry.StrategySpec, run_dir: str) -> None:
     """A loop strategy resumes only checkpoints of its own kind: sharded (FSDP's, with DCP's `.metadata`) or whole.
     Reads the newest checkpoint's manifest only; the workers still verify the files before loading."""
-    from raydist.checkpoint import STATE_FILE, checkpoint_dirs, read_manifest
+    from raydist.torchkit.checkpoint import STATE_FILE, checkpoint_dirs, read_manifest
 
     for _, path in checkpoint_dirs(run_dir):
         try:
@@ -249,7 +249,7 @@ GiB = 2**30
 def _splits(cfg: Config):
     """The data set, once its size is known to fit in memory (the driver loads it too)."""
     check_data_memory(cfg)
-    from raydist.data import load_splits
+    from raydist.torchkit.data import load_splits
 
     return load_splits(cfg.data)
 
@@ -257,10 +257,10 @@ def _splits(cfg: Config):
 def check_loop(cfg: Config, data=None) -> int:
     """Every strategy's check unless it has its own: the data and model fit in memory, and every worker's shard
     fills at least one step. Returns the model's parameter count. `data`: the splits, where the caller has loaded
-    them. A built-in data set and model are sized without torch (raydist.model_size), which a Ray Train driver
+    them. A built-in data set and model are sized without torch (raydist.torchkit.model_size), which a Ray Train driver
     then never imports (docs/running.md, "The driver without torch")."""
-    from raydist.model_size import builtin_params
-    from raydist.sharding import check_fits
+    from raydist.torchkit.model_size import builtin_params
+    from raydist.torchkit.sharding import check_fits
 
     if cfg.model.factory or cfg.data.factory or cfg.train.loss:
         data = data or _splits(cfg)
@@ -268,7 +268,7 @@ def check_loop(cfg: Config, data=None) -> int:
         return check_user_code(cfg, data)
     if data is None:
         check_data_memory(cfg)
-        from raydist.data import builtin_arrays
+        from raydist.torchkit.data import builtin_arrays
 
         data = builtin_arrays(cfg.data)
     check_fits(cfg, data.num_train)  # a bad batch size is exit 2 here, not a failed worker later
@@ -285,7 +285,7 @@ def check_user_code(cfg: Config, data) -> int:
     from torch.utils.data import default_collate
 
     from raydist.factories import loss_function
-    from raydist.models import build_model
+    from raydist.torchkit.models import build_model
 
     model = build_model(cfg.model, data)
     num_params = sum(p.numel() for p in model.parameters())

@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from raydist.config import ModelConfig
-from raydist.data import Splits
-from raydist.model_size import SIMPLE_HIDDEN, mlp_width, transformer_width
+from raydist.torchkit.data import Splits
+from raydist.torchkit.model_size import SIMPLE_HIDDEN, mlp_width, transformer_width
 
 
 class SimpleModel(nn.Module):

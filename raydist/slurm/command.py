@@ -75,7 +75,8 @@ def _down(args) -> int:
 
 def _stop(args) -> int:
     """Interactive mode's answer to the time-limit warning: every run checkpoints and stops."""
-    from raydist.slurm import batch, connection, interrupt
+    from raydist.slurm import batch, interrupt
+    from raydist.cluster import connection
     from raydist.slurm.jobdir import JobDir
 
     cfg, alloc = _load(args), _alloc()
@@ -92,7 +93,8 @@ def _stop(args) -> int:
 
 def _run(args) -> int:
     """Batch mode: the command is the job's driver; the warning stops it at a checkpoint; maybe requeue."""
-    from raydist.slurm import batch, connection, interrupt
+    from raydist.slurm import batch, interrupt
+    from raydist.cluster import connection
     from raydist.slurm.jobdir import JobDir
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command  # later "--" are the command's
@@ -143,7 +145,7 @@ def _iface(args) -> int:
 def find_connection(args):
     """(path, Connection) of the connection file the command's arguments name (connection.find: --connection,
     $RAYDIST_CONNECTION, --job, else the newest job under the cluster config's job_dir); `raydist top` reads it too."""
-    from raydist.slurm import connection
+    from raydist.cluster import connection
 
     cfg = _load(args)
     path = connection.find(Path(os.path.expanduser(cfg.job_dir)), args.job, args.connection)
@@ -157,7 +159,7 @@ def _env(args) -> int:
 
 
 def _status(args) -> int:
-    from raydist.slurm import dashboard_client
+    from raydist.cluster import dashboard_client
 
     path, conn = find_connection(args)
     try:

@@ -9,7 +9,7 @@ import math
 from raydist.config import ModelConfig
 
 SIMPLE_HIDDEN = 50
-"""SimpleModel's one hidden layer (raydist.models)."""
+"""SimpleModel's one hidden layer (raydist.torchkit.models)."""
 
 
 def simple_params(in_features: int, out_features: int) -> int:
@@ -56,7 +56,7 @@ def mlp_width(params: int, in_features: int, out_features: int, depth: int) -> i
 
 def builtin_params(cfg: ModelConfig, in_features: int, out_features: int,
                    image_shape: tuple[int, int, int] | None) -> int:
-    """The parameter count of the model raydist.models.build_model builds for model.name (not a model.factory)."""
+    """The parameter count of the model raydist.torchkit.models.build_model builds for model.name (not a model.factory)."""
     if cfg.name == "simple":
         return simple_params(in_features, out_features)
     if cfg.name == "mlp":

@@ -1,4 +1,4 @@
-"""The agent's side of a node's warm interpreter (raydist.launcher.warm_server): a rank forked from a process with
+"""The agent's side of a node's warm interpreter (raydist.warm.server): a rank forked from a process with
 torch already imported, handled like the subprocess.Popen of a rank started the cold way."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from raydist.launcher import ray_python
+from raydist.warm import ray_python
 
 WARM_ENV = "RAYDIST_WARM_SOCKET"
 """Set by the SLURM bring-up in its Ray's environment (so in every agent's): the node's warm interpreter."""
@@ -26,10 +26,10 @@ CONNECT_TIMEOUT_S = 60.0  # for the answer too: it listens before its imports, a
 NO_WARM = "no warm interpreter on this node"
 COLD_BY_CHOICE = "warm=false"  # the default: a fresh interpreter, as torchrun and srun start the script
 WARM_LOG = "warm-interpreter.log"  # beside its socket, in the job's temp dir
-WARM_SERVER = Path(__file__).with_name("warm_server.py")
-WARM_EXEC = Path(__file__).with_name("warm_exec.py")
+WARM_SERVER = Path(__file__).with_name("server.py")
+WARM_EXEC = Path(__file__).with_name("worker_exec.py")
 WARM_EXEC_ENV = "RAYDIST_WARM_EXEC"
-"""Set beside WARM_ENV by the SLURM bring-up: the node's raydist.launcher.warm_exec, for a job's py_executable."""
+"""Set beside WARM_ENV by the SLURM bring-up: the node's raydist.warm.worker_exec, for a job's py_executable."""
 WARM_DIR_PREFIX = "raydist-warm-"
 LISTEN_TIMEOUT_S = 10.0
 OWN_INTERPRETER = ("pip", "conda", "uv", "container", "image_uri", "py_executable")
@@ -49,7 +49,7 @@ def start_server(env: dict[str, str], sock: Path, log: Path, parent: int | None 
 
 def py_executable(exec_path: str | os.PathLike = WARM_EXEC) -> str:
     """Ray's `py_executable` (a runtime_env field) that has the node's warm interpreter fork each of the job's Ray
-    workers (raydist.launcher.warm_exec); a node without one starts them as Ray does."""
+    workers (raydist.warm.worker_exec); a node without one starts them as Ray does."""
     return f"{shlex.quote(sys.executable)} -I -S {shlex.quote(str(exec_path))}"
 
 
@@ -61,7 +61,7 @@ a second of CPU at every job's start. Set before the warm interpreter starts: it
 
 JOB_WIDE = ("RAY_TRAIN_V2_ENABLED",)
 """Set in the driver, read as Ray Train is imported, and given by Ray Train to its own actors only: given to every
-worker of the job too, so that a job's server (warm_server.RAY_JOB_PRELOAD), which takes the settings of the job's
+worker of the job too, so that a job's server (raydist.warm.server.RAY_JOB_PRELOAD), which takes the settings of the job's
 first worker on its node (Ray Data's autoscaling coordinator, say), has the value Ray Train's actors have."""
 
 
@@ -87,9 +87,9 @@ def for_cluster_job() -> dict:
 def start_for_embedded(env_vars: dict[str, str], token: bool) -> tuple[dict, Path | None]:
     """A warm interpreter for the embedded Ray instance this process is about to start, ending with this process;
     returns what the job's runtime_env gains for Ray to fork its workers from it, and the interpreter Ray should
-    start its processes with (raydist.launcher.ray_python). Its environment is what Ray's workers will have: this
-    process's, the job's variables, and token auth, which ray.init turns on itself (raydist.local_auth)."""
-    from raydist.local_auth import remove_stale_dirs
+    start its processes with (raydist.warm.ray_python). Its environment is what Ray's workers will have: this
+    process's, the job's variables, and token auth, which ray.init turns on itself (raydist.cluster.local_auth)."""
+    from raydist.cluster.local_auth import remove_stale_dirs
 
     remove_stale_dirs(WARM_DIR_PREFIX)
     # 0700, named by this process's pid for the sweep above: its socket forks processes as this user.

@@ -1,8 +1,8 @@
 """A rank of a loop strategy under scaling.engine=launch: `raydist launch`'s agents start one per worker.
 
-    python -m raydist.train.launched <run dir>/.launch-<fit id>.json
+    python -m raydist.engines.process_worker <run dir>/.launch-<fit id>.json
 
-The file (written by raydist.launcher.jobs) holds the run's config, the strategy's registry name and the fit id;
+The file (written by raydist.engines.processes) holds the run's config, the strategy's registry name and the fit id;
 the rank's torch.distributed settings come from the environment the launcher gives every rank (RANK, WORLD_SIZE,
 MASTER_ADDR, ...), as under torchrun.
 """
@@ -22,8 +22,8 @@ def main(argv: list[str]) -> int:
     from raydist import registry
     from raydist.atomic import write_json_atomic
     from raydist.config import Config
-    from raydist.context import LaunchedContext
-    from raydist.train.entry import FAILURE_FILE
+    from raydist.train.context import LaunchedContext
+    from raydist.engines.raytrain_worker import FAILURE_FILE
     from raydist.train.loop import Trainer
 
     job = json.loads(Path(argv[0]).read_text())

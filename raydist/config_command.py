@@ -13,7 +13,7 @@ from raydist.config import Config, job_defaults, load_config
 from raydist.typedconfig import reference_markdown
 from raydist.errors import ConfigError
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
 
 def _tables() -> dict[str, tuple[str, str]]:

@@ -1,7 +1,7 @@
 """The Python a Ray node starts its processes with: the real interpreter, except for Ray's worker set-up.
 
 Ray starts each worker of a job that has a runtime_env (raydist's jobs have one: its `py_executable` is
-raydist.launcher.warm_exec) as `python setup_worker.py default_worker.py ARGS`: a fresh interpreter that imports
+raydist.warm.worker_exec) as `python setup_worker.py default_worker.py ARGS`: a fresh interpreter that imports
 Ray to read the runtime_env's context, sets its variables and execs the `py_executable`. Measured on 2 cores that
 import is 0.3-0.4 s of CPU per worker, on the path of every link of Ray Train's chain (controller, state actor,
 workers, synchronization actor). The raylet takes the interpreter for that command from `sys.executable` of the
@@ -11,7 +11,7 @@ what it does for raydist's context without importing Ray (warm_exec.setup_worker
 Ray's own. Every other process Ray starts with that interpreter (its dashboard, agents, monitors) is exec'd as
 the real interpreter at once: same pid, same arguments.
 
-    python -m raydist.launcher.ray_python SCRIPT ray start ...   # Ray's command line with that interpreter
+    python -m raydist.warm.ray_python SCRIPT ray start ...   # Ray's command line with that interpreter
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ SCRIPT_NAME = "ray-python"
 
 def write(directory: str | os.PathLike, stand_in: str) -> Path:
     """The interpreter script in `directory` (private to this user: it runs what the warm interpreter forks);
-    `stand_in` is the command of raydist.launcher.warm_exec (raydist.launcher.warm.py_executable)."""
+    `stand_in` is the command of raydist.warm.worker_exec (raydist.warm.client.py_executable)."""
     path = Path(directory) / SCRIPT_NAME
     path.write_text("#!/bin/sh\n"
                     f'case "$1" in */setup_worker.py) exec {stand_in} "$@";; esac\n'

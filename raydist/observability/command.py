@@ -23,7 +23,7 @@ def cluster_source(args):
             token_path = args.token_file or os.environ.get("RAY_AUTH_TOKEN_PATH")
             describe = f"cluster {url}"
         else:
-            from raydist.slurm.commands import find_connection
+            from raydist.slurm.command import find_connection
 
             _, conn = find_connection(args)
             url, token_path, describe = conn.dashboard_url, conn.token_path, f"SLURM job {conn.job_id} ({conn.dashboard_url})"

@@ -2,13 +2,13 @@
 
 Ray starts each of its Python workers (Ray Train's controller, its helper actors, the training workers) as
 `exec <py_executable> default_worker.py ARGS` (ray._private.runtime_env.context). With this file as that
-executable, the node's warm interpreter (raydist.launcher.warm_server: torch imported, Ray by a server of the
+executable, the node's warm interpreter (raydist.warm.server: torch imported, Ray by a server of the
 job) forks the worker instead, and this small process stands in for it: Ray's stdout and stderr files are handed
 over with the request, the worker's exit code comes back as this process's own, and a signal sent to this process
 is passed on.
 Ray itself finds the worker by the pid the worker registers with (its own), as always.
 
-Ray's worker set-up comes through here too where the node's Ray was started with raydist.launcher.ray_python as
+Ray's worker set-up comes through here too where the node's Ray was started with raydist.warm.ray_python as
 its interpreter: `setup_worker.py ARGS` (Ray's, a fresh interpreter importing Ray for every worker of a job with a
 runtime_env) is done here without Ray for the one context raydist's jobs have, and handed to Ray's own
 setup_worker.py for any other.
@@ -26,7 +26,7 @@ import socket
 import struct
 import sys
 
-WARM_ENV = "RAYDIST_WARM_SOCKET"  # raydist.launcher.warm.WARM_ENV (this file imports nothing of raydist's)
+WARM_ENV = "RAYDIST_WARM_SOCKET"  # raydist.warm.client.WARM_ENV (this file imports nothing of raydist's)
 ANSWER_TIMEOUT_S = 60.0  # it listens before its imports are done (and a Ray job's server imports Ray first)
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 

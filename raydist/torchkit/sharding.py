@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from raydist.checkpoint import Progress
+from raydist.torchkit.checkpoint import Progress
 from raydist.config import Config
 from raydist.errors import ConfigError
 
 if TYPE_CHECKING:  # torch is imported where a shard is built: the driver's check_fits needs none
     from torch.utils.data import DataLoader, Dataset
 
-    from raydist.sampler import ResumableDistributedSampler
+    from raydist.torchkit.sampler import ResumableDistributedSampler
 
 
 def steps_per_epoch(num_train: int, world_size: int, batch_size: int, grad_accum: int = 1) -> int:
@@ -71,7 +71,7 @@ def worker_shard(dataset: Dataset, cfg: Config, rank: int, world_size: int, load
     import torch
     from torch.utils.data import DataLoader
 
-    from raydist.sampler import ResumableDistributedSampler
+    from raydist.torchkit.sampler import ResumableDistributedSampler
 
     check_fits(cfg, len(dataset), world_size)
     sampler = ResumableDistributedSampler(

@@ -19,12 +19,12 @@ the agent's connection closes first (the agent died), the child's process group 
 its agent, as PR_SET_PDEATHSIG gives a rank started the cold way. A child dies with the server too
 (PR_SET_PDEATHSIG); SIGTERM ends the server only once no child of its is left.
 
-Ray's own workers (raydist.launcher.warm_exec sends their `python default_worker.py ...`, with stdout and stderr as
+Ray's own workers (raydist.warm.worker_exec sends their `python default_worker.py ...`, with stdout and stderr as
 two fds) are forked by a server of their Ray job instead: a child of this one that imported Ray with that job's
 settings (Ray's C++ side reads the job's id and the raylet's pid only at its import). This server hands each such
 request on to it over a socket pair: the agent's connection and the output fds, then the request's bytes.
 
-    python raydist/launcher/warm_server.py SOCKET_PATH [--parent PID]
+    python raydist/warm/server.py SOCKET_PATH [--parent PID]
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ Ray, and what Ray Train's controller, its helper actors and its workers import n
 Ray's C++ side reads settings the raylet gives each worker (RAY_JOB_ID, RAY_RAYLET_PID) once, as it is imported
 (ray/common/ray_internal_flag_def.h). Ray Data and Ray Train are imported without drawing a Ray ID
 (_actor_class_ids_from_urandom). Ray Train's import reads RAY_TRAIN_V2_ENABLED, which Ray Train gives its own
-actors: raydist gives it to every worker of its jobs (raydist.launcher.warm.JOB_WIDE), so that the job's first
+actors: raydist gives it to every worker of its jobs (raydist.warm.client.JOB_WIDE), so that the job's first
 worker on a node, the one this server takes its settings from, has it as Ray Train's actors do."""
 RAY_DEPS_PRELOAD = ("pandas", "pyarrow", "pyarrow.compute", "pyarrow.dataset", "pydantic", "grpc", "google.protobuf",
                     "requests", "jsonschema", "yaml", "aiohttp", "msgpack", "click", "filelock")
@@ -714,7 +714,7 @@ def _recording_reads(keys: set[str]):
 
 def main(argv: list[str]) -> Request:
     if len(argv) not in (2, 4) or (len(argv) == 4 and (argv[2] != "--parent" or not argv[3].isdigit())):
-        print("usage: warm_server.py SOCKET_PATH [--parent PID]", file=sys.stderr)
+        print("usage: python -m raydist.warm.server SOCKET_PATH [--parent PID]", file=sys.stderr)
         sys.exit(2)
     if len(argv) == 4:  # the embedded Ray instance's: it ends with the job's process
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)

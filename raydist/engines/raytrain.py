@@ -1,5 +1,5 @@
-"""The driver of every loop strategy: Ray Train with its torch backend (raydist.train.trainer) running
-`raydist.train.entry.train_worker`, and the summary read from its final report.
+"""The driver of every loop strategy: Ray Train with its torch backend (raydist.engines.raytrain_trainer) running
+`raydist.engines.raytrain_worker.train_worker`, and the summary read from its final report.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from raydist import registry
 from raydist.config import Config
 from raydist.errors import RaydistError, last_error_line
 from raydist.observability.metrics import METRICS_FILE
-from raydist.session import Session, connect, process_start_time
+from raydist.driver.session import Session, connect, process_start_time
 from raydist.summary import JobSummary
-from raydist.train.entry import FAILURE_FILE, train_worker
-from raydist.train.trainer import PLACEMENT_GROUP_FILE, release_placement_group
+from raydist.engines.raytrain_worker import FAILURE_FILE, train_worker
+from raydist.engines.raytrain_trainer import PLACEMENT_GROUP_FILE, release_placement_group
 
 
 ELASTIC_PLACEMENT_RETRIES = 3
@@ -81,8 +81,8 @@ def build_trainer(cfg: Config, spec: registry.StrategySpec):
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
     from raydist.observability.console import ray_train_log_level
-    from raydist.train.backend import QuietTorchConfig
-    from raydist.train.trainer import torch_trainer
+    from raydist.engines.raytrain_backend import QuietTorchConfig
+    from raydist.engines.raytrain_trainer import torch_trainer
 
     s = cfg.scaling
     torch_config = spec.load("torch_config")(cfg) if spec.torch_config else QuietTorchConfig(
@@ -149,7 +149,7 @@ def start_autoscaling_coordinator() -> None:
 
 def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session) -> JobSummary:
     """Run a loop strategy on Ray Train; its summary comes from the final checkpoint's report."""
-    from raydist.cluster_watch import dead_nodes
+    from raydist.cluster.watch import dead_nodes
 
     # run_job checked the config (check_before_ray); connect checks what a named cluster can hold.
     session.ray = connect(cfg)
@@ -183,7 +183,7 @@ def fit_on_ray_train(cfg: Config, spec: registry.StrategySpec, session: Session)
 
 def _newly_dead(before: set[str], wait_s: float) -> list[str]:
     """The nodes Ray counts dead that it did not in `before`, waiting up to `wait_s` for one."""
-    from raydist.cluster_watch import dead_nodes
+    from raydist.cluster.watch import dead_nodes
 
     deadline = time.monotonic() + wait_s
     while True:
@@ -195,8 +195,8 @@ def _newly_dead(before: set[str], wait_s: float) -> list[str]:
 
 def _fit(trainer, cfg: Config, spec: registry.StrategySpec, failure: Path):
     """One `trainer.fit()`, with the console's progress bar and the driver's node watcher around it."""
-    from raydist.checkpoint import set_aside_broken_snapshot
-    from raydist.cluster_watch import NodeWatcher
+    from raydist.torchkit.checkpoint import set_aside_broken_snapshot
+    from raydist.cluster.watch import NodeWatcher
     from raydist.observability.console import MetricsTail, ProgressBar, start_line
     from raydist.observability.ray_metrics import Exporter
 
@@ -221,9 +221,9 @@ def _fit(trainer, cfg: Config, spec: registry.StrategySpec, failure: Path):
 def summary_of(result, cfg: Config, session: Session, connected: float, fit_id: str = "",
                since: float | None = None) -> JobSummary:
     """The job's summary from rank 0's final report (`raydist.train.loop`'s metrics): Ray Train's result, or the
-    loop's own file of it when that is newer (`raydist.final_result`). `since`: when this job's first start began
+    loop's own file of it when that is newer (`raydist.train.result`). `since`: when this job's first start began
     (`connected` unless its workers started before Ray was up: the launch engine on the embedded instance)."""
-    from raydist.final_result import newer_final_result
+    from raydist.train.result import newer_final_result
 
     since = connected if since is None else since
 

@@ -1,9 +1,9 @@
 """scaling.engine=launch: a loop strategy's job run by `raydist launch`'s loop, one plain process per worker.
 
-The workers are `raydist.train.launched` ranks started by the launcher's agents; what happens to them (a failed rank,
+The workers are `raydist.engines.process_worker` ranks started by the launcher's agents; what happens to them (a failed rank,
 a lost node, a hang, the time limit, preemption) is the launcher's policy (raydist.launcher.policy), and a restart
 resumes from the run's newest valid checkpoint. The summary is the same `JobSummary` as on Ray Train, from rank 0's
-final report (`raydist.final_result`) or, for a run resumed at its very end, the newest checkpoint's report.
+final report (`raydist.train.result`) or, for a run resumed at its very end, the newest checkpoint's report.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from raydist.config import Config
 from raydist.errors import RaydistError
 from raydist.launcher.settings import LaunchConfig
 from raydist.observability.metrics import METRICS_FILE
-from raydist.session import Session, connect, starts_embedded
+from raydist.driver.session import Session, connect, starts_embedded
 from raydist.summary import JobSummary
-from raydist.train.entry import FAILURE_FILE
+from raydist.engines.raytrain_worker import FAILURE_FILE
 
 STOP_GRACE_S = 60.0
 """After the stop signal, how long the ranks have to reach a sync point and checkpoint (less when the cluster's
@@ -66,7 +66,7 @@ def fit_as_processes(cfg: Config, spec: registry.StrategySpec, session: Session)
         connected.append(time.time())
         return session.ray
 
-    command = [sys.executable, "-m", "raydist.train.launched", str(job_file)]
+    command = [sys.executable, "-m", "raydist.engines.process_worker", str(job_file)]
     run = LaunchRun(settings, command, os.getcwd(), session.started, join, label=spec.name, hand_over=False,
                     embedded=starts_embedded(cfg))
     print(start_line(spec.name, cfg.run.run_dir), file=sys.stderr, flush=True)
@@ -90,7 +90,7 @@ def fit_as_processes(cfg: Config, spec: registry.StrategySpec, session: Session)
 
 def _summary(cfg: Config, session: Session, connected: float, began: float, fit_id: str,
              restarts: int) -> JobSummary:
-    from raydist.raytrain import summary_of
+    from raydist.engines.raytrain import summary_of
 
     result = SimpleNamespace(metrics={}, checkpoint=None)
     newest = _newest_report(cfg.run.run_dir)
@@ -103,8 +103,8 @@ def _summary(cfg: Config, session: Session, connected: float, began: float, fit_
 
 def _newest_report(run_dir: str) -> tuple[dict, str] | None:
     """The metrics rank 0 reported with the run's newest valid checkpoint, and its directory."""
-    from raydist.checkpoint import STATE_FILE, newest_valid
-    from raydist.context import REPORT_FILE
+    from raydist.torchkit.checkpoint import STATE_FILE, newest_valid
+    from raydist.train.context import REPORT_FILE
 
     found, _ = newest_valid(run_dir, STATE_FILE)
     try:

@@ -1,0 +1,1 @@
+"""`raydist plan`: the step-time cost model's shared part and its command."""
