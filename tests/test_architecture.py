@@ -126,6 +126,106 @@ def test_imports_have_no_cycle():
             raise AssertionError("import cycle: " + " -> ".join(cycle))
 
 
+# The package order, top to bottom: a module may import its own package and anything below it, never above (imports
+# inside functions count: deferring an import does not change which way it points). The registry's "module:attr"
+# strings are the one plugin edge, read at run time (raydist/registry.py). Each feature's `command.py` is a face of
+# the CLI's, so it stands with the faces.
+LAYERS: list[tuple[str, ...]] = [
+    ("raydist", "raydist.api", "raydist.cli", "raydist.job", "raydist.config_command", "*.command"),  # faces
+    ("raydist.compare", "raydist.doctor"),
+    ("raydist.slurm",),
+    ("raydist.strategies",),
+    ("raydist.engines",),
+    ("raydist.launcher",),
+    ("raydist.train",),
+    ("raydist.driver",),
+    ("raydist.torchkit",),
+    ("raydist.warm",),
+    ("raydist.observability",),
+    ("raydist.cluster",),
+    ("raydist.planning",),
+    CONTRACTS := ("raydist.registry", "raydist.summary", "raydist.summary_fields", "raydist.config",
+                  "raydist.typedconfig", "raydist.factories", "raydist.hook", "raydist.errors", "raydist.atomic",
+                  "raydist.process_exit", "raydist.private_api", "raydist.versions"),
+]
+FACES = LAYERS[0][:5]
+LONGEST_CLASS = 250
+
+
+def home(module: str) -> tuple[int, str]:
+    """(layer, unit) of a module: its package, or itself at the top level; a feature's command.py is a face."""
+    if module.endswith(".command"):
+        return 0, module
+    best = None
+    for rank, layer in enumerate(LAYERS):
+        for unit in layer:
+            if (module == unit or module.startswith(unit + ".")) and (best is None or len(unit) > len(best[1])):
+                best = (rank, unit)
+    assert best, f"{module} is in no layer of LAYERS: add it there (and to docs/layout.md)"
+    return best
+
+
+def every_import(name: str, path: Path, known: dict[str, Path]) -> dict[str, int]:
+    """Every raydist module `name` imports, wherever the statement stands, with its line."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: dict[str, int] = {}
+    for node in ast.walk(tree(path)):
+        targets = []
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            if base.startswith("raydist"):
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        elif isinstance(node, ast.Import):
+            targets = [a.name for a in node.names if a.name.startswith("raydist")]
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.setdefault(target, node.lineno)
+    return found
+
+
+def test_imports_run_down_the_layers_counting_imports_inside_functions():
+    known = modules()
+    up = []
+    for name, path in known.items():
+        rank, unit = home(name)
+        for target, line in every_import(name, path, known).items():
+            to_rank, to_unit = home(target)
+            sideways = to_rank == rank and to_unit != unit and rank not in (0, len(LAYERS) - 1)
+            if to_rank < rank or sideways:
+                up.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {name} imports {target}")
+    assert not up, "imports against the layers (tests/test_architecture.py LAYERS):\n" + "\n".join(up)
+
+
+def test_the_layer_check_sees_an_import_inside_a_function(tmp_path):
+    module = tmp_path / "late.py"
+    module.write_text("def f():\n    from raydist.launcher import driver\n")
+    found = every_import("raydist.torchkit.late", module, {**modules(), "raydist.torchkit.late": module})
+    assert found == {"raydist.launcher.driver": 2}
+    assert home("raydist.launcher.driver")[0] < home("raydist.torchkit.late")[0]
+
+
+def test_the_top_level_holds_only_faces_and_contracts():
+    top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+    declared = sorted(m.removeprefix("raydist.") for m in (*FACES, *CONTRACTS) if m != "raydist")
+    assert top == declared, "a top-level module is neither a face nor a contract: put it in a package"
+    assert len(top) <= 20
+
+
+def test_no_class_is_longer_than_250_lines():
+    long = []
+    for path in modules().values():
+        for node in ast.walk(tree(path)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > LONGEST_CLASS:
+                long.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}: "
+                            f"{node.end_lineno - node.lineno + 1} lines")
+    assert not long, "\n".join(long)
+
+
 def test_no_function_takes_seven_positional_parameters():
     """Seven or more go in a small typed argument object: call sites then name what they pass."""
     many = []
