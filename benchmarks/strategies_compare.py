@@ -29,9 +29,6 @@ from jobutil import clean_env  # noqa: E402
 SHARED = ["scaling.num_workers=3", "train.epochs=20"]
 SETTINGS = {"calm": [], "straggler": ["straggler.worker=2", "straggler.slowdown=3"]}
 TARGET = 0.95
-HEADER = ("| strategy | final test accuracy | time to 0.95 accuracy (s) | samples/s | MB sent+received per worker "
-          "| wait per worker (s) | staleness mean | staleness max | job wall (s) |\n"
-          "|---|---|---|---|---|---|---|---|---|")
 
 
 def compare_once(storage: str, name: str, overrides: list[str]) -> dict[str, dict]:
@@ -43,11 +40,11 @@ def compare_once(storage: str, name: str, overrides: list[str]) -> dict[str, dic
     done = subprocess.run(args, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise SystemExit(f"{name}: exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}")
-    from raydist.compare.runner import label
+    from raydist.compare.runner import label, own_columns
 
     results = json.loads((Path(storage) / name / "results.json").read_text())["strategies"]
-    keep = ("test_accuracy", "samples_per_s", "bytes_per_worker", "wait_s_per_worker", "staleness_mean",
-            "staleness_max", "wall_s")
+    keep = ("test_accuracy", "samples_per_s", "bytes_per_worker", "wait_s_per_worker", "wall_s",
+            *(f for _, f, _ in own_columns(list(results))))
     return {strategy: {**{k: r["summary"].get(k) for k in keep}, "time_to_target_s": r["time_to_target_s"],
                        "label": label(strategy)} for strategy, r in results.items()}
 
@@ -66,21 +63,25 @@ def _timed(rounds: list[dict], key: str, digits: int) -> str:
     return shown + ("" if len(values) == len(rounds) else f", {len(rounds) - len(values)} not reached")
 
 
-def row(strategy: str, rounds: list[dict]) -> str:
+def row(strategy: str, rounds: list[dict], strategies: list[str]) -> str:
     """One strategy's table row from its rounds: medians, the timed columns with their min-max."""
+    from raydist.compare.runner import own_columns, shown
+
     waits = " / ".join(f"{statistics.median(r['wait_s_per_worker'][i] for r in rounds):.2f}"
                        for i in range(len(rounds[0]["wait_s_per_worker"])))
     mb = statistics.median(statistics.mean(r["bytes_per_worker"]) for r in rounds) / 1e6
-    stale = _med(rounds, "staleness_max")
-    staleness = ("-", "-") if stale is None else (f"{_med(rounds, 'staleness_mean'):.2f}", f"{stale:g}")
+    own = "".join(f" {shown(_med(rounds, f), count)} |" for _, f, count in own_columns(strategies))
     return (f"| {rounds[0]['label']} | {_med(rounds, 'test_accuracy'):.4f} | {_timed(rounds, 'time_to_target_s', 2)} "
-            f"| {_timed(rounds, 'samples_per_s', 0)} | {mb:.1f} | {waits} | {staleness[0]} | {staleness[1]} "
-            f"| {_timed(rounds, 'wall_s', 1)} |")
+            f"| {_timed(rounds, 'samples_per_s', 0)} | {mb:.1f} | {waits} |{own} {_timed(rounds, 'wall_s', 1)} |")
 
 
 def table(stored: dict, setting: str) -> str:
+    from raydist.compare.runner import header
+
     runs = [r[setting] for r in stored["rounds"]]
-    return "\n".join([HEADER, *(row(s, [run[s] for run in runs]) for s in runs[0])]) + "\n"
+    strategies = list(runs[0])
+    rows = [row(s, [run[s] for run in runs], strategies) for s in strategies]
+    return "\n".join([header(strategies, TARGET), *rows]) + "\n"
 
 
 def kept(stored: dict) -> str:

@@ -157,21 +157,43 @@ class CompareSummary:
         return write_json_atomic(Path(self.run_dir) / SUMMARY_FILE, self.to_dict())
 
 
+def own_columns(strategies: list[str]) -> list[tuple[str, str, bool]]:
+    """(header, summary field, whether it counts) of the columns the given strategies declare for the table
+    (`raydist.summary_fields.described(compare=...)` in a strategy's summary.py), in registry order."""
+    columns: list[tuple[str, str, bool]] = []
+    for spec in registry.all_specs():
+        if spec.name in strategies and spec.summary_fields:
+            for f in dataclasses.fields(spec.load("summary_fields")):
+                column = (f.metadata.get("compare", ""), f.name, str(f.type).startswith("int"))
+                if column[0] and column not in columns:
+                    columns.append(column)
+    return columns
+
+
+def shown(value: float | None, count: bool) -> str:
+    """A strategy's own figure ('-' in the rows of strategies without it): a count as `g` shows it (a median of
+    counts may fall between two), a measure with two decimals."""
+    return "-" if value is None else f"{value:g}" if count else f"{value:.2f}"
+
+
+def header(strategies: list[str], target: float) -> str:
+    heads = ["strategy", "final test accuracy", f"time to {target:g} accuracy (s)", "samples/s",
+             "MB sent+received per worker", "wait per worker (s)", *(column[0] for column in own_columns(strategies)),
+             "job wall (s)"]
+    return "| " + " | ".join(heads) + " |\n" + "|---" * len(heads) + "|"
+
+
 def markdown_table(results: dict[str, StrategyResult], target: float) -> str:
-    rows = [
-        f"| strategy | final test accuracy | time to {target:g} accuracy (s) | samples/s | MB sent+received per worker "
-        f"| wait per worker (s) | staleness mean | staleness max | job wall (s) |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    columns = own_columns(list(results))
+    rows = [header(list(results), target)]
     for name, r in results.items():
         s = r.summary
         reached = "not reached" if r.time_to_target_s is None else f"{r.time_to_target_s:.2f}"
         waits = " / ".join(f"{w:.2f}" for w in s.wait_s_per_worker)
-        # Staleness is a parameter-server notion: sync and local SGD apply gradients to the weights they came from.
-        stale = ("-", "-") if s.staleness_max is None else (f"{s.staleness_mean:.2f}", str(s.staleness_max))
+        own = "".join(f" {shown(getattr(s, f), count)} |" for _, f, count in columns)
         rows.append(
             f"| {label(name)} | {_accuracy(s.test_accuracy)} | {reached} | {s.samples_per_s:.0f} "
-            f"| {_mean(s.bytes_per_worker) / 1e6:.1f} | {waits} | {stale[0]} | {stale[1]} | {s.wall_s:.1f} |"
+            f"| {_mean(s.bytes_per_worker) / 1e6:.1f} | {waits} |{own} {s.wall_s:.1f} |"
         )
     return "\n".join(rows) + "\n"
 
