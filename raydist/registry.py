@@ -46,6 +46,10 @@ class StrategySpec:
     """"module:Class" of its `raydist.planning.costmodel.CostTerms`: the bytes and hops of its step and what is fitted on
     its measured runs; '' when `raydist plan` does not model it."""
 
+    metrics: str = ""
+    """"module:attribute" of a tuple of `raydist.observability.metric.Metric`: what it exports besides the common
+    metrics (its `raydist top` columns and TensorBoard scalars among them); '' when none."""
+
     torch_config: str = ""
     """"module:function" taking (cfg) and returning Ray Train's torch backend config for its workers; '' for the
     plain `TorchConfig` (one process group over every worker)."""
@@ -102,6 +106,7 @@ STRATEGIES: dict[str, StrategySpec] = {
                      section="async_ps", config="raydist.strategies.async_ps.config:AsyncPSConfig",
                      summary_fields="raydist.strategies.async_ps.summary:ServerBooks",
                      cost="raydist.strategies.async_ps.cost:AsyncPSCost",
+                     metrics="raydist.strategies.async_ps.metrics:METRICS",
                      defaults_file="strategies/async_ps/defaults.yaml"),
         StrategySpec("fsdp", "FSDP", "fully sharded data parallel (FSDP2): each worker holds 1/W of the parameters, "
                      "gradients and optimizer state; sharded checkpoints", worker="raydist.strategies.fsdp.worker:FSDP",

@@ -32,7 +32,7 @@ def strategy_words() -> set[str]:
     words = set(registry.names())
     for spec in registry.STRATEGIES.values():
         words.add(spec.section)
-        for part in (spec.worker, spec.driver, spec.config, spec.cost, spec.summary_fields):
+        for part in (spec.worker, spec.driver, spec.config, spec.cost, spec.summary_fields, spec.metrics):
             module = part.partition(":")[0]
             if module.startswith("raydist.strategies."):
                 words.add(module.split(".")[2])

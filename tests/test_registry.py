@@ -73,10 +73,17 @@ def test_every_part_a_registry_entry_names_is_where_it_says(name):
         assert dataclasses.is_dataclass(spec.load("summary_fields"))
     if spec.cost:
         assert issubclass(spec.load("cost"), CostTerms)
+    if spec.metrics:
+        from raydist.observability.metric import Metric
+        from raydist.observability.ray_metrics import COMMON
+
+        own = spec.load("metrics")
+        assert own and all(isinstance(m, Metric) for m in own)
+        assert not {m.name for m in own} & {m.name for m in COMMON}, "a strategy's metric may not shadow a common one"
     if spec.torch_config or spec.unfit:
         assert all(callable(spec.load(what)) for what in ("torch_config", "unfit") if getattr(spec, what))
     assert (spec.fallback in registry.names() and spec.fallback != name) if spec.unfit else not spec.fallback
-    parts = [spec.worker, spec.config, spec.cost, spec.summary_fields, spec.torch_config, spec.unfit]
+    parts = [spec.worker, spec.config, spec.cost, spec.summary_fields, spec.metrics, spec.torch_config, spec.unfit]
     assert all(p.startswith("raydist.strategies.") for p in parts if p), "a strategy's parts live in its folder"
 
 

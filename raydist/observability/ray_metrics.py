@@ -12,8 +12,9 @@ from __future__ import annotations
 import resource
 import socket
 import time
-from dataclasses import dataclass
 from typing import Callable
+
+from raydist.observability.metric import Metric
 
 PREFIX = "raydist_"
 EXPORTED_PREFIX = "ray_" + PREFIX
@@ -22,15 +23,7 @@ TAGS = ("run", "strategy", "role", "rank", "node")
 index; the driver's is 0), node (hostname)."""
 
 
-@dataclass(frozen=True)
-class Metric:
-    name: str
-    kind: str  # "gauge" or "counter"
-    description: str
-    extra_tags: tuple[str, ...] = ()
-
-
-METRICS: tuple[Metric, ...] = (
+COMMON: tuple[Metric, ...] = (
     Metric("step", "gauge", "optimizer steps taken: a worker's own, a server's applied updates, the driver's run step"),
     Metric("total_steps", "gauge", "steps the run takes in all"),
     Metric("loss", "gauge", "training loss of the latest step (rank 0 of a sync run: the mean over ranks)"),
@@ -42,9 +35,6 @@ METRICS: tuple[Metric, ...] = (
            "share of wall time spent waiting on communication since the previous export (past 0.2 the model is too "
            "small for the nodes or the network is slow)"),
     Metric("comm_bytes", "counter", "payload bytes sent plus received (by the algorithm's volume, not wire bytes)"),
-    Metric("staleness", "gauge", "async PS: updates applied between a worker's fetch and its gradient's arrival "
-           "(latest, per worker)", ("worker",)),
-    Metric("ps_updates_per_s", "gauge", "async PS: updates a server shard applied per second since the previous export"),
     Metric("checkpoint_s", "gauge", "seconds the latest checkpoint took to write"),
     Metric("last_checkpoint_step", "gauge", "step of the latest checkpoint"),
     Metric("peak_memory_bytes", "gauge", "peak resident memory of the process (GPU: peak allocated on its device)"),
@@ -55,6 +45,16 @@ METRICS: tuple[Metric, ...] = (
            "second of wall time since the previous export (1.0 = one core busy)"),
     Metric("updated_unixtime", "gauge", "when this process last exported (Unix time): its age tells a stalled worker"),
 )
+
+
+def _declared() -> tuple[Metric, ...]:
+    """The strategies' own metrics (`StrategySpec.metrics`), in registry order."""
+    from raydist import registry
+
+    return tuple(m for spec in registry.all_specs() if spec.metrics for m in spec.load("metrics"))
+
+
+METRICS: tuple[Metric, ...] = COMMON + _declared()
 BY_NAME = {m.name: m for m in METRICS}
 EXPORT_EVERY_S = 1.0
 """How often a process hands its latest values to Ray (Ray's agent pushes them on its own schedule:
@@ -127,7 +127,7 @@ class Exporter:
                 self.values[k] = float(v)
 
     def observe_worker(self, name: str, worker: int, value: float) -> None:
-        """A value per async PS worker (staleness), exported with a `worker` tag."""
+        """A value per worker, set by another process (a metric with a `worker` tag: the async PS's staleness)."""
         self.per_worker.setdefault(name, {})[worker] = float(value)
 
     def communication(self, total_bytes: float, total_wait_s: float) -> None:

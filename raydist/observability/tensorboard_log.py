@@ -6,7 +6,8 @@ driver feed both with the calls they already make. Files go to `<run dir>/tensor
 
 Tags (stable; docs/running.md#tensorboard lists them):
 
-- per step: `train/loss`, `train/grad_norm`, `train/lr`, `train/step_time_s`, and `train/staleness` (async)
+- per step: `train/loss`, `train/grad_norm`, `train/lr`, `train/step_time_s`, and a strategy's own (`Metric.per_step`:
+  the async PS's `train/staleness`)
 - about once a second of training: `train/samples_per_s` (global samples over wall-clock time between records)
 - per evaluation: `eval/test_loss`, `eval/test_accuracy`
 - per session, at the step it starts from: the resolved config as text (`config`), and `run/world_size` (the
@@ -23,14 +24,15 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from raydist.errors import RaydistError
+from raydist.observability import ray_metrics
 from raydist.observability.metrics import MetricsLog
 
 if TYPE_CHECKING:
     from raydist.config import Config
 
 TENSORBOARD_DIR = "tensorboard"
-TRAIN_KEYS = ("loss", "grad_norm", "lr", "step_time_s", "staleness")
-"""Per-step record fields written as `train/<key>` (those a record has)."""
+TRAIN_KEYS = ("loss", "grad_norm", "lr", "step_time_s", *(m.name for m in ray_metrics.METRICS if m.per_step))
+"""Per-step record fields written as `train/<key>` (those a record has): the common ones and a strategy's own."""
 EVAL_KEYS = ("test_loss", "test_accuracy")
 CONFIG_TAG = "config"
 RATE_WINDOW_S = 1.0

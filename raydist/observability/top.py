@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from raydist.errors import RaydistError
-from raydist.observability.ray_metrics import EXPORTED_PREFIX
+from raydist.observability.ray_metrics import EXPORTED_PREFIX, METRICS
 
 SD_FILE = "prom_metrics_service_discovery.json"
 STALLED_AFTER_S = 15.0
@@ -28,6 +28,13 @@ STALLED_AFTER_S = 15.0
 and Ray's agent passes it on every 2 s)."""
 _LINE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+COUNTS = ("step", "total_steps", "last_checkpoint_step", "restarts")
+MEASURES = tuple(m.name for m in METRICS if m.name not in COUNTS and m.name != "updated_unixtime")
+PER_WORKER = {m.name for m in METRICS if "worker" in m.extra_tags}
+OWN_COLUMNS = tuple((m.top, m.name) for m in METRICS if m.top)
+"""A strategy's own columns (`Metric.top`), shown after the common WAIT."""
 
 
 # ---- parsing (pure) -------------------------------------------------------------------------------------------
@@ -64,7 +71,7 @@ class Proc:
     rank: int
     node: str
     values: dict[str, float] = field(default_factory=dict)
-    staleness: dict[int, float] = field(default_factory=dict)  # a server's latest staleness per worker
+    per_worker: dict[str, dict[int, float]] = field(default_factory=dict)  # a server's latest value per worker
 
     def row(self, now: float) -> dict[str, Any]:
         v = self.values
@@ -73,15 +80,12 @@ class Proc:
         out: dict[str, Any] = {"run": self.run, "strategy": self.strategy, "role": self.role, "rank": self.rank,
                                "node": self.node, "state": "alive" if age is None or age < STALLED_AFTER_S else "stalled",
                                "age_s": None if age is None else round(age, 1)}
-        for key in ("step", "total_steps", "last_checkpoint_step", "restarts"):
+        for key in COUNTS:
             if key in v:
                 out[key] = int(v[key])
-        for key in ("loss", "grad_norm", "lr", "samples_per_s", "step_time_s", "comm_wait_share", "comm_bytes",
-                    "ps_updates_per_s", "checkpoint_s", "peak_memory_bytes", "test_accuracy", "rss_bytes", "cpu_share"):
+        for key in MEASURES:
             if key in v:
                 out[key] = v[key]
-        if "staleness" in v:
-            out["staleness"] = v["staleness"]
         return out
 
 
@@ -98,8 +102,8 @@ def group(samples: list[tuple[str, dict[str, str], float]]) -> list[Proc]:
         if p is None:
             p = by_series[key] = Proc(labels["run"], labels.get("strategy", "?"), labels["role"], key[2],
                                       labels.get("node", labels.get("NodeAddress", "?")))
-        if name == "staleness" and "worker" in labels:
-            p.staleness[int(labels["worker"])] = value
+        if name in PER_WORKER and "worker" in labels:
+            p.per_worker.setdefault(name, {})[int(labels["worker"])] = value
         else:
             p.values[name] = value
     newest: dict[tuple, Proc] = {}
@@ -108,12 +112,13 @@ def group(samples: list[tuple[str, dict[str, str], float]]) -> list[Proc]:
         if k not in newest or p.values.get("updated_unixtime", 0) > newest[k].values.get("updated_unixtime", 0):
             newest[k] = p
     procs = sorted(newest.values(), key=lambda p: (p.run, {"driver": 0, "server": 1}.get(p.role, 2), p.rank))
-    # An async worker's staleness is measured where its gradients land (server shard 0): show it on the worker.
+    # A per-worker value is measured where the worker's work lands (the async PS's staleness, at server shard 0):
+    # show it on the worker.
     for p in procs:
-        if p.role == "server" and p.staleness:
+        for name, by_worker in p.per_worker.items():
             for w in procs:
-                if w.run == p.run and w.role == "worker" and w.rank in p.staleness:
-                    w.values["staleness"] = p.staleness[w.rank]
+                if w.run == p.run and w.role == "worker" and w.rank in by_worker:
+                    w.values[name] = by_worker[w.rank]
     return procs
 
 
@@ -160,8 +165,8 @@ def _fmt(value: Any, kind: str = "") -> str:
     return str(value)
 
 
-COLUMNS = ("RUN", "ROLE", "RANK", "NODE", "STEP", "SAMPLES/S", "WAIT", "STALENESS", "LOSS", "CKPT", "CPU", "MEM",
-           "RESTARTS", "STATE")
+COLUMNS = ("RUN", "ROLE", "RANK", "NODE", "STEP", "SAMPLES/S", "WAIT", *(h for h, _ in OWN_COLUMNS), "LOSS", "CKPT",
+           "CPU", "MEM", "RESTARTS", "STATE")
 
 
 def _mem(row: dict[str, Any]) -> str:
@@ -182,7 +187,8 @@ def table(runs: list[dict[str, Any]], dead_nodes: list[str], source: str, now: f
             state = x["state"] + (f" {x['age_s']:.0f}s" if x["state"] == "stalled" and x["age_s"] is not None else "")
             rows.append((r["run"] if x is r["processes"][0] else "", x["role"], str(x["rank"]), x["node"], step,
                          _fmt(x.get("samples_per_s"), "rate"), _fmt(x.get("comm_wait_share"), "pct"),
-                         _fmt(x.get("staleness")), _fmt(x.get("loss")), _fmt(x.get("last_checkpoint_step")),
+                         *(_fmt(x.get(name)) for _, name in OWN_COLUMNS), _fmt(x.get("loss")),
+                         _fmt(x.get("last_checkpoint_step")),
                          _fmt(x.get("cpu_share"), "pct"), _mem(x), _fmt(x.get("restarts")), state))
     if len(rows) > 1:
         widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
