@@ -42,7 +42,10 @@ sys.path.insert(0, str(REPO / "tests" / "cluster"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 from stored import stamp  # noqa: E402
 
-STRATEGIES = ("sync", "local_sgd", "async", "fsdp")
+from raydist import registry  # noqa: E402
+
+STRATEGIES = tuple(spec.name for spec in registry.modelled())
+"""What the cost model is fitted on: every strategy with cost terms (`StrategySpec.cost`)."""
 
 
 def hosts(count: int = 6):

@@ -31,7 +31,7 @@ Code = str | Callable | None
 def fit(strategy: str, *, model: Code = None, model_args: dict[str, Any] | None = None, data: Code = None,
         data_args: dict[str, Any] | None = None, loss: Code = None, config: str | Path | Iterable[str | Path] = (),
         **sections: dict[str, Any]) -> Any:
-    """Run `strategy` (a registry name: sync, local_sgd, async, fsdp, or compare) and return its summary.
+    """Run `strategy` (a registry name, `raydist.registry.jobs()`: each strategy, and compare) and return its summary.
 
     model, data, loss: your factories (`model.factory`, `data.factory`, `train.loss`), their keyword arguments in
     model_args and data_args. config: YAML file(s) merged over the job's defaults, as `--config`. Every other

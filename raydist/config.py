@@ -114,7 +114,8 @@ class ScalingConfig(WorkerRange):
 
     num_workers: int | str = opt(
         2, "training workers (one process each): N, or MIN-MAX for an elastic run that continues on as few as MIN "
-        "workers when nodes are lost and grows back to MAX when they return (sync, local_sgd)",
+        "workers when nodes are lost and grows back to MAX when they return (a strategy that cannot says so before "
+        "anything starts)",
         parse=worker_count, shown="N or MIN-MAX")
     use_gpu: bool = opt(False, "one GPU per worker")
     engine: Literal["ray_train", "launch"] = opt(
@@ -122,7 +123,8 @@ class ScalingConfig(WorkerRange):
         "helper actors and one actor per worker); launch, one plain process per worker started by raydist launch's "
         "agents, as torchrun would (docs/launch.md: the whole group restarts from the newest checkpoint after a "
         "failure, a hang is named with every rank's stack, the stop signal at the time limit), with fewer "
-        "processes to start before the first step (docs/benchmarks.md). launch runs sync, local_sgd and fsdp")
+        "processes to start before the first step (docs/benchmarks.md). launch runs "
+        + ", ".join(s.name for s in registry.STRATEGIES.values() if s.runs_as_processes))
     backend: Literal["auto", "nccl", "gloo"] = opt("auto", "torch.distributed backend; auto: nccl with GPUs, gloo without")
     warm_python: bool = opt(
         True, "fork the job's Ray worker processes (Ray Train's controller, helper actors and workers) from a warm "
