@@ -119,6 +119,27 @@ def test_policy_on_usage_exit_stop_and_completion():
     assert grow.action == P.Action.RESTART and not grow.counts  # an elastic run growing back is no failure
 
 
+def test_the_loops_states_follow_the_policys_decisions_and_end_with_the_summarys_statuses():
+    import typing
+
+    from raydist.launcher.states import TRANSITIONS, Machine, RunState, after
+    from raydist.launcher.summary import LaunchSummary
+
+    for action in P.Action:  # whatever the policy decides, the running loop may move there
+        assert after(P.Decision(action, "")) in TRANSITIONS[RunState.RUNNING]
+    ends = {s.status for s in RunState if s.terminal}
+    assert ends == set(typing.get_args(typing.get_type_hints(LaunchSummary)["status"]))
+    assert after(P.Decision(P.Action.STOP, "")) is RunState.STOPPING and RunState.STOPPING.terminal is False
+    m = Machine()
+    for state in (RunState.STARTING, RunState.RUNNING, RunState.RESTARTING, RunState.STARTING, RunState.RUNNING,
+                  RunState.STOPPING, RunState.STOPPED):
+        m.to(state)
+    assert m.state.status == "stopped"
+    with pytest.raises(RuntimeError, match="no transition from STOPPED to STARTING"):
+        m.to(RunState.STARTING)
+    assert Machine().to(RunState.RUNNING) is RunState.RUNNING  # the first start began before Ray
+
+
 def test_hang_rule_and_the_culprit():
     acts = [P.Activity(0, 100.0, "S"), P.Activity(1, 98.0, "S")]
     assert P.hung_rank(acts, 105.0, 10.0) is None

@@ -170,7 +170,8 @@ def _launch(args: argparse.Namespace) -> int:
     cfg = settings.load(args.config, overrides(args), command)
     check_command(command, cwd)
     check_before_ray(cfg)
-    from raydist.launcher.driver import LaunchRun, say
+    from raydist.launcher.driver import LaunchRun
+    from raydist.launcher.output import say
 
     try:
         summary = LaunchRun(cfg, command, cwd, started, connect, embedded=not cluster_address(cfg),

@@ -122,6 +122,21 @@ def given(caller: dict[str, str], export: Export, env: dict[str, str]) -> dict[s
 
 
 @dataclass(frozen=True)
+class RankEnv:
+    """What every rank gets of the caller's environment (`merged` puts it together with the node's on the rank's
+    node): its exported variables, and those the user named (--env, --export NAME)."""
+
+    caller: dict[str, str]
+    named: dict[str, str]
+
+    @classmethod
+    def of(cls, caller: dict[str, str], export: str, env: dict[str, str]) -> "RankEnv":
+        """From the caller's environment and the run's `export` and `env` settings."""
+        spec = Export.parse(export)
+        return cls(exported(caller, spec), given(caller, spec, env))
+
+
+@dataclass(frozen=True)
 class Place:
     """Where Ray put one of the run's processes (one per Ray actor)."""
 

@@ -226,7 +226,7 @@ class Group:
 
     def start(self, command: list[str], cwd: str, run_id: str, env) -> None:
         """Every rank's process, with the launcher's environment (raydist.launcher.environment) and the caller's
-        (`env`, a driver.RankEnv)."""
+        (`env`, an environment.RankEnv)."""
         rank0 = self.ranks[0]
         port = _get([rank0.agent.free_port.remote()], POLL_TIMEOUT_S)[0]
         shared = environment.Group(
