@@ -56,3 +56,29 @@ def test_restarts_count_up_to_the_limit_then_the_run_fails():
 def test_the_event_names_the_actor_and_the_step():
     assert Event(Outcome.HUNG, 54, "server shard 0 stopped answering (no answer for 5 s)").describe() == (
         "server shard 0 stopped answering (no answer for 5 s) at step 54")
+
+
+def test_the_driver_s_states_move_only_as_the_table_says():
+    from raydist.strategies.async_ps.run_state import AFTER, Lifecycle, RunState as S
+
+    life = Lifecycle()
+    # A first start that dies, a restart that trains to the end: each decision names the next state.
+    for state in (S.SCHEDULING, S.RUNNING, AFTER[Kind.RESTART], S.SCHEDULING, S.RUNNING, S.FINISHING,
+                  AFTER[Kind.CONTINUE]):
+        assert life.to(state) is state
+    with pytest.raises(RuntimeError, match="no move from finished to running"):
+        life.to(S.RUNNING)
+    life.fail()  # an interrupt after the summary leaves the session finished
+    assert life.state is S.FINISHED
+    with pytest.raises(RuntimeError, match="no move from initializing to finished"):
+        Lifecycle().to(S.FINISHED)  # only the end of a start that trained to its end finishes the session
+
+
+@pytest.mark.parametrize("at", ["scheduling", "running", "finishing"])
+def test_a_raise_decision_or_an_error_ends_the_session_errored_from_any_state_of_a_start(at):
+    from raydist.strategies.async_ps.run_state import AFTER, TRANSITIONS, Lifecycle, RunState as S
+
+    life = Lifecycle(S(at))
+    assert life.to(AFTER[Kind.RAISE]) is S.ERRORED
+    life.fail()  # the error that RAISE becomes passes the handler once more
+    assert life.state is S.ERRORED and not TRANSITIONS[S.ERRORED]

@@ -20,7 +20,7 @@ def check_async(cfg: Config, data=None) -> None:
     num_params = check_loop(cfg, data)
     if ps.num_servers > num_params:
         raise ConfigError(f"async_ps.num_servers={ps.num_servers} exceeds the model's {num_params} parameters")
-    if not ray_address(cfg):  # a named cluster's CPUs are known once joined (AsyncPSRun._check_resources)
+    if not ray_address(cfg):  # a named cluster's CPUs are known once joined (crew_start.check_resources)
         need = s.max_workers * s.cpus_per_worker + ps.num_servers * ps.cpus_per_server
         if need > local_cpus(cfg):
             raise UsageError(
