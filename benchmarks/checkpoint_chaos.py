@@ -106,7 +106,7 @@ def _slow_copy(src: str, dst: str) -> None:
 
 
 def _write_ps(run_dir: str, step: int, written: list[str]) -> None:
-    from raydist.strategies.async_ps.driver import _save
+    from raydist.strategies.async_ps.checkpoints import save as _save
 
     _save(run_dir, step, {"shards": [{"param": _model(step).weight.detach().flatten()}], "steps": step,
                           "workers": 1}, KEEP)
@@ -148,7 +148,7 @@ def choose(writer: str, run_dir: str, use_snapshot: bool = True) -> str | None:
     import io
 
     if writer == "ps":
-        from raydist.strategies.async_ps.driver import latest_checkpoint
+        from raydist.strategies.async_ps.checkpoints import latest_checkpoint
 
         with contextlib.redirect_stdout(io.StringIO()):  # its one line is not this harness's output
             return latest_checkpoint(run_dir)
@@ -170,7 +170,7 @@ def check(writer: str, directory: str) -> int:
 
     step = int(os.path.basename(directory)[len("checkpoint_step"):])
     if writer == "ps":
-        from raydist.strategies.async_ps.driver import load_params
+        from raydist.strategies.async_ps.checkpoints import load_params
 
         params = load_params(directory)
     else:

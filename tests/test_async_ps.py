@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
 
 @pytest.mark.parametrize("optimizer", ["optim.name=sgd", "optim.name=adagrad"])
 def test_one_worker_with_n_fetch_1_sees_no_staleness_and_sharding_changes_nothing(run_async, optimizer):
-    from raydist.strategies.async_ps.driver import load_params
+    from raydist.strategies.async_ps.checkpoints import load_params
 
     one = run_async("one", "scaling.num_workers=1", "train.max_steps=30", optimizer)
     three = run_async("three", "scaling.num_workers=1", "train.max_steps=30", "async_ps.num_servers=3", optimizer)

@@ -110,7 +110,8 @@ def test_a_torn_ray_snapshot_is_moved_aside_and_a_valid_one_is_left(tmp_path):
 
 
 def test_ps_save_renames_a_complete_directory_into_place_and_keeps_the_newest_valid(tmp_path, capsys):
-    from raydist.strategies.async_ps.driver import _save as ps_save, latest_checkpoint, load_params
+    from raydist.strategies.async_ps.checkpoints import latest_checkpoint, load_params
+    from raydist.strategies.async_ps.checkpoints import save as ps_save
 
     def state(step):
         return {"shards": [{"param": torch.full((5,), float(step))}], "steps": step, "workers": 1}

@@ -25,8 +25,6 @@ from raydist.strategies.async_ps import STRATEGY, policy
 from raydist.strategies.async_ps.budget import Budget
 from raydist.strategies.async_ps.checks import check_async
 from raydist.strategies.async_ps.checkpoints import Resume, latest_checkpoint
-# Tests and benchmarks/checkpoint_chaos.py import these from the driver, where they were before checkpoints.py.
-from raydist.strategies.async_ps.checkpoints import load_params, save as _save  # noqa: F401
 from raydist.strategies.async_ps.crew import Crew, Hung
 from raydist.strategies.async_ps.crew_start import CrewStart, check_resources, placement_group, wait_placed
 from raydist.strategies.async_ps.evaluator import Evaluator
