@@ -1,8 +1,8 @@
 """What a process pays to import raydist's modules from source against from their bytecode: why `make run` and `make
 test` compile them first (the Makefile's `bytecode` step).
 
-    .venv/bin/python benchmarks/bytecode.py --rounds 5 --out docs/data/bytecode.json
-    .venv/bin/python benchmarks/bytecode.py --report docs/data/bytecode.json   # docs/testing.md's line
+    .venv/bin/python -m benchmarks.bytecode --rounds 5 --out docs/data/bytecode.json
+    .venv/bin/python -m benchmarks.bytecode --report docs/data/bytecode.json   # docs/testing.md's line
 
 An editable install (`pip install -e .`, as `make setup` does) leaves raydist's modules uncompiled, and where
 PYTHONDONTWRITEBYTECODE is set, as on these machines, Python never writes their cache: every process that imports
@@ -14,7 +14,6 @@ process imports (IMPORTED), and reports the CPU time of that import alone.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -23,10 +22,10 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from benchmarks import stored as stored_file
+from benchmarks.stored import spread
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-import stored as stored_file  # noqa: E402
-from stored import spread  # noqa: E402
 
 IMPORTED = ("raydist.job", "raydist.cli", "raydist.driver.session", "raydist.train.loop", "raydist.launcher.agent",
             "raydist.strategies")
@@ -90,8 +89,7 @@ def measure(args) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap = stored_file.parser(__doc__, rounds=5)
     ap.add_argument("--per-round", type=int, default=4, help="processes per copy in each round")
     stored_file.cli(ap, "docs/data/bytecode.json", report, measure)
 

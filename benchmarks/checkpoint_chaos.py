@@ -1,8 +1,8 @@
 """Kill checkpoint writers at random moments and check that resume always finds a complete checkpoint.
 
-    .venv/bin/python benchmarks/checkpoint_chaos.py [--kills 30] [--seed 0] [--out docs/data/checkpoint_chaos.json]
-    .venv/bin/python benchmarks/checkpoint_chaos.py --report docs/data/checkpoint_chaos.json   # its lines again
-    .venv/bin/python benchmarks/checkpoint_chaos.py --save-cost 50     # what one save costs, with and without fsync
+    .venv/bin/python -m benchmarks.checkpoint_chaos [--kills 30] [--seed 0] [--out docs/data/checkpoint_chaos.json]
+    .venv/bin/python -m benchmarks.checkpoint_chaos --report docs/data/checkpoint_chaos.json   # its lines again
+    .venv/bin/python -m benchmarks.checkpoint_chaos --save-cost 50     # what one save costs, with and without fsync
 
 Three writers, each a process of its own (forked from a server that imported torch once) that resumes from the
 newest valid checkpoint and then saves one checkpoint after another until it is SIGKILLed:
@@ -31,8 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from stored import spread, stamp  # noqa: E402
+from benchmarks.stored import spread, stamp
 
 KEEP = 2
 WIDTH = 1024  # a 4 MiB model: a save takes long enough for many kills to land inside one
@@ -421,5 +420,4 @@ def report(stored: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     main()

@@ -1,7 +1,7 @@
 """The conformance matrix: each script of tests/conformance/ under every launcher, rounds in a row, counting results
 that differ from the baseline's and runs that hang (no exit within BOUND_S).
 
-    flock /tmp/raydist-heavy.lock .venv/bin/python benchmarks/conformance.py --rounds 2 --out docs/data/conformance.json
+    flock /tmp/raydist-heavy.lock .venv/bin/python -m benchmarks.conformance --rounds 2 --out docs/data/conformance.json
 
 This machine, 2 ranks: torchrun --standalone (the baseline) and `raydist launch` on the embedded instance; faults on
 the FSDP2 script: a rank SIGKILLed mid-run (raydist restarts the group; the script starts over, same result) and
@@ -14,7 +14,6 @@ detected.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -25,11 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.stored import parser, stamp
+from tests.conformance import harness
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-sys.path.insert(0, str(REPO / "tests" / "conformance"))
-import harness  # noqa: E402
-from stored import stamp  # noqa: E402
 
 BOUND_S = 300.0
 BIN = Path(sys.executable).parent
@@ -100,9 +98,8 @@ def local_round() -> dict:
 
 
 def cluster_rounds(rounds: int) -> list[dict]:
-    sys.path.insert(0, str(REPO / "tests" / "cluster"))
-    import rayup
-    from emucluster import EmulatedCluster
+    from tests.support.cluster import rayup
+    from tests.support.cluster.emucluster import EmulatedCluster
 
     out = []
     with EmulatedCluster() as cluster:
@@ -161,8 +158,7 @@ def tally(local: list[dict], cluster: list[dict]) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=2)
+    p = parser(__doc__.splitlines()[0], rounds=2)
     p.add_argument("--no-cluster", action="store_true")
     p.add_argument("--out", default=str(REPO / "docs" / "data" / "conformance.json"))
     a = p.parse_args()

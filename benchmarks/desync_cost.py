@@ -1,11 +1,11 @@
 """What the desync check costs per training step: two gloo ranks train the same DDP model under each setting in
 turn, block by block, so machine load hits every setting alike.
 
-    .venv/bin/python benchmarks/desync_cost.py [--rounds 30] [--block 100] [--set model.hidden=1024 ...]
-    .venv/bin/python benchmarks/desync_cost.py --rounds 30 --out docs/data/desync_cost.json      # stored, as quoted
-    .venv/bin/python benchmarks/desync_cost.py --rounds 10 --set model.hidden=1024 --set model.depth=4 \
+    .venv/bin/python -m benchmarks.desync_cost [--rounds 30] [--block 100] [--set model.hidden=1024 ...]
+    .venv/bin/python -m benchmarks.desync_cost --rounds 30 --out docs/data/desync_cost.json      # stored, as quoted
+    .venv/bin/python -m benchmarks.desync_cost --rounds 10 --set model.hidden=1024 --set model.depth=4 \
         --out docs/data/desync_cost_large.json
-    .venv/bin/python benchmarks/desync_cost.py --report docs/data/desync_cost.json  # docs/faults.md's lines
+    .venv/bin/python -m benchmarks.desync_cost --report docs/data/desync_cost.json  # docs/faults.md's lines
 
 Each rank runs what the loop runs for sync DDP (`SyncDDP`'s micro_step / after_backward, the fingerprint of
 raydist.train.desync) on digits batches:
@@ -23,14 +23,10 @@ import argparse
 import os
 import socket
 import statistics
-import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import stored as stored_file  # noqa: E402
+from benchmarks import stored as stored_file
 
 SETTINGS = {"off": 0, "every 100": 100, "every 1": 1}
 
@@ -97,7 +93,7 @@ def report(stored: dict) -> str:
     per-round ratios to "off"."""
     times = stored["s_per_step"]
     sets = "".join(f" --set {o}" for o in stored["overrides"])
-    lines = [f"$ .venv/bin/python benchmarks/desync_cost.py --rounds {stored['rounds']} "
+    lines = [f"$ .venv/bin/python -m benchmarks.desync_cost --rounds {stored['rounds']} "
              f"--block {stored['block']}{sets}",
              f"sync DDP, 2 gloo ranks, model {stored['model']} ({stored['params']} parameters), "
              f"batch {stored['batch']}: off {statistics.median(times['off']) * 1e3:.3f} ms/step "
@@ -116,8 +112,7 @@ def report(stored: dict) -> str:
 def main() -> None:
     import torch.multiprocessing as mp
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=30)
+    ap = stored_file.parser(__doc__, rounds=30)
     ap.add_argument("--block", type=int, default=100)
     ap.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     stored_file.add_options(ap, "docs/data/desync_cost.json")

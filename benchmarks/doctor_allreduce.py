@@ -1,12 +1,12 @@
 """Is `raydist doctor`'s all-reduce figure right? Against a raw torch.distributed loop on the same hosts.
 
-    flock /tmp/raydist-emu.lock .venv/bin/python benchmarks/doctor_allreduce.py --rounds 5 --bytes 16MiB --iters 10
-    flock /tmp/raydist-emu.lock .venv/bin/python benchmarks/doctor_allreduce.py --rounds 5 --link-mbit 1000
-    flock /tmp/raydist-emu.lock .venv/bin/python benchmarks/doctor_allreduce.py --rounds 5 --link-mbit 1000 \
+    flock /tmp/raydist-emu.lock .venv/bin/python -m benchmarks.doctor_allreduce --rounds 5 --bytes 16MiB --iters 10
+    flock /tmp/raydist-emu.lock .venv/bin/python -m benchmarks.doctor_allreduce --rounds 5 --link-mbit 1000
+    flock /tmp/raydist-emu.lock .venv/bin/python -m benchmarks.doctor_allreduce --rounds 5 --link-mbit 1000 \
         --out docs/data/doctor_allreduce.json                                    # stored, as docs/doctor.md quotes
-    .venv/bin/python benchmarks/doctor_allreduce.py --report docs/data/doctor_allreduce.json   # the docs' table
+    .venv/bin/python -m benchmarks.doctor_allreduce --report docs/data/doctor_allreduce.json   # the docs' table
 
-(root: it builds the emulated 3-host SLURM cluster of tests/cluster/emucluster.py and brings Ray up on it with
+(root: it builds the emulated 3-host SLURM cluster of tests/support/cluster/emucluster.py and brings Ray up on it with
 cluster/ray_up.slurm). Each round runs, in alternating order, `raydist doctor --json` on master-node (its agents
 are Ray actors, one per host) and three plain processes, one per host, that time `dist.all_reduce` in a loop over
 gloo on each host's own interface, written here without any raydist code. Both report the same bus bandwidth
@@ -23,9 +23,9 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import stored as stored_file
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-import stored as stored_file  # noqa: E402
 
 RAW_PORT = 19555  # below the cluster config's port range: Ray's blocks never take it
 
@@ -59,7 +59,7 @@ def run_raw(cluster, nbytes: int, iters: int) -> float:
     master = f"{hosts[0].ip}:{RAW_PORT}"
     procs = []
     for rank, h in enumerate(hosts):
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--raw-rank", str(rank), "--world", str(len(hosts)),
+        cmd = [sys.executable, "-m", "benchmarks.doctor_allreduce", "--raw-rank", str(rank), "--world", str(len(hosts)),
                "--master", master, "--bytes", str(nbytes), "--iters", str(iters)]
         procs.append(cluster.popen(h.name, cmd, env=cluster.env(GLOO_SOCKET_IFNAME=h.iface),
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
@@ -115,12 +115,11 @@ def measure(cluster, job, a, nbytes: int) -> list[dict]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=5)
+    p = stored_file.parser(__doc__.splitlines()[0], rounds=5)
     p.add_argument("--bytes", default="16MiB")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--link-mbit", type=float, help="shape every host's link to this many Mbit/s each way "
-                                                   "(tests/cluster/emucluster.py shape); default: unshaped")
+                                                   "(tests/support/cluster/emucluster.py shape); default: unshaped")
     p.add_argument("--raw-rank", type=int, help=argparse.SUPPRESS)
     p.add_argument("--world", type=int, help=argparse.SUPPRESS)
     p.add_argument("--master", help=argparse.SUPPRESS)
@@ -128,7 +127,6 @@ def main() -> int:
     a = p.parse_args()
     if stored_file.print_report(a.report, report):
         return 0
-    sys.path.insert(0, str(REPO))
     from raydist.slurm.settings import parse_size
 
     nbytes = parse_size(a.bytes, "--bytes")
@@ -136,9 +134,8 @@ def main() -> int:
         raw_rank(a.raw_rank, a.world, a.master, nbytes, a.iters)
         return 0
 
-    sys.path.insert(0, str(REPO / "tests" / "cluster"))
-    import rayup
-    from emucluster import EmulatedCluster
+    from tests.support.cluster import rayup
+    from tests.support.cluster.emucluster import EmulatedCluster
 
     machine_and_commit = stored_file.stamp()
     with EmulatedCluster() as cluster:

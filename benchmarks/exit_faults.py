@@ -3,7 +3,7 @@ destroy_process_group() with the DDP model alive, then a plain return) on the 3 
 alternating order: plain srun, `raydist launch` (fresh interpreters, the default) and `raydist launch --set
 warm=true` (ranks forked from each node's warm interpreter).
 
-    flock /tmp/raydist-heavy.lock .venv/bin/python benchmarks/exit_faults.py --rounds 20 --out docs/data/exit_faults.json
+    flock /tmp/raydist-heavy.lock .venv/bin/python -m benchmarks.exit_faults --rounds 20 --out docs/data/exit_faults.json
 
 Per run: whether every rank printed its last line; whether the command then exited within BOUND_S (a hang in
 interpreter teardown otherwise: srun's step is ended by its time limit, raydist names it as an exit fault after
@@ -14,15 +14,14 @@ script from each command's output and raydist's summary.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
+from benchmarks.stored import parser, stamp
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-from stored import stamp  # noqa: E402
 
 SCRIPT = "tests/launch_scripts/ddp_teardown.py"
 BOUND_S = 60.0  # after the last rank's last line; raydist's exit_timeout_s is set to it
@@ -64,9 +63,8 @@ def judged(run: dict, mode: str, summary: dict | None) -> dict:
 
 
 def rounds(n: int) -> tuple[list[dict], int]:
-    sys.path.insert(0, str(REPO / "tests" / "cluster"))
-    import rayup
-    from emucluster import EmulatedCluster
+    from tests.support.cluster import rayup
+    from tests.support.cluster.emucluster import EmulatedCluster
 
     out = []
     with EmulatedCluster() as cluster:
@@ -137,8 +135,7 @@ def report(stored: dict) -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=20)
+    p = parser(__doc__.splitlines()[0], rounds=20)
     p.add_argument("--out", default=str(REPO / "docs" / "data" / "exit_faults.json"))
     p.add_argument("--table", action="store_true", help="print the docs' table from --out, run nothing")
     a = p.parse_args()

@@ -1,9 +1,9 @@
 """Time to the first step on a warm Ray cluster against `srun` + `torchrun` started cold on the same hosts.
 
-    flock /tmp/raydist-emu.lock .venv/bin/python benchmarks/first_step.py --rounds 3 --out docs/data/first_step.json
-    .venv/bin/python benchmarks/first_step.py --report docs/data/first_step.json   # docs/benchmarks.md's table
+    flock /tmp/raydist-emu.lock .venv/bin/python -m benchmarks.first_step --rounds 3 --out docs/data/first_step.json
+    .venv/bin/python -m benchmarks.first_step --report docs/data/first_step.json   # docs/benchmarks.md's table
 
-(root: it builds the emulated 3-host SLURM cluster of tests/cluster/emucluster.py and brings Ray up on it with
+(root: it builds the emulated 3-host SLURM cluster of tests/support/cluster/emucluster.py and brings Ray up on it with
 cluster/ray_up.slurm, which then stays up: the warm cluster.) Each round, in alternating order:
 
 - Ray: `ray job submit --working-dir . -- python jobs/sync.py` from master-node, 2 workers;
@@ -25,19 +25,17 @@ command (one clock: the emulated hosts share the machine's). Prints each round, 
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks import stored as stored_file
+from raydist.observability.metrics import startup_records
 
-sys.path.insert(0, str(REPO / "benchmarks"))
-import stored as stored_file  # noqa: E402
-from raydist.observability.metrics import startup_records  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
+
 PORT = 19556  # below the cluster config's port range: Ray's blocks never take it
 JOB = ["--set", "scaling.num_workers=2", "--set", "train.epochs=1", "--set", "run.tensorboard=false"]
 
@@ -84,9 +82,8 @@ def torchrun_round(cluster, job, storage: Path, name: str) -> float:
 
 
 def rounds(n: int) -> list[dict]:
-    sys.path.insert(0, str(REPO / "tests" / "cluster"))
-    import rayup
-    from emucluster import EmulatedCluster
+    from tests.support.cluster import rayup
+    from tests.support.cluster.emucluster import EmulatedCluster
 
     rows = []
     with EmulatedCluster() as cluster:
@@ -141,8 +138,7 @@ def report(stored: dict) -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=3)
+    p = stored_file.parser(__doc__.splitlines()[0], rounds=3)
     stored_file.add_options(p, "docs/data/first_step.json")
     a = p.parse_args()
     if stored_file.print_report(a.report, report):

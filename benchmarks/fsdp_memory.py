@@ -2,9 +2,9 @@
 float32 parameters, AdamW), 20 steps, with glibc's default malloc and with MALLOC_MMAP_THRESHOLD_=65536; and the
 default small MLP under sync, for what a worker process holds before any model of size.
 
-    .venv/bin/python benchmarks/fsdp_memory.py [--rounds 2]
-    .venv/bin/python benchmarks/fsdp_memory.py --rounds 2 --out docs/data/fsdp_memory.json
-    .venv/bin/python benchmarks/fsdp_memory.py --report docs/data/fsdp_memory.json      # the docs' table
+    .venv/bin/python -m benchmarks.fsdp_memory [--rounds 2]
+    .venv/bin/python -m benchmarks.fsdp_memory --rounds 2 --out docs/data/fsdp_memory.json
+    .venv/bin/python -m benchmarks.fsdp_memory --report docs/data/fsdp_memory.json      # the docs' table
 
 Every figure comes from the jobs' own summary.json (param_bytes_per_worker, peak_memory_bytes_per_worker: the
 process's peak resident set on CPU, bytes_per_worker). Rounds are interleaved: each runs every case once.
@@ -12,18 +12,16 @@ process's peak resident set on CPU, bytes_per_worker). Rounds are interleaved: e
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks import stored as stored_file
+from tests.support.jobutil import clean_env
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-sys.path.insert(0, str(REPO / "tests"))
-import stored as stored_file  # noqa: E402
-from jobutil import clean_env  # noqa: E402
 
 BIG = ["model.hidden=2048", "model.depth=4"]
 COMMON = ["scaling.num_workers=2", "train.max_steps=20"]
@@ -92,8 +90,7 @@ def measure(args) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap = stored_file.parser(__doc__, rounds=2)
     stored_file.cli(ap, "docs/data/fsdp_memory.json", report, measure)
 
 

@@ -1,9 +1,9 @@
 """Bytes each gloo collective puts on the wire, counted on a private loopback: is a reduce-scatter as cheap as the
 ring bound says ((n-1)/n of the tensor per rank) or does it move an all-reduce's bytes?
 
-    sudo unshare -n sh -c 'ip link set lo up && .venv/bin/python benchmarks/gloo_bytes.py --ranks 4'
-    sudo unshare -n sh -c 'ip link set lo up && .venv/bin/python benchmarks/gloo_bytes.py --out docs/data/gloo_bytes.json'
-    .venv/bin/python benchmarks/gloo_bytes.py --report docs/data/gloo_bytes.json       # the line docs/ quote
+    sudo unshare -n sh -c 'ip link set lo up && .venv/bin/python -m benchmarks.gloo_bytes --ranks 4'
+    sudo unshare -n sh -c 'ip link set lo up && .venv/bin/python -m benchmarks.gloo_bytes --out docs/data/gloo_bytes.json'
+    .venv/bin/python -m benchmarks.gloo_bytes --report docs/data/gloo_bytes.json       # the line docs/ quote
 
 (root: `unshare -n` gives the run a network namespace of its own, so its loopback counter holds only these ranks'
 traffic.) The stored count is docs/data/gloo_bytes.json (quoted in docs/strategies.md and docs/costmodel.md). The
@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import stored as stored_file  # noqa: E402
+from benchmarks import stored as stored_file
 
 OPS = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor")
 

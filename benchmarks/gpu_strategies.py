@@ -1,8 +1,8 @@
 """Every strategy on one GPU with a user's model (examples/tinygpt, by import path), and what NCCL says to two
 ranks on one GPU: the GPU paths measured where a GPU was lent (docs/gpu.md quotes it).
 
-    .venv/bin/python benchmarks/gpu_strategies.py --rounds 2 --out docs/data/gpu_strategies.json
-    .venv/bin/python benchmarks/gpu_strategies.py --report docs/data/gpu_strategies.json   # docs/gpu.md's table
+    .venv/bin/python -m benchmarks.gpu_strategies --rounds 2 --out docs/data/gpu_strategies.json
+    .venv/bin/python -m benchmarks.gpu_strategies --report docs/data/gpu_strategies.json   # docs/gpu.md's table
 
 One worker per case (one GPU), 200 steps of tinygpt, rounds interleaved (each round runs every case once). Every
 figure comes from the job's own summary.json: steps/s of the training loop, the start-up split (`startup_s`), the
@@ -13,17 +13,15 @@ once: NCCL refuses that, which is why the heal strategy needs one GPU per replic
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks import stored as stored_file
+from tests.support.jobutil import clean_env, tinygpt_job
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-sys.path.insert(0, str(REPO / "tests"))
-import stored as stored_file  # noqa: E402
-from jobutil import clean_env, tinygpt_job  # noqa: E402
 
 COMMON = ["scaling.use_gpu=true", "scaling.num_workers=1", "train.max_steps=200", "run.tensorboard=false"]
 CASES = {  # case: (strategy, overrides)
@@ -104,8 +102,7 @@ def measure(args) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap = stored_file.parser(__doc__, rounds=2)
     stored_file.cli(ap, "docs/data/gpu_strategies.json", report, measure)
 
 

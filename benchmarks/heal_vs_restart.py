@@ -2,9 +2,9 @@
 group and every worker reloads the last checkpoint) and under healing (`heal`: torchft; the survivor keeps stepping,
 the replacement takes the state from it). docs/faults.md quotes it.
 
-    .venv/bin/python benchmarks/heal_vs_restart.py [--kills 2] [--rounds 2] [--seed 0] [--set KEY=VALUE]...
-    .venv/bin/python benchmarks/heal_vs_restart.py --out docs/data/heal_vs_restart.json   # stored, as docs quote
-    .venv/bin/python benchmarks/heal_vs_restart.py --report docs/data/heal_vs_restart.json
+    .venv/bin/python -m benchmarks.heal_vs_restart [--kills 2] [--rounds 2] [--seed 0] [--set KEY=VALUE]...
+    .venv/bin/python -m benchmarks.heal_vs_restart --out docs/data/heal_vs_restart.json   # stored, as docs quote
+    .venv/bin/python -m benchmarks.heal_vs_restart --report docs/data/heal_vs_restart.json
 
 Each round runs, for each path (the order alternates between rounds), an undisturbed run and one with `--kills`
 SIGKILLs, side by side on one machine. A kill lands only when the whole group trains again: new step records since
@@ -20,7 +20,6 @@ tests/test_heal.py runs a short version (heal, one kill).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -31,13 +30,11 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "benchmarks"))
-import stored as stored_file  # noqa: E402
-from jobutil import job_processes_titled, start_job  # noqa: E402
+from benchmarks import stored as stored_file
+from raydist.torchkit.checkpoint import checkpoint_dirs
+from tests.support.jobutil import job_processes_titled, start_job
 
-from raydist.torchkit.checkpoint import checkpoint_dirs  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 # Long enough for two kills to land on a healing run: a survivor alone steps three to four times as fast here,
 # so the seconds a replacement takes to start cover hundreds of steps.
@@ -200,9 +197,8 @@ def one_round(storage: str, index: int, kills: int, seed: int, overrides: list[s
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = stored_file.parser(__doc__, rounds=2)
     ap.add_argument("--kills", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     stored_file.add_options(ap, "docs/data/heal_vs_restart.json")

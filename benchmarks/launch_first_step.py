@@ -1,7 +1,7 @@
 """`raydist launch` of examples/ddp_train.py against torchrun and srun of the same script, side by side.
 
-    .venv/bin/python benchmarks/launch_first_step.py --rounds 5                    # this machine: against torchrun
-    flock /tmp/raydist-emu.lock .venv/bin/python benchmarks/launch_first_step.py --cluster --rounds 3
+    .venv/bin/python -m benchmarks.launch_first_step --rounds 5                    # this machine: against torchrun
+    flock /tmp/raydist-emu.lock .venv/bin/python -m benchmarks.launch_first_step --cluster --rounds 3
                                        # root: a warm Ray cluster on the 3 emulated SLURM hosts, against srun
 
 Local, each round in alternating order: `torchrun --standalone --nproc-per-node 2 examples/ddp_train.py` and
@@ -22,7 +22,6 @@ docs/data/launch_first_step.json (--out), and prints the ratios' medians and ran
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -32,9 +31,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.stored import parser, stamp
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-from stored import stamp  # noqa: E402
+
 BIN = Path(sys.executable).parent
 SCRIPT_ARGS = ["--epochs", "1"]
 PORT = 19557  # the srun side's MASTER_PORT: below the cluster config's port range
@@ -94,9 +94,8 @@ def local_rounds(rounds: int) -> list[dict]:
 
 
 def cluster_rounds(rounds: int) -> tuple[list[dict], int]:
-    sys.path.insert(0, str(REPO / "tests" / "cluster"))
-    import rayup
-    from emucluster import EmulatedCluster
+    from tests.support.cluster import rayup
+    from tests.support.cluster.emucluster import EmulatedCluster
 
     out = []
     with EmulatedCluster() as cluster:
@@ -203,8 +202,7 @@ def markdown(stored: dict) -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=5)
+    p = parser(__doc__.splitlines()[0], rounds=5)
     p.add_argument("--table", action="store_true", help="print docs/benchmarks.md's tables from --out, run nothing")
     p.add_argument("--cluster", action="store_true", help="the emulated SLURM cluster (root) instead of this machine")
     p.add_argument("--out", default=str(REPO / "docs" / "data" / "launch_first_step.json"))

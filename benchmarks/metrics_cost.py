@@ -1,8 +1,8 @@
 """What raydist's metrics exporter costs the training loop, in a real Ray actor (where ray.util.metrics is live).
 
-    .venv/bin/python benchmarks/metrics_cost.py --rounds 3
-    .venv/bin/python benchmarks/metrics_cost.py --rounds 5 --out docs/data/metrics_cost.json   # stored, as docs quote
-    .venv/bin/python benchmarks/metrics_cost.py --report docs/data/metrics_cost.json           # docs/observability.md
+    .venv/bin/python -m benchmarks.metrics_cost --rounds 3
+    .venv/bin/python -m benchmarks.metrics_cost --rounds 5 --out docs/data/metrics_cost.json   # stored, as docs quote
+    .venv/bin/python -m benchmarks.metrics_cost --report docs/data/metrics_cost.json           # docs/observability.md
 
 Per step: the calls the loop makes every step (count, communication, observe, maybe_export), which export at most
 once a second; per export: a forced export of every value (a dozen Gauge.set calls). Prints each round and the
@@ -11,15 +11,11 @@ min-max over rounds.
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
-from pathlib import Path
 
 import ray
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import stored as stored_file  # noqa: E402
+from benchmarks import stored as stored_file
 
 
 @ray.remote
@@ -59,8 +55,7 @@ def measure(a) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=3)
+    p = stored_file.parser(__doc__.splitlines()[0], rounds=3)
     p.add_argument("--steps", type=int, default=20000)
     p.add_argument("--exports", type=int, default=200)
     stored_file.cli(p, "docs/data/metrics_cost.json", report, measure)

@@ -1,8 +1,8 @@
 """SIGKILL parameter-server shards and Downpour workers during one async run; it must end as an undisturbed run does.
 
-    .venv/bin/python benchmarks/ps_chaos.py [--server-kills 3] [--worker-kills 3] [--seed 0] [--set KEY=VALUE]...
-    .venv/bin/python benchmarks/ps_chaos.py --out docs/data/ps_chaos.json      # stored, as docs/faults.md quotes
-    .venv/bin/python benchmarks/ps_chaos.py --report docs/data/ps_chaos.json   # docs/faults.md's tables
+    .venv/bin/python -m benchmarks.ps_chaos [--server-kills 3] [--worker-kills 3] [--seed 0] [--set KEY=VALUE]...
+    .venv/bin/python -m benchmarks.ps_chaos --out docs/data/ps_chaos.json      # stored, as docs/faults.md quotes
+    .venv/bin/python -m benchmarks.ps_chaos --report docs/data/ps_chaos.json   # docs/faults.md's tables
 
 Runs the async job (`python -m raydist.job async`, on its own embedded Ray instance) twice with the same config,
 CONFIG below plus any --set: once undisturbed, then once while this script SIGKILLs actor processes, servers and
@@ -32,12 +32,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+from benchmarks import stored as stored_file
+from tests.support.jobutil import clean_env, job_processes_titled
 
-sys.path.insert(0, str(REPO / "benchmarks"))
-import stored as stored_file  # noqa: E402
-from jobutil import clean_env, job_processes_titled  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
+
 # 2 shards and 2 workers, 2000 steps (6-8 s of training on 2 cores: time for six kills). The synthetic data's 4000
 # test samples make the final test accuracy of undisturbed async runs agree within 0.002 (digits' 360 vary by 0.011
 # after 40 epochs, more than the 0.01 the comparison allows).

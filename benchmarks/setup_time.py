@@ -1,8 +1,8 @@
 """`make setup` on a fresh clone with uv (the Makefile's default) against pip alone (`INSTALLER=pip`): the set-up is
 the part of `make test` that keeps one core busy at most, so its seconds count in full (docs/testing.md).
 
-    .venv/bin/python benchmarks/setup_time.py --rounds 3 --out docs/data/setup_time.json
-    .venv/bin/python benchmarks/setup_time.py --report docs/data/setup_time.json   # docs/testing.md's line
+    .venv/bin/python -m benchmarks.setup_time --rounds 3 --out docs/data/setup_time.json
+    .venv/bin/python -m benchmarks.setup_time --report docs/data/setup_time.json   # docs/testing.md's line
 
 Each round clones HEAD twice and runs `make setup` in each clone, one installer after the other (which goes first
 alternates between rounds), with empty download caches of its own (PIP_CACHE_DIR, UV_CACHE_DIR), as on a fresh CI
@@ -13,21 +13,19 @@ compile torch at every import).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import stored as stored_file
+from benchmarks.stored import spread
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-import stored as stored_file  # noqa: E402
-from stored import spread  # noqa: E402
 
 INSTALLERS = ("uv", "pip")
 
@@ -83,8 +81,7 @@ def report(stored: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap = stored_file.parser(__doc__, rounds=3)
     stored_file.cli(ap, "docs/data/setup_time.json", report, measure)
 
 

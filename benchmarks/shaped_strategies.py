@@ -1,9 +1,9 @@
 """Sync vs async where bandwidth matters: every strategy on the emulated cluster's shaped links.
 
-    flock /tmp/raydist-emu.lock .venv/bin/python benchmarks/shaped_strategies.py --links 100,1000 \
+    flock /tmp/raydist-emu.lock .venv/bin/python -m benchmarks.shaped_strategies --links 100,1000 \
         --out docs/data/shaped_runs.json
 
-(root: it builds a 6-host emulated SLURM cluster (tests/cluster/emucluster.py), brings Ray up on it with
+(root: it builds a 6-host emulated SLURM cluster (tests/support/cluster/emucluster.py), brings Ray up on it with
 cluster/ray_up.slurm and submits every run with `ray job submit` from master-node, as a user would.) For each link
 rate (every host's link shaped to it, both ways: a switch port of that speed):
 
@@ -21,7 +21,7 @@ rate (every host's link shaped to it, both ways: a switch port of that speed):
   machine's cores were while it ran; with `--hosts 8` and a file of their own they answer whether 2 cores can stand
   for more nodes:
 
-    flock /tmp/raydist-emu.lock .venv/bin/python benchmarks/shaped_strategies.py --parts workers --hosts 8 \
+    flock /tmp/raydist-emu.lock .venv/bin/python -m benchmarks.shaped_strategies --parts workers --hosts 8 \
         --other-workers 4,6 --strategies sync,local_sgd --out docs/data/more_hosts.json
 
 Every run's summary lands in one JSON file: the measured points `raydist plan` fits and validates its cost model on
@@ -36,11 +36,9 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.stored import stamp
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests" / "cluster"))
-sys.path.insert(0, str(REPO / "benchmarks"))
-from stored import stamp  # noqa: E402
 
 from raydist import registry  # noqa: E402
 
@@ -51,7 +49,7 @@ STRATEGIES = tuple(spec.name for spec in registry.modelled())
 def hosts(count: int = 6):
     """Six hosts by default, like the product's typical cluster: 4 workers leave two nodes free for server shards.
     More (`--hosts`) for the question whether 2 cores can stand for more nodes (`cpu_busy` of each run answers it)."""
-    from emucluster import DEFAULT_HOSTS, Host
+    from tests.support.cluster.emucluster import DEFAULT_HOSTS, Host
 
     names = ("eno1", "enp3s0", "ens1f1", "eno2", "enp4s0", "ens2f0")  # interface names differ per node
     extra = [Host(f"node{i:02d}", f"192.168.20.{15 + i}", names[(i - 3) % len(names)]) for i in range(3, count)]
@@ -422,8 +420,8 @@ def main() -> int:
     parts = a.parts.split(",")
     links = [float(x) for x in a.links.split(",")]
 
-    import rayup
-    from emucluster import EmulatedCluster
+    from tests.support.cluster import rayup
+    from tests.support.cluster.emucluster import EmulatedCluster
 
     this = {**{k: v for k, v in vars(a).items() if k not in ("out", "append")}, **stamp()}
     header = {"setting": this, "appended": []}

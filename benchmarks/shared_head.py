@@ -1,10 +1,10 @@
 """What a short job costs on its own embedded Ray instance against the same job on a running Ray head: the reason
 the tests marked `shared_ray` share one head (docs/testing.md).
 
-    .venv/bin/python benchmarks/shared_head.py --rounds 3 --out docs/data/shared_head.json
-    .venv/bin/python benchmarks/shared_head.py --report docs/data/shared_head.json   # docs/testing.md's line
+    .venv/bin/python -m benchmarks.shared_head --rounds 3 --out docs/data/shared_head.json
+    .venv/bin/python -m benchmarks.shared_head --report docs/data/shared_head.json   # docs/testing.md's line
 
-Starts two heads (tests/rayhead.py: `ray start --head`, token auth, loopback), one with a warm interpreter that
+Starts two heads (tests/support/rayhead.py: `ray start --head`, token auth, loopback), one with a warm interpreter that
 forks the jobs' Ray workers, as the tests' head has (`head`), one without (`cold head`), and then, per round, runs
 `jobs/sync.py` for one epoch on each head and on an embedded instance of its own, rotating which goes first. Per
 run: the command's wall time and the CPU time the whole machine spent meanwhile (/proc/stat: every process, Ray's
@@ -14,20 +14,18 @@ the CPU count is the machine's.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from benchmarks import stored as stored_file
+from benchmarks.stored import busy_cpu_s, spread
+from tests.support.jobutil import clean_env
+from tests.support.rayhead import ray_head
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "benchmarks"))
-import stored as stored_file  # noqa: E402
-from jobutil import clean_env  # noqa: E402
-from rayhead import ray_head  # noqa: E402
-from stored import busy_cpu_s, spread  # noqa: E402
 
 JOB = ["--set", "train.epochs=1", "--set", "run.tensorboard=false"]
 
@@ -66,8 +64,7 @@ def report(stored: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap = stored_file.parser(__doc__, rounds=3)
     stored_file.add_options(ap, "docs/data/shared_head.json")
     args = ap.parse_args()
     if stored_file.print_report(args.report, report):

@@ -1,7 +1,7 @@
 """Where `jobs/sync.py`'s seconds before the first step go, an earlier commit against this tree, interleaved rounds.
 
-    .venv/bin/python benchmarks/startup_before_after.py --before 538bd5a --rounds 5 --out docs/data/startup_before_after.json
-    .venv/bin/python benchmarks/startup_before_after.py --report docs/data/startup_before_after.json  # benchmarks.md
+    .venv/bin/python -m benchmarks.startup_before_after --before 538bd5a --rounds 5 --out docs/data/startup_before_after.json
+    .venv/bin/python -m benchmarks.startup_before_after --report docs/data/startup_before_after.json  # benchmarks.md
 
 Exports the `--before` commit into a temporary directory (`git archive`) and runs the same command from each tree
 on the embedded Ray instance, alternating which goes first; PYTHONPATH names the tree, so the driver and every Ray
@@ -14,7 +14,6 @@ minus after) is the figure: the machine's drift between rounds cancels out. Runs
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -23,16 +22,13 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-sys.path.insert(0, str(REPO / "tests"))
+from benchmarks import stored as stored_file
+from benchmarks.stored import busy_cpu_s, spread
+from benchmarks.train_startup_split import split
+from raydist.observability.metrics import startup_records
+from tests.support.jobutil import clean_env
 
-import stored as stored_file  # noqa: E402
-from jobutil import clean_env  # noqa: E402
-from raydist.observability.metrics import startup_records  # noqa: E402
-from stored import busy_cpu_s, spread  # noqa: E402
-from train_startup_split import split  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 SESSION = "/tmp/ray/session_latest"
 JOB = ["--set", "scaling.num_workers=2", "--set", "run.tensorboard=false"]
@@ -99,9 +95,8 @@ def report(stored: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = stored_file.parser(__doc__, rounds=5)
     ap.add_argument("--before", default="538bd5a", help="the earlier commit (default: before the start-up changes)")
-    ap.add_argument("--rounds", type=int, default=5)
     stored_file.cli(ap, "docs/data/startup_before_after.json", report, measure)
 
 

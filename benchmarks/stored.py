@@ -3,6 +3,7 @@ The figures README and docs/ quote come from these files (tests/test_docs_figure
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -48,6 +49,18 @@ def stamp() -> dict:
 def spread(values: list[float], digits: int = 1) -> str:
     """'median (min-max)', the way docs/ quote a stored figure."""
     return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+
+def parser(description: str, *, rounds: int | None = None) -> argparse.ArgumentParser:
+    """A benchmark's argument parser: named as it is run (`python -m benchmarks.<name>`), its docstring as the help,
+    and `--rounds` with the benchmark's default where it repeats its measurement."""
+    main = sys.modules["__main__"]
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    ap = argparse.ArgumentParser(prog=f"python -m {name}" if name else None, description=description,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    if rounds is not None:
+        ap.add_argument("--rounds", type=int, default=rounds, help=f"rounds to measure (default {rounds})")
+    return ap
 
 
 def add_options(parser, stored_as: str) -> None:

@@ -1,9 +1,9 @@
 """The strategies side by side, as docs/strategies.md quotes them: `jobs/compare.py` (sync DDP, local SGD, async PS)
 on 3 workers, digits, 20 epochs, without and with a straggler (worker 2 three times slower), several rounds.
 
-    .venv/bin/python benchmarks/strategies_compare.py [--rounds 3]
-    .venv/bin/python benchmarks/strategies_compare.py --rounds 3 --out docs/data/strategies_compare.json
-    .venv/bin/python benchmarks/strategies_compare.py --report docs/data/strategies_compare.json  # the docs' tables
+    .venv/bin/python -m benchmarks.strategies_compare [--rounds 3]
+    .venv/bin/python -m benchmarks.strategies_compare --rounds 3 --out docs/data/strategies_compare.json
+    .venv/bin/python -m benchmarks.strategies_compare --report docs/data/strategies_compare.json  # the docs' tables
 
 Each round runs both settings one after the other (interleaved, so a slower stretch of the machine touches both),
 each as the user runs it: one `jobs/compare.py` process, which runs the strategies' jobs one after another. The
@@ -12,19 +12,16 @@ table gives each column's median over the rounds, the timed columns with their m
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks import stored as stored_file
+from tests.support.jobutil import clean_env
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-sys.path.insert(0, str(REPO / "tests"))
-import stored as stored_file  # noqa: E402
-from jobutil import clean_env  # noqa: E402
 
 SHARED = ["scaling.num_workers=3", "train.epochs=20"]
 SETTINGS = {"calm": [], "straggler": ["straggler.worker=2", "straggler.slowdown=3"]}
@@ -112,8 +109,7 @@ def measure(args) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap = stored_file.parser(__doc__, rounds=3)
     stored_file.cli(ap, "docs/data/strategies_compare.json", report, measure)
 
 

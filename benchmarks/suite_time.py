@@ -1,9 +1,9 @@
 """How long `make test` takes from a fresh clone: the figure README.md and docs/testing.md quote.
 
-    .venv/bin/python benchmarks/suite_time.py --out docs/data/suite_time.json [--rounds 2]
-    .venv/bin/python benchmarks/suite_time.py --report docs/data/suite_time.json    # the quoted line again
-    .venv/bin/python benchmarks/suite_time.py --accounting --out ...    # and where the machine's CPU went
-    .venv/bin/python benchmarks/suite_time.py --accounting --commit REV --out ...    # an earlier commit, same hour
+    .venv/bin/python -m benchmarks.suite_time --out docs/data/suite_time.json [--rounds 2]
+    .venv/bin/python -m benchmarks.suite_time --report docs/data/suite_time.json    # the quoted line again
+    .venv/bin/python -m benchmarks.suite_time --accounting --out ...    # and where the machine's CPU went
+    .venv/bin/python -m benchmarks.suite_time --accounting --commit REV --out ...    # an earlier commit, same hour
 
 
 Clones this checkout's HEAD into a temporary directory and runs `make test` there, as .ci/run does: set-up
@@ -21,7 +21,6 @@ machine's processes, so run nothing else meanwhile.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -32,9 +31,9 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from benchmarks.stored import parser, stamp
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-from stored import stamp  # noqa: E402
 
 
 def one_round(workdir: Path, accounting: bool = False, commit: str = "") -> dict:
@@ -102,7 +101,7 @@ def cpu_by_process(pacct: Path, top: int = 40) -> dict:
 def remove_empty_cgroups() -> None:
     """The plugin's cgroups that its workers could not remove as they ended (a test's process still in them then):
     empty now, or left alone (rmdir refuses a cgroup with processes, another suite's running one included)."""
-    from cpu_per_test import cgroup_root
+    from benchmarks.cpu_per_test import cgroup_root
 
     found = cgroup_root()
     for group in found[0].glob("raydist-suite-*") if found else ():
@@ -181,8 +180,7 @@ def report(stored: dict) -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=1)
+    p = parser(__doc__.splitlines()[0], rounds=1)
     p.add_argument("--out", type=Path, default=REPO / "docs" / "data" / "suite_time.json")
     p.add_argument("--report", type=Path, help="print the quoted line of a stored run and exit")
     p.add_argument("--commit", default="", help="test this commit instead of HEAD (a run before a change, on the "

@@ -1,7 +1,7 @@
 """jobs/sync.py (Ray Train, embedded Ray) against the same loop under plain torchrun, interleaved rounds.
 
-    .venv/bin/python benchmarks/sync_vs_torchrun.py --rounds 3 --out docs/data/sync_vs_torchrun.json
-    .venv/bin/python benchmarks/sync_vs_torchrun.py --report docs/data/sync_vs_torchrun.json   # the docs' tables
+    .venv/bin/python -m benchmarks.sync_vs_torchrun --rounds 3 --out docs/data/sync_vs_torchrun.json
+    .venv/bin/python -m benchmarks.sync_vs_torchrun --report docs/data/sync_vs_torchrun.json   # the docs' tables
 
 Both run the shared loop (raydist.train.Trainer with SyncDDP) with gloo on CPU; only the launcher differs. Per round:
 `first step`, the time from launching the command to rank 0's first step done (the loop's `startup` record in
@@ -13,13 +13,12 @@ embedded Ray instance and reads /tmp/ray/session_latest: run nothing else with R
 
 A realistic step time (the issue's >= 50 ms/step) on these CPUs:
 
-    .venv/bin/python benchmarks/sync_vs_torchrun.py --rounds 3 --set data.name=synthetic --set model.name=mlp \
+    .venv/bin/python -m benchmarks.sync_vs_torchrun --rounds 3 --set data.name=synthetic --set model.name=mlp \
         --set model.params=3000000 --set data.synthetic_features=256 --set train.epochs=2
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -28,13 +27,11 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+from benchmarks import stored as stored_file
+from benchmarks.stored import spread
+from raydist.observability.metrics import startup_records
 
-import stored as stored_file  # noqa: E402
-from raydist.observability.metrics import startup_records  # noqa: E402
-from stored import spread  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 SESSION = "/tmp/ray/session_latest"
 
@@ -59,7 +56,7 @@ loop under torchrun."""
 
 
 def one_round(i: int, workers: int, overrides: list[str], tmp: str, sides: tuple[str, ...] = SIDES) -> dict:
-    from train_startup_split import split
+    from benchmarks.train_startup_split import split
 
     py = sys.executable
     common = ["--set", f"scaling.num_workers={workers}", "--set", f"run.storage_path={tmp}"]
@@ -176,8 +173,7 @@ def launch_engine_line(stored: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap = stored_file.parser(__doc__.splitlines()[0], rounds=3)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--set", action="append", default=[], dest="overrides")
     stored_file.add_options(ap, "docs/data/sync_vs_torchrun.json")

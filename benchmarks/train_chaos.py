@@ -1,9 +1,9 @@
 """SIGKILL training workers at random moments of a Ray Train run: it must finish its whole step budget, restarting
 from its checkpoints, with the test accuracy of an undisturbed run of the same config.
 
-    .venv/bin/python benchmarks/train_chaos.py [--kills 5] [--seed 0] [--strategy sync] [--set KEY=VALUE]...
-    .venv/bin/python benchmarks/train_chaos.py --kills 5 --out docs/data/train_chaos.json   # stored, as docs quote
-    .venv/bin/python benchmarks/train_chaos.py --report docs/data/train_chaos.json          # docs/faults.md's lines
+    .venv/bin/python -m benchmarks.train_chaos [--kills 5] [--seed 0] [--strategy sync] [--set KEY=VALUE]...
+    .venv/bin/python -m benchmarks.train_chaos --kills 5 --out docs/data/train_chaos.json   # stored, as docs quote
+    .venv/bin/python -m benchmarks.train_chaos --report docs/data/train_chaos.json          # docs/faults.md's lines
 
 Runs the undisturbed reference and the disturbed run one after the other (real Ray, real gloo, the job as a user
 starts it). A kill waits for the run to make progress since the previous one (new records in metrics.jsonl, so
@@ -23,12 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+from benchmarks import stored as stored_file
+from tests.support.jobutil import job_processes_titled, start_job
 
-sys.path.insert(0, str(REPO / "benchmarks"))
-import stored as stored_file  # noqa: E402
-from jobutil import job_processes_titled, start_job  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 BASE = ["train.epochs=10", "checkpoint.every_steps=10", "train.report_every_s=0.5"]
 

@@ -1,7 +1,7 @@
 """Where Ray Train's seconds between connecting and running go, read from a finished local run's own logs.
 
     .venv/bin/python jobs/sync.py --set train.epochs=2 --set run.storage_path=/tmp/split
-    .venv/bin/python benchmarks/train_startup_split.py /tmp/ray/session_latest
+    .venv/bin/python -m benchmarks.train_startup_split /tmp/ray/session_latest
 
 Reads the raylet's worker starts (the first is a worker Ray prestarts as the driver connects; the next one the
 job's first worker, which was the controller's until the driver started Ray Data's autoscaling coordinator right

@@ -1,16 +1,14 @@
 """Shared pytest set-up."""
 
 import os
-import sys
 from pathlib import Path
 
-# The emulated SLURM cluster lives in tests/cluster/ (see emucluster.py); its session fixture is shared here.
-sys.path.insert(0, str(Path(__file__).with_name("cluster")))
-from pytest_emucluster import slurm_cluster  # noqa: E402,F401
-from comparerun import compared  # noqa: E402,F401
+import pytest
 
-
-import pytest  # noqa: E402
+# The emulated SLURM cluster lives in tests/support/cluster/ (see emucluster.py); its session fixture is shared here.
+# tests.support is importable from the repository root, which pyproject.toml's `pythonpath` puts on sys.path.
+from tests.support.cluster.pytest_emucluster import slurm_cluster  # noqa: F401
+from tests.support.comparerun import compared  # noqa: F401
 
 
 SHARED_MODULES = pytest.StashKey[set]()
@@ -21,11 +19,11 @@ def pytest_collection_modifyitems(config, items):
     """Under `-n 2` (make test) each module's tests run in one xdist worker, so a module's shared fixtures (a Ray
     head, compare's runs) are built once; every test on the emulated SLURM cluster runs in the same worker, so the
     session builds one cluster (two at once would share the machine's munge and SLURM ports), and every test that
-    reads the one compare run (tests/comparerun.py) in one worker too, so it runs once.
+    reads the one compare run (tests/support/comparerun.py) in one worker too, so it runs once.
 
     The groups go out in this order (the Makefile turns off xdist's own reordering by size): the SLURM group first,
-    the longest, then the modules whose tests share a Ray head (tests/sharedray.py) one after another, so that a
-    worker runs them in a row on one head, then the rest, longest first as the stored suite run timed them
+    the longest, then the modules whose tests share a Ray head (tests/support/sharedray.py) one after another, so
+    that a worker runs them in a row on one head, then the rest, longest first as the stored suite run timed them
     (`_stored_seconds`), so that the session ends on short tests in both workers: a long module sent out last ran
     alone in one worker for half a minute after the other had ended."""
     groups, shared, slow = {}, set(), set()
@@ -80,8 +78,8 @@ def _shared_ray(request):
     if request.node.get_closest_marker("shared_ray") is None or os.environ.get("RAYDIST_TESTS_EMBEDDED") == "1":
         yield
         return
-    import jobutil
-    import sharedray
+    from tests.support import jobutil
+    from tests.support import sharedray
 
     jobutil.SHARED_RAY.update(sharedray.job_env())
     try:
@@ -95,6 +93,6 @@ def pytest_runtest_teardown(item, nextitem):
     dashboard, agents and GCS), which the tests beside it, on 2 cores, would pay for the rest of the session, and
     starting one takes about 11 s of CPU (measured, not stored)."""
     if nextitem is None or nextitem.module.__name__ not in item.config.stash[SHARED_MODULES]:
-        import sharedray
+        from tests.support import sharedray
 
         sharedray.stop()

@@ -1,4 +1,4 @@
-"""The async parameter server, jobs/async.py as users run it, on the shared Ray head (tests/sharedray.py), whose
+"""The async parameter server, jobs/async.py as users run it, on the shared Ray head (tests/support/sharedray.py), whose
 warm interpreter forks its servers and workers: staleness, sharding, bounds, checkpoint and resume."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from boardutil import config_texts, read_board, scalar_steps
-from jobutil import refusal, run_job, summary
+from tests.support.boardutil import config_texts, read_board, scalar_steps
+from tests.support.jobutil import refusal, run_job, summary
 from raydist.observability.metrics import read_steps
 
 

@@ -22,8 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jobutil import REPO, clean_env  # noqa: E402
+from tests.support.jobutil import REPO, clean_env
 
 DOCS = REPO / "docs" / "bad-inputs.md"
 TIMEOUT_S = 300  # a bound on a hang, not a timing: a refusal takes seconds, even on a loaded 2-core machine
@@ -345,7 +344,7 @@ def run(case: Case, values: dict[str, str], root: Path, short: Path) -> Outcome:
 def outcomes(request, tmp_path_factory) -> dict[int, Outcome]:
     """The outcome of every case this session runs (all, or those -k / -m select), in parallel: the local ones at
     once, the head's (marked slow: they start Ray) once the head is up."""
-    from rayhead import ray_head
+    from tests.support.rayhead import ray_head
 
     wanted = {item.callspec.params["index"] for item in request.session.items
               if item.module is request.module and "index" in getattr(item, "callspec", SimpleNamespace(params={})).params}

@@ -141,7 +141,7 @@ def test_ps_save_renames_a_complete_directory_into_place_and_keeps_the_newest_va
 
 
 def _chaos_module():
-    from jobutil import load_benchmark
+    from tests.support.jobutil import load_benchmark
 
     return load_benchmark("checkpoint_chaos")
 
@@ -162,7 +162,7 @@ def test_a_writer_killed_at_random_moments_never_leaves_resume_a_partial_checkpo
 @pytest.mark.slow
 @pytest.mark.shared_ray
 def test_sync_run_resumes_from_the_previous_valid_checkpoint_when_the_latest_and_the_snapshot_are_torn(tmp_path):
-    from jobutil import run_job, summary
+    from tests.support.jobutil import run_job, summary
 
     common = [f"run.storage_path={tmp_path}", "run.name=torn", "train.epochs=1", "checkpoint.every_steps=5"]
     stopped = summary(run_job("sync", *common, "train.stop_at_step=12"))

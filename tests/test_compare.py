@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from comparerun import STRATEGIES
+from tests.support.comparerun import STRATEGIES
 
 pytestmark = pytest.mark.slow
 

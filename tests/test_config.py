@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from jobutil import REPO
+from tests.support.jobutil import REPO
 from raydist import registry
 from raydist.config_command import refreshed
 from raydist.config import Config, job_defaults, load_config

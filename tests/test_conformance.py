@@ -17,10 +17,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent / "conformance"))
-import harness  # noqa: E402
-from jobutil import clean_env  # noqa: E402
+from tests.conformance import harness
+from tests.support.jobutil import clean_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
 BIN = Path(sys.executable).parent

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from jobutil import REPO, clean_env
-from rayhead import ray_head
+from tests.support.jobutil import REPO, clean_env
+from tests.support.rayhead import ray_head
 
 pytestmark = pytest.mark.slow
 
@@ -103,7 +103,7 @@ def running(head, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def page(head):
-    from browser import BrowserUnavailable, headless_chromium, log_in
+    from tests.support.browser import BrowserUnavailable, headless_chromium, log_in
 
     try:
         browser = headless_chromium()

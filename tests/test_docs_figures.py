@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from jobutil import REPO, load_benchmark
+from tests.support.jobutil import REPO, load_benchmark
 
 DATA = REPO / "docs" / "data"
 
@@ -21,9 +21,9 @@ def test_the_shaped_links_tables_are_the_stored_runs():
     stored = json.loads((DATA / "shaped_runs.json").read_text())
     text = _doc("benchmarks.md")
     assert shaped.fanin_table(stored["points"], stored["hosts"]) in text, \
-        "docs/benchmarks.md's fan-in table is stale: paste `benchmarks/shaped_strategies.py --report`"
+        "docs/benchmarks.md's fan-in table is stale: paste `python -m benchmarks.shaped_strategies --report`"
     assert shaped.strategies_table(stored["points"]) in text, \
-        "docs/benchmarks.md's time-to-target table is stale: paste `benchmarks/shaped_strategies.py --report`"
+        "docs/benchmarks.md's time-to-target table is stale: paste `python -m benchmarks.shaped_strategies --report`"
 
 
 @pytest.mark.parametrize("data", ["more_hosts.json", "three_workers.json"])
@@ -31,30 +31,30 @@ def test_the_cores_against_hosts_tables_are_the_stored_runs(data):
     shaped = load_benchmark("shaped_strategies")
     stored = json.loads((DATA / data).read_text())
     assert shaped.hosts_table(stored["points"], stored["hosts"]) in _doc("costmodel.md"), \
-        f"docs/costmodel.md is stale: paste the last table of `benchmarks/shaped_strategies.py --report docs/data/{data}`"
+        f"docs/costmodel.md is stale: paste the last table of `python -m benchmarks.shaped_strategies --report docs/data/{data}`"
 
 
 def test_the_checkpoint_chaos_lines_are_the_stored_run():
     chaos = load_benchmark("checkpoint_chaos")
     stored = json.loads((DATA / "checkpoint_chaos.json").read_text())
     assert chaos.report(stored) in _doc("checkpoints.md"), \
-        "docs/checkpoints.md's chaos lines are stale: paste `benchmarks/checkpoint_chaos.py --report`"
+        "docs/checkpoints.md's chaos lines are stale: paste `python -m benchmarks.checkpoint_chaos --report`"
     assert stored["machine"]["cpus"] and stored["commit"]
 
 
 def test_the_suite_time_readme_and_testing_md_quote_is_the_stored_run():
     stored_path = DATA / "suite_time.json"
     if not stored_path.exists():
-        pytest.skip("no suite time stored yet: benchmarks/suite_time.py --out docs/data/suite_time.json")
+        pytest.skip("no suite time stored yet: python -m benchmarks.suite_time --out docs/data/suite_time.json")
     line = load_benchmark("suite_time").report(json.loads(stored_path.read_text()))
     for doc in (REPO / "README.md", REPO / "docs" / "testing.md"):
-        assert line in doc.read_text(), f"{doc.name} is stale: paste `benchmarks/suite_time.py --report`"
+        assert line in doc.read_text(), f"{doc.name} is stale: paste `python -m benchmarks.suite_time --report`"
 
 
 def test_the_shared_head_lines_are_the_stored_rounds():
     stored = json.loads((DATA / "shared_head.json").read_text())
     assert load_benchmark("shared_head").report(stored) in _doc("testing.md"), \
-        "docs/testing.md's shared-head lines are stale: paste `benchmarks/shared_head.py --report`"
+        "docs/testing.md's shared-head lines are stale: paste `python -m benchmarks.shared_head --report`"
     assert len(stored["rounds"]) >= 3 and stored["machine"]["cpus"] and stored["commit"]
 
 
@@ -63,7 +63,7 @@ def test_the_sync_against_torchrun_tables_and_readmes_make_run_figure_are_the_st
     stored = json.loads((DATA / "sync_vs_torchrun.json").read_text())
     for table in bench.report(stored).strip("\n").split("\n\n"):
         assert table in _doc("benchmarks.md"), \
-            "docs/benchmarks.md's start-up tables are stale: paste `benchmarks/sync_vs_torchrun.py --report`"
+            "docs/benchmarks.md's start-up tables are stale: paste `python -m benchmarks.sync_vs_torchrun --report`"
     assert bench.make_run_line(stored) in (REPO / "README.md").read_text()
     assert bench.launch_engine_line(stored) in (REPO / "README.md").read_text()
     assert all(r["again_reported"] for r in stored["rounds"]) and stored["machine"]["cpus"] and stored["commit"]
@@ -73,15 +73,15 @@ def test_the_warm_cluster_first_step_table_is_the_stored_rounds():
     bench = load_benchmark("first_step")
     stored = json.loads((DATA / "first_step.json").read_text())
     assert bench.report(stored).strip("\n") in _doc("benchmarks.md"), \
-        "docs/benchmarks.md's warm-cluster table is stale: paste `benchmarks/first_step.py --report`"
+        "docs/benchmarks.md's warm-cluster table is stale: paste `python -m benchmarks.first_step --report`"
     assert stored["machine"]["cpus"] and stored["commit"]
 
 
 def test_the_bring_up_lines_are_the_stored_runs():
-    bench = _load_cluster_benchmark("bench_bringup")
+    bench = load_benchmark("bringup")
     stored = json.loads((DATA / "bringup.json").read_text())
     assert bench.report(stored) in _doc("benchmarks.md"), \
-        "docs/benchmarks.md's bring-up lines are stale: paste `tests/cluster/bench_bringup.py --report`"
+        "docs/benchmarks.md's bring-up lines are stale: paste `python -m benchmarks.bringup --report`"
     assert stored["machine"]["cpus"] and stored["commit"]
 
 
@@ -89,7 +89,7 @@ def test_the_training_chaos_lines_are_the_stored_runs():
     chaos = load_benchmark("train_chaos")
     stored = json.loads((DATA / "train_chaos.json").read_text())
     assert chaos.report(stored) in _doc("faults.md"), \
-        "docs/faults.md's chaos lines are stale: paste `benchmarks/train_chaos.py --report`"
+        "docs/faults.md's chaos lines are stale: paste `python -m benchmarks.train_chaos --report`"
     assert chaos.ok(stored) and stored["disturbed"]["kills"] == 5 and stored["commit"]
 
 
@@ -97,7 +97,7 @@ def test_the_heal_against_restart_lines_are_the_stored_runs():
     bench = load_benchmark("heal_vs_restart")
     stored = json.loads((DATA / "heal_vs_restart.json").read_text())
     assert bench.report(stored) in _doc("faults.md"), \
-        "docs/faults.md's heal against restart lines are stale: paste `benchmarks/heal_vs_restart.py --report`"
+        "docs/faults.md's heal against restart lines are stale: paste `python -m benchmarks.heal_vs_restart --report`"
     assert bench.ok(stored) and stored["kills"] == 2 and len(stored["rounds"]) == 2 and stored["commit"]
 
 
@@ -105,21 +105,8 @@ def test_the_parameter_server_chaos_tables_are_the_stored_runs():
     chaos = load_benchmark("ps_chaos")
     stored = json.loads((DATA / "ps_chaos.json").read_text())
     assert chaos.report(stored) in _doc("faults.md"), \
-        "docs/faults.md's parameter-server chaos tables are stale: paste `benchmarks/ps_chaos.py --report`"
+        "docs/faults.md's parameter-server chaos tables are stale: paste `python -m benchmarks.ps_chaos --report`"
     assert stored["ok"] and len(stored["kills"]) == 6 and stored["commit"]
-
-
-def _load_cluster_benchmark(name: str):
-    """tests/cluster/<name>.py as a module (load_benchmark looks in benchmarks/ only)."""
-    import importlib.util
-    import sys
-
-    path = REPO / "tests" / "cluster" / f"{name}.py"
-    sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location(name, path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
 
 
 @pytest.mark.parametrize("bench, data, doc", [
@@ -156,15 +143,15 @@ def test_a_benchmarks_stored_report_is_what_the_doc_quotes(bench, data, doc):
 def test_the_save_cost_table_is_the_stored_run():
     stored = json.loads((DATA / "save_cost.json").read_text())
     assert load_benchmark("checkpoint_chaos").save_cost_report(stored).strip("\n") in _doc("checkpoints.md"), \
-        "docs/checkpoints.md's save-cost table is stale: paste `benchmarks/checkpoint_chaos.py --report " \
+        "docs/checkpoints.md's save-cost table is stale: paste `python -m benchmarks.checkpoint_chaos --report " \
         "docs/data/save_cost.json`"
 
 
 def test_the_slurm_resilience_table_is_the_stored_rounds():
     stored = json.loads((DATA / "slurm_resilience.json").read_text())
-    table = _load_cluster_benchmark("bench_resilience").report(stored).strip("\n")
+    table = load_benchmark("slurm_resilience").report(stored).strip("\n")
     for doc in ("benchmarks.md", "slurm.md"):
-        assert table in _doc(doc), f"docs/{doc} is stale: paste `tests/cluster/bench_resilience.py --report`"
+        assert table in _doc(doc), f"docs/{doc} is stale: paste `python -m benchmarks.slurm_resilience --report`"
     assert all(r["resumed_from_step"] == r["stopped_at"] for s in ("sync", "async") for r in stored[s])
 
 
@@ -185,5 +172,5 @@ def test_every_stored_result_is_listed_with_its_benchmark_and_names_a_commit():
 def test_the_gpu_table_is_the_stored_run():
     stored = json.loads((DATA / "gpu_strategies.json").read_text())
     assert load_benchmark("gpu_strategies").report(stored) in _doc("gpu.md"), \
-        "docs/gpu.md is stale: paste `benchmarks/gpu_strategies.py --report docs/data/gpu_strategies.json`"
+        "docs/gpu.md is stale: paste `python -m benchmarks.gpu_strategies --report docs/data/gpu_strategies.json`"
     assert stored["gpu"].startswith("NVIDIA") and "+cu" in stored["machine"]["torch"]

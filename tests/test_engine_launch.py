@@ -3,7 +3,7 @@ stops on the launcher's signal with a checkpoint, resumes at the exact step with
 survives a killed rank, and refuses the strategies it cannot run.
 
 The killed rank and the stop signal run on the job's embedded Ray instance, where the ranks start before Ray does;
-the tests marked `shared_ray` join the shared Ray head (tests/sharedray.py) as a job joins a cluster, where the
+the tests marked `shared_ray` join the shared Ray head (tests/support/sharedray.py) as a job joins a cluster, where the
 head's warm interpreter forks the ranks, as a SLURM node's does: an embedded instance of its own costs a short job
 much CPU on the 2-core suite (benchmarks/shared_head.py, docs/testing.md)."""
 
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from jobutil import (REPO, SHARED_RAY, clean_env, launched_rank_pid, refusal, run_job, summary, tinygpt_job,
-                     wait_for_steps)
+from tests.support.jobutil import (REPO, SHARED_RAY, clean_env, launched_rank_pid, refusal, run_job, summary,
+                                   tinygpt_job, wait_for_steps)
 from raydist.observability.metrics import read_steps
 
 pytestmark = pytest.mark.slow
@@ -109,7 +109,7 @@ def test_a_killed_rank_restarts_the_group_from_the_checkpoint_and_a_stop_signal_
     assert result["stop_reason"].startswith("raydist launch sent SIGTERM"), result
     assert result["checkpoint"].endswith(f"checkpoint_step{result['steps']:08d}")
 
-    import sharedray
+    from tests.support import sharedray
 
     # The resume is a job like any other: on the shared head, as the marked tests' jobs are.
     resumed = summary(run_job("sync", *common, f"train.stop_at_step={result['steps'] + 5}",

@@ -62,7 +62,7 @@ def test_gradient_norm_spread_only_warns_and_only_when_asked():
 def test_a_perturbed_rank_is_named_within_n_steps_and_the_run_fails_without_a_checkpoint_past_it(tmp_path):
     """Sync DDP: rank 1 nudges one weight after step 3; the check every 2 steps names rank 1 at step 4, the job
     exits 1 with that one line, and the newest checkpoint is the good one from step 2."""
-    from jobutil import run_job
+    from tests.support.jobutil import run_job
 
     proc = run_job("sync", f"run.storage_path={tmp_path}", "run.name=r", "train.max_steps=12",
                    "checkpoint.every_steps=2", "faults.desync_every_steps=2", "faults.inject_desync_rank=1",
@@ -81,7 +81,7 @@ def test_a_perturbed_rank_is_named_within_n_steps_and_the_run_fails_without_a_ch
 def test_restart_on_desync_resumes_from_the_last_checkpoint_and_completes(tmp_path):
     """Local SGD in its synchronous warm-up (replicas must agree every step): with on_desync=restart the workers
     restart from step 2's checkpoint, the perturbation is not repeated, and the run completes."""
-    from jobutil import run_job, summary
+    from tests.support.jobutil import run_job, summary
 
     proc = run_job("local_sgd", f"run.storage_path={tmp_path}", "run.name=r", "train.max_steps=10",
                    "local_sgd.warmup_sync_steps=10", "checkpoint.every_steps=2", "faults.desync_every_steps=2",
@@ -97,7 +97,7 @@ def test_restart_on_desync_resumes_from_the_last_checkpoint_and_completes(tmp_pa
 def test_a_stopped_worker_fails_the_run_within_the_bound_naming_its_rank_and_node(tmp_path):
     """SIGSTOP one training worker mid-run: within faults.hang_timeout_s (plus Ray's teardown) the job exits 1
     with one line naming that worker's rank, node and pid, instead of hanging in the next all-reduce."""
-    from jobutil import job_processes_titled, start_job, wait_for_steps
+    from tests.support.jobutil import job_processes_titled, start_job, wait_for_steps
 
     proc = start_job("sync", f"run.storage_path={tmp_path}", "run.name=r", "train.max_steps=1000000",
                      "checkpoint.every_steps=100000", f"faults.hang_timeout_s={HANG_TIMEOUT_S}",
@@ -134,7 +134,7 @@ def test_a_stopped_worker_fails_the_run_within_the_bound_naming_its_rank_and_nod
 def test_worker_sigkills_at_random_moments_cost_no_step_and_no_accuracy(tmp_path):
     """benchmarks/train_chaos.py, short: two SIGKILLs of random training workers; Ray Train restarts the group
     from the last checkpoint each time and the run completes every step with the undisturbed run's accuracy."""
-    from jobutil import load_benchmark
+    from tests.support.jobutil import load_benchmark
 
     chaos = load_benchmark("train_chaos")
     short = ["train.epochs=6"]
@@ -186,7 +186,7 @@ def test_a_driver_that_lives_on_after_its_controller_was_killed_gets_the_workers
     when fit() fails: a Python API user who called ray.init() (whose job outlives the fit) finds the CPUs free."""
     import sys
 
-    from jobutil import REPO, clean_env
+    from tests.support.jobutil import REPO, clean_env
 
     proc = subprocess.run([sys.executable, "-c", KILL_THE_CONTROLLER, str(tmp_path)], cwd=REPO, env=clean_env(),
                           capture_output=True, text=True, timeout=300)

@@ -1,7 +1,7 @@
 """jobs/fsdp.py end to end: it learns on digits and on the synthetic task (with the transformer), each worker holds half the parameters, a
 stopped run resumes exactly from its sharded checkpoint, and the checkpoint resumes with another worker count.
 
-Five runs on the shared Ray head (tests/sharedray.py; each job joins it with run.address instead of starting Ray), one
+Five runs on the shared Ray head (tests/support/sharedray.py; each job joins it with run.address instead of starting Ray), one
 after another: the straight digits run, the synthetic one, the stopped one and its two resumes. Not side by side: on
 2 cores three FSDP jobs at once took more CPU and more wall time than one after another (docs/testing.md).
 """
@@ -15,7 +15,7 @@ import tempfile
 
 import pytest
 
-from jobutil import REPO, summary
+from tests.support.jobutil import REPO, summary
 from raydist.torchkit.checkpoint import MANIFEST, STATE_FILE, checkpoint_dirs, read_manifest, verify
 from raydist.observability.metrics import read_steps
 
@@ -54,7 +54,7 @@ def _finish(procs: dict[str, subprocess.Popen]) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    import sharedray
+    from tests.support import sharedray
 
     storage = tmp_path_factory.mktemp("fsdp")
     head = sharedray.head()
@@ -123,7 +123,7 @@ def test_a_two_worker_checkpoint_resumes_on_one_worker(runs):
 
 
 def test_a_sharded_checkpoint_is_refused_by_sync_with_one_line(runs):
-    from jobutil import refusal
+    from tests.support.jobutil import refusal
 
     line = refusal("sync", "--set", f"run.storage_path={runs['storage']}", "--set", "run.name=straight")
     assert "checkpoints are sharded (fsdp), which sync cannot resume from: use a new run.name" in line, line

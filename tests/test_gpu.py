@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from jobutil import REPO, clean_env, summary, tinygpt_job
+from tests.support.jobutil import REPO, clean_env, summary, tinygpt_job
 from raydist import registry
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU that torch can use")

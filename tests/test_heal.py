@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from jobutil import REPO, clean_env
+from tests.support.jobutil import REPO, clean_env
 from raydist.strategies.heal.worker import HealBook
 from raydist.train.collectives import SumOnlyCollectives
 
@@ -121,7 +121,7 @@ def test_a_single_worker_heal_job_trains_as_sync_after_one_line(tmp_path):
 @pytest.mark.shared_ray
 def test_a_killed_worker_is_replaced_while_the_other_trains_and_the_run_completes_without_a_restart(tmp_path):
     """benchmarks/heal_vs_restart.py, short: heal with one SIGKILL of a random worker."""
-    from jobutil import load_benchmark
+    from tests.support.jobutil import load_benchmark
 
     bench = load_benchmark("heal_vs_restart")
     hit = bench.run(str(tmp_path), "healed", "heal", kills=1, seed=0, overrides=["train.epochs=6"])

@@ -1,4 +1,4 @@
-"""`ray job submit` of jobs/sync.py to a token-protected Ray head (the shared one, tests/sharedray.py): accepted with
+"""`ray job submit` of jobs/sync.py to a token-protected Ray head (the shared one, tests/support/sharedray.py): accepted with
 the token; refused without it (401) or with a wrong one (403)."""
 
 from __future__ import annotations
@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from jobutil import REPO
-from rayhead import VENV_BIN
+from tests.support.jobutil import REPO
+from tests.support.rayhead import VENV_BIN
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
 
 
 @pytest.fixture(scope="module")
 def head():
-    import sharedray
+    from tests.support import sharedray
 
     return sharedray.head()
 

@@ -6,7 +6,7 @@ one Lightning Fabric detects), and refuses a script that exits 2 with one line, 
 The same on emulated SLURM hosts: tests/test_slurm_launch.py.
 
 torchrun's checksum, SIGTERM and the launcher environment run on the embedded instance, where the first start's ranks
-begin before Ray does; the tests marked `shared_ray` join the shared Ray head (tests/sharedray.py) as `raydist
+begin before Ray does; the tests marked `shared_ray` join the shared Ray head (tests/support/sharedray.py) as `raydist
 launch` joins a cluster, its warm interpreter forking the ranks as a SLURM node's does: an embedded instance of its
 own costs a short run much CPU on the 2-core suite (benchmarks/shared_head.py, docs/testing.md)."""
 
@@ -24,8 +24,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jobutil import REPO, clean_env, launched_rank_pid  # noqa: E402
+from tests.support.jobutil import REPO, clean_env, launched_rank_pid
 
 pytestmark = pytest.mark.slow
 
@@ -249,7 +248,7 @@ def test_sigterm_reaches_every_rank_which_snapshots_and_a_rerun_resumes(work, to
     m = re.search(r"SIGTERM: snapshot at step (\d+), exiting", stdout)
     assert m, stdout[-2000:]
     assert not out.exists()
-    import sharedray
+    from tests.support import sharedray
 
     # The rerun joins the shared head, as `raydist launch` joins a cluster: where it resumes is the script's own.
     rc, stdout, stderr = finish(launch(work, "term", "--workers", "2", script_args=args,

@@ -208,21 +208,19 @@ def test_the_command_is_checked_before_ray(tmp_path):
 
 def test_the_docs_launch_benchmark_tables_are_the_stored_results():
     import json
-    import sys
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(repo / "benchmarks"))
-    from launch_first_step import markdown
+    from benchmarks.launch_first_step import markdown
 
     stored = json.loads((repo / "docs" / "data" / "launch_first_step.json").read_text())
     assert {"local", "cluster"} <= set(stored)
     for part in stored.values():  # raw rounds, the machine, the commit
         assert part["rounds"] and part["machine"]["cpus"] and len(part["commit"]) >= 40
     text = (repo / "docs" / "benchmarks.md").read_text()
-    block = ("<!-- BEGIN launch benchmark (generated: python benchmarks/launch_first_step.py --table) -->\n\n"
+    block = ("<!-- BEGIN launch benchmark (generated: python -m benchmarks.launch_first_step --table) -->\n\n"
              f"{markdown(stored)}\n<!-- END launch benchmark -->")
-    assert block in text, "docs/benchmarks.md is stale: paste `python benchmarks/launch_first_step.py --table`"
+    assert block in text, "docs/benchmarks.md is stale: paste `python -m benchmarks.launch_first_step --table`"
 
 
 def test_without_py_spy_a_ranks_stack_comes_from_faulthandler(tmp_path, monkeypatch):
@@ -502,16 +500,14 @@ def test_torchruns_error_file_names_the_exception_and_where_it_was_raised(tmp_pa
 
 
 def test_the_docs_exit_fault_table_is_the_stored_result():
-    import sys
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(repo / "benchmarks"))
-    from exit_faults import report
+    from benchmarks.exit_faults import report
 
     stored = json.loads((repo / "docs" / "data" / "exit_faults.json").read_text())
     assert len(stored["commit"]) == 40 and stored["counts"]["srun"]["runs"] >= 20
     text = (repo / "docs" / "benchmarks.md").read_text()
-    block = ("<!-- BEGIN exit faults (generated: python benchmarks/exit_faults.py --table) -->\n\n"
+    block = ("<!-- BEGIN exit faults (generated: python -m benchmarks.exit_faults --table) -->\n\n"
              f"{report(stored)}\n<!-- END exit faults -->")
-    assert block in text, "docs/benchmarks.md is stale: paste `python benchmarks/exit_faults.py --table`"
+    assert block in text, "docs/benchmarks.md is stale: paste `python -m benchmarks.exit_faults --table`"

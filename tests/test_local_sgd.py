@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from jobutil import refusal
+from tests.support.jobutil import refusal
 
 
 def _free_port() -> int:
@@ -93,7 +93,7 @@ def test_stopped_local_sgd_run_resumes_with_identical_losses(tmp_path):
     """Stopped between two averagings (each rank's own model and optimizer in the checkpoint), resumed, it matches
     an uninterrupted run loss for loss; ring averaging makes every sync point exchange, dropout draws randoms.
     Resumed again with fewer workers, it goes on from rank 0's replica."""
-    from jobutil import run_job, summary
+    from tests.support.jobutil import run_job, summary
     from raydist.observability.metrics import read_steps
 
     common = [f"run.storage_path={tmp_path}", "train.epochs=2", "checkpoint.every_steps=10", "model.dropout=0.2",

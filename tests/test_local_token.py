@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from jobutil import REPO, clean_env
+from tests.support.jobutil import REPO, clean_env
 from raydist.cluster.local_auth import AUTH_DIR_PREFIX, private_auth_token
 
 TOKEN_LINE = re.compile(r"the dashboard's token is in (\S+) ")

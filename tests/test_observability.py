@@ -1,5 +1,5 @@
 """What a user watching a run sees: raydist's metrics on Ray's metrics endpoints and in a real Prometheus, and
-`raydist top` (tests/comparerun.py runs the three strategies on a head while both watch)."""
+`raydist top` (tests/support/comparerun.py runs the three strategies on a head while both watch)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from comparerun import STRATEGIES
-from jobutil import REPO
+from tests.support.comparerun import STRATEGIES
+from tests.support.jobutil import REPO
 from raydist.observability import ray_metrics, top
 
 HOST = socket.gethostname()

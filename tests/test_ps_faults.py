@@ -1,6 +1,6 @@
 """The async PS replaces SIGKILLed server shards and workers within scaling.max_failures: real jobs, real kills.
 
-The jobs run as subprocesses on the shared Ray head (tests/sharedray.py), one at a time; the kills go to the
+The jobs run as subprocesses on the shared Ray head (tests/support/sharedray.py), one at a time; the kills go to the
 processes Ray titled `ray::ParameterShard` / `ray::DownpourWorker` among the head's descendants. benchmarks/ps_chaos.py
 runs the long version, three kills of each, beside an undisturbed run, each on an embedded instance of its own: the
 accuracy these tests hold the killed run to is the one it stored.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from jobutil import REPO, SHARED_RAY, load_benchmark
+from tests.support.jobutil import REPO, SHARED_RAY, load_benchmark
 from raydist.observability.metrics import read_steps
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
@@ -96,7 +96,7 @@ def _alive_actor_pid(name: str) -> int | None:
     holds shows in no process title)."""
     import urllib.parse
 
-    import sharedray
+    from tests.support import sharedray
     from raydist.cluster.dashboard_client import get_json
 
     head = sharedray.head()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobutil import REPO
+from tests.support.jobutil import REPO
 from raydist import registry
 from raydist.config import Config, job_defaults, load_config
 from raydist.train import Strategy
@@ -42,7 +42,7 @@ def test_job_yamls_hold_only_what_differs_from_the_defaults():
 @pytest.mark.slow
 @pytest.mark.shared_ray
 def test_a_training_failure_is_one_line_and_exit_1(tmp_path):
-    from jobutil import run_job
+    from tests.support.jobutil import run_job
 
     # A failure inside the workers: rank 0 cannot open its metrics log, which is in the way as a directory.
     (tmp_path / "broken" / "metrics.jsonl").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""`sbatch cluster/ray_up.slurm` on real SLURM daemons over emulated hosts (tests/cluster/emucluster.py).
+"""`sbatch cluster/ray_up.slurm` on real SLURM daemons over emulated hosts (tests/support/cluster/emucluster.py).
 
 One 3-node Ray cluster is brought up for the module (fixture `ray_up`) and shared by the end-to-end checks, which
 run in file order and end with `scancel`. The fast-fail cases come first, while the nodes are free.
@@ -12,14 +12,13 @@ import re
 import shutil
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-import rayup
+from tests.support.cluster import rayup
 from raydist.warm import ray_python
 from raydist.slurm import ports, teardown
 
@@ -321,8 +320,7 @@ def test_plain_ddp_reading_sruns_variables_ends_alike_under_srun_and_raydist_lau
                                                                                                    ray_up):
     """tests/conformance/ddp_slurm.py, as users' sbatch scripts run it (srun, each host picking its interface in a
     `case`) and under `raydist launch` from a login shell: the same steps, loss and parameters."""
-    sys.path.insert(0, str(REPO / "tests" / "conformance"))
-    import harness
+    from tests.conformance import harness
 
     work = slurm_cluster.shared / "conformance"
     work.mkdir(exist_ok=True)

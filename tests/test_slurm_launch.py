@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-import rayup
-from resilience import release_after_requeue, wait_text
+from tests.support.cluster import rayup
+from tests.support.cluster.resilience import release_after_requeue, wait_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 

@@ -1,4 +1,4 @@
-"""The emulated cluster's links can be shaped like an Ethernet cluster's (tests/cluster/emucluster.py `shape`):
+"""The emulated cluster's links can be shaped like an Ethernet cluster's (tests/support/cluster/emucluster.py `shape`):
 shaped links really limit bandwidth, and two senders into one host share its link (the fan-in a parameter server
 sees)."""
 
@@ -12,7 +12,7 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
 RATE_MBIT = 200
-TOOL = "tests/cluster/throughput.py"
+TOOL = "tests/support/cluster/throughput.py"
 
 
 def _goodput(cluster, receiver: str, senders: list[str], mbytes: int, port: int = 5601) -> float:

@@ -5,8 +5,8 @@ elastic run continue on fewer workers and a fixed-size run fail within its bound
 (jobs/heal.py) replaces one node's killed training process while the other trains on, and a run submitted to an
 interactive cluster (the async PS) stops at the warning with the command that resumes it.
 
-The scenarios themselves (how the warning is sent, how a node is lost) are in tests/cluster/resilience.py, which
-tests/cluster/bench_resilience.py runs for the stored figures, an async batch job's whole requeue among them.
+The scenarios themselves (how the warning is sent, how a node is lost) are in tests/support/cluster/resilience.py, which
+benchmarks/slurm_resilience.py runs for the stored figures, an async batch job's whole requeue among them.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import time
 
 import pytest
 
-import rayup
-from resilience import (lose_a_node_mid_run, release_after_requeue, submit_sync, trained_past, wait_text,
-                        warn_and_resume)
+from tests.support.cluster import rayup
+from tests.support.cluster.resilience import (lose_a_node_mid_run, release_after_requeue, submit_sync, trained_past,
+                                              wait_text, warn_and_resume)
 from raydist.observability.metrics import read_steps
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
@@ -203,7 +203,7 @@ def test_interactive_cluster_stops_submitted_runs_at_the_warning_and_names_their
         slurm_cluster, cluster_losing_node02):
     """An async PS run (its driver grants no step past the warning's) submitted with `ray job submit`: the warning
     stops it with a checkpoint and the job's log names the command that resumes it. The whole requeue of an async
-    batch job (servers and budget carried over) is benchmarks' (tests/cluster/bench_resilience.py); the sync batch
+    batch job (servers and budget carried over) is benchmarks' (benchmarks/slurm_resilience.py); the sync batch
     job's above."""
     # Last on this cluster: the warning ends it. (node02 is gone by now; the workers fit on the other hosts, and
     # the server shards reserve no CPU.)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobutil import run_job, summary
+from tests.support.jobutil import run_job, summary
 from raydist.config import StragglerConfig
 from raydist.torchkit.straggler import delay_s
 

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from boardutil import config_texts, read_board, scalar_steps
-import jobutil
-from jobutil import REPO, clean_env, run_job, summary
+from tests.support.boardutil import config_texts, read_board, scalar_steps
+from tests.support import jobutil
+from tests.support.jobutil import REPO, clean_env, run_job, summary
 from raydist.observability.metrics import read_steps
 
 pytestmark = pytest.mark.slow
@@ -97,7 +97,7 @@ def test_stopped_run_resumes_at_the_next_step_with_identical_losses(tmp_path):
         assert event.value == pytest.approx(b[event.step]["loss"], rel=1e-6)
 
     if jobutil.SHARED_RAY:  # the shared head's warm interpreter forked every job's Ray workers, as a node's does
-        import sharedray
+        from tests.support import sharedray
 
         assert sharedray.head().forked_jobs() >= 3
         assert "without the warm interpreter" not in loud.stdout + loud.stderr

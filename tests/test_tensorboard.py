@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from boardutil import config_texts, read_board, scalar_steps
+from tests.support.boardutil import config_texts, read_board, scalar_steps
 from raydist.config import Config, load_config
 from raydist.observability.tensorboard_log import RunLog, tensorboard_dir
 

@@ -165,11 +165,8 @@ def test_the_split_is_scikit_learns_without_importing_it(seed, fraction):
 def test_train_startup_split_reads_the_raylet_and_controller_logs(tmp_path):
     """benchmarks/train_startup_split.py on a session laid out as Ray 2.60 writes it (lines copied in form)."""
     import json
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from train_startup_split import split
+    from benchmarks.train_startup_split import split
 
     (tmp_path / "logs" / "train").mkdir(parents=True)
     started = "[2026-11-24 04:03:{} I 2512 2512] (raylet) worker_pool.cc:564: Started worker process with pid {}\n"

@@ -18,7 +18,7 @@ import textwrap
 
 import pytest
 
-from jobutil import REPO, clean_env
+from tests.support.jobutil import REPO, clean_env
 
 pytestmark = pytest.mark.slow
 

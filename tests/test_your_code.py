@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from jobutil import REPO, clean_env, summary, tinygpt_job
+from tests.support.jobutil import REPO, clean_env, summary, tinygpt_job
 
 EXAMPLES = REPO / "examples"
 SHORT = ["train.max_steps=16", "train.report_every_s=0.2"]
@@ -26,7 +26,7 @@ def test_compare_trains_your_model_side_by_side(tmp_path):
     """compare takes your model as each strategy's job does (it starts them as `python -m raydist.job`, your
     factories among the shared settings): two strategies show it, heal among them, which only this test trains on
     your model. Every other strategy trains it above chance in test_your_model_resumes_at_the_exact_step, and
-    compare's own tests (tests/comparerun.py) run three strategies side by side on digits."""
+    compare's own tests (tests/support/comparerun.py) run three strategies side by side on digits."""
     out = summary(job("compare", tmp_path, "compare.strategies=sync,heal", f"compare.output_dir={tmp_path / 'cmp'}",
                       timeout=900))
     results = json.loads((tmp_path / "cmp" / "results.json").read_text())["strategies"]

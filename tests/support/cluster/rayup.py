@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from emucluster import REPO, EmulatedCluster, shared_tmp_paths
+from tests.support.cluster.emucluster import REPO, EmulatedCluster, shared_tmp_paths
 
 DAEMONS = ("munged", "slurmd", "slurmctld", ": slurmscriptd")
 SLURM_PORTS = {6817, 6818}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jobutil import REPO, summary
+from tests.support.jobutil import REPO, summary
 
 STRATEGIES = ("sync", "local_sgd", "async")
 EPOCHS = 25
@@ -38,8 +38,8 @@ class Compared(tuple):
 
 @pytest.fixture(scope="session")  # not module: under xdist a module fixture can be built twice
 def compared(tmp_path_factory):
-    from promserver import prometheus
-    from rayhead import ray_head
+    from tests.support.promserver import prometheus
+    from tests.support.rayhead import ray_head
     from raydist.observability import top
     from raydist.observability.prometheus import scrape_config
 

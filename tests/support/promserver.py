@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from debian import ensure
-from rayhead import free_ports
+from tests.support.debian import ensure
+from tests.support.rayhead import free_ports
 
 
 @dataclass

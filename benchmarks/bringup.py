@@ -1,7 +1,7 @@
 """Measure `sbatch cluster/ray_up.slurm` on the emulated cluster: sbatch -> all nodes ready, idle memory, teardown.
 
-    flock /tmp/raydist-emu.lock .venv/bin/python tests/cluster/bench_bringup.py --runs 5 --out docs/data/bringup.json
-    .venv/bin/python tests/cluster/bench_bringup.py --report docs/data/bringup.json   # docs/benchmarks.md's lines
+    flock /tmp/raydist-emu.lock .venv/bin/python -m benchmarks.bringup --runs 5 --out docs/data/bringup.json
+    .venv/bin/python -m benchmarks.bringup --report docs/data/bringup.json   # docs/benchmarks.md's lines
 
 (root.) Prints one line per run and a JSON summary (medians); --out stores the runs with the machine and commit.
 Builds and removes its own emulated cluster.
@@ -13,14 +13,10 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import rayup  # noqa: E402
-import stored as stored_file  # noqa: E402
-from emucluster import EmulatedCluster  # noqa: E402
+from benchmarks import stored as stored_file
+from tests.support.cluster import rayup
+from tests.support.cluster.emucluster import EmulatedCluster
 
 
 def measure(runs: int, nodes: int) -> dict:

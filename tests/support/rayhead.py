@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from jobutil import REPO, clean_env
+from tests.support.jobutil import REPO, clean_env
 from raydist.warm import ray_python
 from raydist.warm.client import NO_PRESTART, WARM_ENV, WARM_EXEC, WARM_EXEC_ENV, WARM_LOG, WARM_SERVER, py_executable
 from raydist.cluster.listen_port import free_port

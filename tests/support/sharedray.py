@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 
-from rayhead import Head, ray_head
+from tests.support.rayhead import Head, ray_head
 
 _stack: contextlib.ExitStack | None = None
 _head: Head | None = None

@@ -2,26 +2,21 @@
 docs/slurm.md quote them: warning -> stop checkpoint on disk and steps lost over the requeue (sync DDP, async PS),
 and a fixed-size run's exit after a node's Ray is killed mid-run.
 
-    flock /tmp/raydist-emu.lock .venv/bin/python tests/cluster/bench_resilience.py --rounds 3 \\
+    flock /tmp/raydist-emu.lock .venv/bin/python -m benchmarks.slurm_resilience --rounds 3 \\
         --out docs/data/slurm_resilience.json
-    .venv/bin/python tests/cluster/bench_resilience.py --report docs/data/slurm_resilience.json  # the docs' table
+    .venv/bin/python -m benchmarks.slurm_resilience --report docs/data/slurm_resilience.json  # the docs' table
 
-(root.) The scenarios are tests/cluster/resilience.py's, which tests/test_slurm_resilience.py runs once each.
+(root.) The scenarios are tests/support/cluster/resilience.py's, which tests/test_slurm_resilience.py runs once each.
 Builds and removes its own emulated cluster.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import stored as stored_file  # noqa: E402
-from emucluster import EmulatedCluster  # noqa: E402
-from resilience import lose_a_node_mid_run, warn_and_resume  # noqa: E402
+from benchmarks import stored as stored_file
+from tests.support.cluster.emucluster import EmulatedCluster
+from tests.support.cluster.resilience import lose_a_node_mid_run, warn_and_resume
 
 NODE_LOSS_TIMEOUT_S = 15.0
 JOBS = {
@@ -87,8 +82,7 @@ def report(stored: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap = stored_file.parser(__doc__, rounds=3)
     stored_file.cli(ap, "docs/data/slurm_resilience.json", report, lambda args: measure(args.rounds))
 
 

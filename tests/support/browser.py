@@ -29,10 +29,10 @@ class BrowserUnavailable(RuntimeError):
 
 def chromium() -> str:
     """The chromium binary, installed with apt-get when missing (CI runs as root on a fresh machine)."""
-    from debian import Unavailable, ensure
+    from tests.support.debian import Unavailable, ensure
 
     try:
-        return ensure("chromium", APT_PACKAGES)  # tests/cluster/debian.py
+        return ensure("chromium", APT_PACKAGES)  # tests/support/debian.py
     except Unavailable as e:
         raise BrowserUnavailable(str(e)) from None
 

@@ -1,6 +1,6 @@
 """TCP goodput between emulated hosts, for checking shaped links:
-    python tests/cluster/throughput.py recv PORT SENDERS      # prints {"mbit_s": ..., "bytes": ..., "seconds": ...}
-    python tests/cluster/throughput.py send HOST PORT MBYTES
+    python tests/support/cluster/throughput.py recv PORT SENDERS      # prints {"mbit_s": ..., "bytes": ..., "seconds": ...}
+    python tests/support/cluster/throughput.py send HOST PORT MBYTES
 The receiver times from the first byte to the last of all senders together (fan-in shares its link)."""
 
 from __future__ import annotations

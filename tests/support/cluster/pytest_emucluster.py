@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from emucluster import ClusterUnavailable, EmulatedCluster
+from tests.support.cluster.emucluster import ClusterUnavailable, EmulatedCluster
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
 """The time-limit warning and the mid-run node loss on the emulated SLURM cluster, as scenarios that return what
-they measured: tests/test_slurm_resilience.py asserts on them, tests/cluster/bench_resilience.py stores rounds.
+they measured: tests/test_slurm_resilience.py asserts on them, benchmarks/slurm_resilience.py stores rounds.
 
 The warning is sent as SLURM sends it (`--signal=B:USR1@...` signals the batch shell): `scancel --batch
 --signal=USR1`. After `scontrol requeue` SLURM holds a job back a while (its BeginTime); these move that to now.
@@ -16,8 +16,8 @@ import subprocess
 import time
 from pathlib import Path
 
-import rayup
-from emucluster import EmulatedCluster
+from tests.support.cluster import rayup
+from tests.support.cluster.emucluster import EmulatedCluster
 
 
 def wait_text(job: rayup.RayUpJob, pattern: str, timeout: float) -> re.Match:

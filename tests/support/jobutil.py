@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 SHARED_RAY: dict[str, str] = {}
@@ -69,7 +69,7 @@ def ray_root(job: subprocess.Popen) -> int:
     """The process under which `job`'s Ray processes run: the job itself (its embedded instance), or the shared
     head (a test marked `shared_ray`, which runs one job at a time on it)."""
     if SHARED_RAY:
-        import sharedray
+        from tests.support import sharedray
 
         return sharedray.head().pid
     return job.pid
@@ -137,14 +137,11 @@ def wait_for_steps(metrics: Path, steps: int, proc: subprocess.Popen, timeout: f
 
 
 def load_benchmark(name: str):
-    """benchmarks/<name>.py as a module: tests run the short versions of the benchmarks' chaos harnesses."""
-    import importlib.util
+    """benchmarks/<name>.py, the module `benchmarks.<name>`: tests run the short versions of the benchmarks' chaos
+    harnesses, and compare the docs with their reports."""
+    import importlib
 
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # a dataclass in it looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 def launched_rank_pid(run_dir: Path, rank: int, start: int = 1) -> int:
