@@ -42,7 +42,9 @@ from raydist.torchkit.straggler import Straggler
 from raydist.observability.tensorboard_log import RunLog
 from raydist.train import desync
 from raydist.train.step import compute_gradients
-from raydist.train.strategy import Strategy, local_tensor
+from raydist.train.collectives import Collectives
+from raydist.train.strategy import (DesyncCheck, FaultTolerant, FinalMetrics, PerRankState, ShardedState, Strategy,
+                                   held_param_bytes, local_tensor)
 
 # Slots of the all-reduce every sync point runs.
 _LOSS_SUM, _LOSS_STEPS, _STEP_LOSS, _REPORT_VOTE, _POLL_VOTE, _STOP_VOTE = range(6)
@@ -76,7 +78,8 @@ class Trainer:
         self.model = build_model(cfg.model, self.data).to(ctx.device)
         self.strategy = strategy(cfg, ctx, self.comm)
         self.forward_model = self.strategy.wrap(self.model)
-        self.coll = self.strategy.collectives()
+        self.coll = (self.strategy.collectives() if isinstance(self.strategy, FaultTolerant)
+                     else Collectives(ctx.world_size, ctx.rank))
         """The group of the loop's own collectives (the strategy's: torch.distributed's default one for most)."""
         self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
         self.shard = worker_shard(self.data.train, cfg, ctx.rank, ctx.world_size, loader_seed=cfg.train.seed)
@@ -87,8 +90,8 @@ class Trainer:
         self.cadence = Cadence(report_every_s=cfg.train.report_every_s, checkpoint=Every(cfg.checkpoint.every_steps),
                                desync=Every(cfg.faults.desync_every_steps))
         # A replacement that takes the state from a live peer (in its first step) reads no checkpoint.
-        from_peer = self.strategy.share_state(self._live_state, self._take_live_state, lambda: self.progress,
-                                              self.total_steps)
+        from_peer = isinstance(self.strategy, FaultTolerant) and self.strategy.share_state(
+            self._live_state, self._take_live_state, lambda: self.progress, self.total_steps)
         self.resumed_from = None if from_peer else self._restore()
         self.from_peer = from_peer
         self.checkpointed_at: int | None = None  # the step of this session's newest checkpoint
@@ -119,7 +122,7 @@ class Trainer:
             rank, same_world = self.ctx.rank, extra["world_size"] == self.ctx.world_size
             replicas = extra.get("replicas", 0)  # every rank wrote its own model and optimizer (save_replica)
             sharded = state["model"] is None and not replicas  # a sharded strategy's ranks wrote their parts
-            if sharded != self.strategy.sharded_state:
+            if sharded != isinstance(self.strategy, ShardedState):
                 raise RaydistError(
                     f"checkpoint {os.path.basename(os.path.normpath(directory))} holds a "
                     f"{'sharded' if sharded else 'full'} model written by {extra.get('strategy_name')}, which "
@@ -127,7 +130,7 @@ class Trainer:
             if sharded:  # every rank reads its part while the directory is at hand (DCP reshards for another W)
                 self.strategy.load_sharded(directory, self.optimizer)
             elif replicas:  # each rank takes back its own; another world size, or one model for all: rank 0's
-                mine = load_replica(directory, rank if same_world and self.strategy.per_rank_state else 0)
+                mine = load_replica(directory, rank if same_world and isinstance(self.strategy, PerRankState) else 0)
                 self.model.load_state_dict(mine["model"])
                 self.optimizer.load_state_dict(mine["optimizer"])
         if not (sharded or replicas):  # one model for all (an older local SGD checkpoint: rank 0's)
@@ -167,7 +170,7 @@ class Trainer:
         rngs = self.coll.all_gather_object(rng_state())
         directory = None
         began = time.perf_counter()
-        sharded, per_rank = self.strategy.sharded_state, self.strategy.per_rank_state
+        sharded, per_rank = isinstance(self.strategy, ShardedState), isinstance(self.strategy, PerRankState)
         if sharded or per_rank:  # every rank writes its part into one directory on the run's shared storage
             directory = self._shared_staging_dir()
             if sharded:
@@ -204,7 +207,7 @@ class Trainer:
     def _memory(self) -> dict[str, list[int]]:
         """Every rank's peak memory (GPU: allocated by torch; CPU: the process's peak resident set) and the
         parameter bytes it holds, in rank order; a collective when a process group is up."""
-        mine = (peak_memory_bytes(str(self.ctx.device)), self.strategy.held_param_bytes())
+        mine = (peak_memory_bytes(str(self.ctx.device)), held_param_bytes(self.model))
         every = self.coll.all_gather_object(mine)
         return {"peak_memory_bytes_per_worker": [int(p) for p, _ in every],
                 "param_bytes_per_worker": [int(b) for _, b in every]}
@@ -282,7 +285,7 @@ class Trainer:
                 continue
             try:
                 metrics = self._sync_point(step, window)
-            except self.strategy.peer_lost as lost:  # nothing was reported; training goes on without the peer
+            except (self.strategy.peer_lost if isinstance(self.strategy, FaultTolerant) else ()) as lost:  # nothing was reported; training goes on without the peer
                 print(f"[raydist] {self.strategy.name}: step {self.progress.step}'s report dropped: {lost}", flush=True)
                 continue
             if self.aborted:
@@ -310,11 +313,12 @@ class Trainer:
         did not commit it (its gradients are dropped, and the step is taken again on the next batch)."""
         cfg, p, strategy = self.cfg, self.progress, self.strategy
         t0 = time.perf_counter()
-        strategy.measure_local_grad_norm(self.schedule.desync_due(p.step + 1))
+        if isinstance(strategy, DesyncCheck):
+            strategy.measure_local_grad_norm(self.schedule.desync_due(p.step + 1))
         loss_sum = compute_gradients(self.forward_model, micro_batches, cfg, self.ctx.device, strategy.micro_step)
         strategy.after_backward(p.step)
         grad_norm = strategy.clip_grad_norm(cfg.train.grad_clip if cfg.train.grad_clip > 0 else math.inf)
-        if not strategy.commit():
+        if isinstance(strategy, FaultTolerant) and not strategy.commit():
             strategy.zero_grad(self.optimizer)
             return None
         lr = self.scheduler.get_last_lr()[0]
@@ -352,7 +356,8 @@ class Trainer:
         if due.desync_check:
             self.schedule.checked_desync(p.step)
             self._check_desync(votes[_FINGERPRINTS:].view(W, desync.SLOTS).tolist(),
-                               self.strategy.replicas_agree(step.at_end))
+                               self.strategy.replicas_agree(step.at_end) if isinstance(self.strategy, DesyncCheck)
+                               else W == 1)
             if self.aborted:
                 return None
         stopping = self._agree_on_stop(votes, step)
@@ -378,7 +383,7 @@ class Trainer:
         with self.comm.waiting():  # where the others wait for a straggler
             self.strategy.synchronize(final=step.at_end)
         if due.desync_check:  # this rank's fingerprint rides on the same all-reduce
-            local = self.strategy.local_grad_norm()
+            local = self.strategy.local_grad_norm() if isinstance(self.strategy, DesyncCheck) else None
             row = _FINGERPRINTS + desync.SLOTS * ctx.rank
             votes[row] = (local if local is not None else step.grad_norm).double()
             votes[row + 1] = desync.param_checksum(self.model)
@@ -417,7 +422,7 @@ class Trainer:
         if due.final:
             metrics.update(comm=per_worker_summary(self.coll.all_gather_object(self.comm.as_dict())),
                            memory=self._memory(), total_steps=self.total_steps, world_size=W,
-                           **self.strategy.final_metrics(self.coll))
+                           **(self.strategy.final_metrics(self.coll) if isinstance(self.strategy, FinalMetrics) else {}))
             if not step.at_end:  # a stop
                 metrics["stop_reason"] = self.stop_reason
                 if ctx.rank == 0:
