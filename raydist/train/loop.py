@@ -37,7 +37,7 @@ from raydist.train.report import Reporter, run_totals
 from raydist.train.restore import Restorer, TrainState
 from raydist.train.schedule import Cadence, Due, Every, Schedule
 from raydist.train.step import compute_gradients
-from raydist.train.strategy import FaultTolerant, FinalMetrics, Strategy
+from raydist.train.strategy import FaultTolerant, Strategy
 from raydist.train.votes import Stops, Votes
 
 
@@ -229,8 +229,13 @@ class Trainer:
         window.zero_()
         if due.evaluate:
             metrics.update(self._evaluate(step))
-        if due.final:
-            metrics.update(self._final_metrics(step))
+        if due.final:  # collectives: every rank is here
+            metrics.update(run_totals(self.coll, self.comm, self.strategy, self.state.model, str(self.ctx.device),
+                                      self.total_steps))
+            if not step.at_end:  # a stop
+                metrics["stop_reason"] = self.stops.reason
+                if self.ctx.rank == 0:
+                    print(f"[raydist] {self.strategy.name}: stopping at step {p.step}: {self.stops.reason}", flush=True)
         if self.resumed_from is not None:
             metrics["resumed_from_step"] = self.resumed_from
         metrics.update(self.report.session_metrics())
@@ -250,16 +255,3 @@ class Trainer:
         self.report.evaluated(self.state.progress.step, step.record["time_s"], scores)
         self.schedule.evaluated(self._epochs_done())
         return scores
-
-    def _final_metrics(self, step: _Step) -> dict[str, Any]:
-        """The run's totals at its last sync point (collectives: every rank is here), and why it stops short."""
-        final = {**run_totals(self.coll, self.comm, self.state.model, str(self.ctx.device)),
-                 "total_steps": self.total_steps, "world_size": self.ctx.world_size}
-        if isinstance(self.strategy, FinalMetrics):
-            final.update(self.strategy.final_metrics(self.coll))
-        if not step.at_end:  # a stop
-            final["stop_reason"] = self.stops.reason
-            if self.ctx.rank == 0:
-                print(f"[raydist] {self.strategy.name}: stopping at step {self.state.progress.step}: "
-                      f"{self.stops.reason}", flush=True)
-        return final

@@ -21,7 +21,7 @@ from raydist.torchkit.commstats import CommStats, per_worker_summary
 from raydist.train.collectives import Collectives
 from raydist.train.context import WorkerContext
 from raydist.train.result import write_final_result
-from raydist.train.strategy import held_param_bytes
+from raydist.train.strategy import FinalMetrics, Strategy, held_param_bytes
 
 
 class Reporter:
@@ -118,10 +118,16 @@ class Reporter:
             write_final_result(self.cfg.run.run_dir, self.ctx.fit_id, last, checkpointed_at)
 
 
-def run_totals(coll: Collectives, comm: CommStats, model: torch.nn.Module, device: str) -> dict[str, Any]:
-    """Every rank's communication, peak memory (GPU: allocated by torch; CPU: the process's peak resident set) and
-    the parameter bytes it holds, in rank order: collectives, at the run's last sync point."""
+def run_totals(coll: Collectives, comm: CommStats, strategy: Strategy, model: torch.nn.Module, device: str,
+               total_steps: int) -> dict[str, Any]:
+    """The run's totals at its last sync point: every rank's communication, peak memory (GPU: allocated by torch;
+    CPU: the process's peak resident set) and the parameter bytes it holds, in rank order, and the strategy's own
+    summary fields. Collectives: every rank calls it."""
     comms = per_worker_summary(coll.all_gather_object(comm.as_dict()))
     memory = coll.all_gather_object((peak_memory_bytes(device), held_param_bytes(model)))
-    return {"comm": comms, "memory": {"peak_memory_bytes_per_worker": [int(p) for p, _ in memory],
-                                      "param_bytes_per_worker": [int(b) for _, b in memory]}}
+    totals = {"comm": comms, "memory": {"peak_memory_bytes_per_worker": [int(p) for p, _ in memory],
+                                        "param_bytes_per_worker": [int(b) for _, b in memory]},
+              "total_steps": total_steps, "world_size": coll.world_size}
+    if isinstance(strategy, FinalMetrics):
+        totals.update(strategy.final_metrics(coll))
+    return totals
