@@ -234,13 +234,17 @@ def check_checkpoint_kind(spec: registry.StrategySpec, run_dir: str) -> None:
         if STATE_FILE not in names:
             return  # another kind of job's checkpoint (the async PS): its own loader refuses it
         sharded = ".metadata" in names
-        if sharded != spec.load("worker").sharded_state:
-            writers = [s.name for s in registry.STRATEGIES.values() if s.worker and s.load("worker").sharded_state == sharded]
+        if sharded != _sharded(spec):
+            writers = [s.name for s in registry.STRATEGIES.values() if s.worker and _sharded(s) == sharded]
             kind = f"{'sharded' if sharded else 'whole-model'} ({', '.join(writers)})"
             raise UsageError(f"run.name={os.path.basename(run_dir)}: its checkpoints are {kind}, which {spec.name} "
                              f"cannot resume from: use a new run.name")
         return
 
+
+def _sharded(spec: registry.StrategySpec) -> bool:
+    """Whether the entry's worker has the ShardedState capability (its marker: the driver imports no raydist.train)."""
+    return getattr(spec.load("worker"), "sharded_state", False)
 
 
 GiB = 2**30

@@ -257,7 +257,7 @@ def summary_of(result, cfg: Config, session: Session, connected: float, fit_id: 
 
 
 def own_fields(job: str, metrics: dict) -> dict:
-    """The summary fields the job's registry entry declares, from rank 0's final report (`Strategy.final_metrics`)."""
+    """The summary fields the job's registry entry declares, from rank 0's final report (`FinalMetrics.final_metrics`)."""
     spec = registry.get(job)
     if not spec.summary_fields:
         return {}

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
+from raydist.config import Config
+from raydist.train.strategy import DesyncCheck, Strategy, local_tensor
+
 SLOTS = 2  # per rank: local gradient norm, parameter checksum
 
 
@@ -81,3 +84,60 @@ def compare(grad_norms: list[float], checksums: list[float] | None, tol: float, 
                     far, f"local gradient norm of {_ranks(far)} ({spread}) is more than "
                     f"{grad_tol:.0%} from the median {median:.3g} (faults.grad_norm_tolerance)", act=False))
     return findings
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What faults.on_desync makes of a desync: every rank reaches the same one."""
+
+    restart: bool
+    """True: restart from the last checkpoint; False: end the run as failed, writing no further checkpoint."""
+    why: str
+
+
+class Watch:
+    """The desync check as the loop runs it on one rank: this rank's fingerprint, and the verdict on everyone's. A
+    strategy without `DesyncCheck` is compared as replicas only with one worker, on the loop's gradient norm."""
+
+    def __init__(self, cfg: Config, rank: int, strategy: Strategy, fresh: bool):
+        self.faults, self.rank, self.world_size = cfg.faults, rank, strategy.world_size
+        self.check = strategy if isinstance(strategy, DesyncCheck) else None
+        self.fresh = fresh
+        """The run starts from scratch: faults.inject_desync_* acts once per run, not again after a restart."""
+
+    def measure(self, due: bool) -> None:
+        """Before a step: whether it is followed by a desync check."""
+        if self.check is not None:
+            self.check.measure_local_grad_norm(due)
+
+    def fingerprint(self, model: torch.nn.Module, loop_norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's local gradient norm (the strategy's, or else the loop's) and parameter checksum."""
+        local = self.check.local_grad_norm() if self.check is not None else None
+        return (local if local is not None else loop_norm).double(), param_checksum(model)
+
+    def inject(self, model: torch.nn.Module, step: int) -> None:
+        """faults.inject_desync_*: one rank nudges one parameter, once per run."""
+        f = self.faults
+        if f.inject_desync_rank == self.rank and step == f.inject_desync_step and self.fresh:
+            with torch.no_grad():
+                local_tensor(next(model.parameters())).view(-1)[0] += 1.0
+            print(f"[raydist] faults.inject_desync_rank: rank {self.rank} perturbed a parameter after step {step}",
+                  flush=True)
+
+    def verdict(self, rows: list[list[float]], final: bool, step: int, last_checkpoint: int) -> Verdict | None:
+        """Judge the fingerprints every rank sees alike (`rows`: per rank, as `fingerprint` made them); None when
+        the run goes on (nothing found, or faults.on_desync=warn)."""
+        f = self.faults
+        agree = self.check.replicas_agree(final) if self.check is not None else self.world_size == 1
+        findings = compare([r[0] for r in rows], [r[1] for r in rows] if agree else None,
+                           f.desync_tolerance, f.grad_norm_tolerance)
+        for finding in findings:
+            if self.rank == 0:
+                print(f"[raydist] desync at step {step}: {finding.what}", flush=True)
+        acted = [x for x in findings if x.act]
+        if not acted or f.on_desync == "warn":
+            return None
+        why = f"desync at step {step}: {acted[0].what}"
+        if f.on_desync == "restart":
+            return Verdict(True, f"{why} (faults.on_desync=restart: restarting from the last checkpoint)")
+        return Verdict(False, f"{why} (faults.on_desync=stop: no checkpoint written after step {last_checkpoint})")

@@ -8,7 +8,7 @@ the losses are the same model's: on CPU with two workers an FSDP run matches syn
 
 Checkpoints are sharded: every rank writes its own shards with `torch.distributed.checkpoint` (DCP) into one
 directory on the run's shared storage, and rank 0 adds the loop's state file and the manifest once all shards are
-written (`Trainer._checkpoint`). DCP reshards on load, so a checkpoint resumes with another worker count.
+written (`raydist.train.restore.Restorer.save`). DCP reshards on load, so a checkpoint resumes with another worker count.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from raydist.torchkit.commstats import allreduce_bytes, tensor_bytes
 from raydist.errors import RaydistError
-from raydist.train.strategy import Strategy
+from raydist.train.strategy import ShardedState, Strategy, held_param_bytes
 
 MODEL_KEY, OPTIM_KEY = "model", "optimizer"
 """The two entries of the DCP state dict; the loop's `train_state.pt` beside it holds everything else."""
@@ -41,9 +41,8 @@ def outer_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return found
 
 
-class FSDP(Strategy):
+class FSDP(Strategy, ShardedState):
     name = "fsdp"
-    sharded_state = True
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         from torch.distributed.fsdp import fully_shard
@@ -78,8 +77,8 @@ class FSDP(Strategy):
     def synchronize(self, final: bool) -> None:
         self.comm.add(self.step_bytes)  # the gathers and the reduce-scatter already ran in forward and backward
 
-    # replicas_agree stays the base class's: with W > 1 no two ranks hold the same parameters (each its own shard),
-    # so the desync check compares no checksums and only looks for non-finite gradient norms.
+    # No DesyncCheck: with W > 1 no two ranks hold the same parameters (each its own shard), so the desync check
+    # compares no checksums and only looks for non-finite gradient norms.
 
     def eval_model(self, final: bool) -> torch.nn.Module:
         """A plain full copy (every rank gathers the parameters once): ranks score test slices of different
@@ -113,6 +112,6 @@ class FSDP(Strategy):
         set_state_dict(self.model, optimizer, model_state_dict=state[MODEL_KEY], optim_state_dict=state[OPTIM_KEY])
 
     def describe(self) -> str:
-        held, full = self.held_param_bytes(), tensor_bytes(self.skeleton)
+        held, full = held_param_bytes(self.model), tensor_bytes(self.skeleton)
         return (f"parameters sharded over {self.world_size} ranks ({held / 1e6:.2f} of {full / 1e6:.2f} MB on rank "
                 f"{self.ctx.rank}), reshard_after_forward={str(self.cfg.fsdp.reshard_after_forward).lower()}")

@@ -4,7 +4,7 @@ backend (`TorchftConfig`, which starts the lighthouse and replaces only a failed
 Every step starts with a quorum of the replicas alive. Gradients are averaged over the quorum (one all-reduce of a flat
 gradient buffer through torchft's Manager, which records a peer's failure instead of raising it); a step a peer
 failed during is not committed, and the loop takes it again. A replacement joins a later quorum and
-takes the loop's whole state from a live peer (`Strategy.share_state`), not from a checkpoint.
+takes the loop's whole state from a live peer (`FaultTolerant.share_state`), not from a checkpoint.
 
 Reports, evaluation and checkpoints go through Ray Train's barrier, which waits for every worker: so sync points are
 only the steps every replica took together. A replica alone never enters the barrier, where it would miss the
@@ -29,7 +29,7 @@ from raydist.torchkit.checkpoint import Progress
 from raydist.torchkit.commstats import allreduce_bytes
 from raydist.torchkit.flat import flatten_
 from raydist.train.collectives import Collectives, SumOnlyCollectives
-from raydist.train.strategy import Strategy
+from raydist.train.strategy import DesyncCheck, FaultTolerant, FinalMetrics, Strategy
 
 
 class QuorumCollectives(SumOnlyCollectives):
@@ -92,7 +92,7 @@ class HealBook:
         return news
 
 
-class Heal(Strategy):
+class Heal(Strategy, FaultTolerant, DesyncCheck, FinalMetrics):
     name = "heal"
     peer_lost = (PeerLost,)
 

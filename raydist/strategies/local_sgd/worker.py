@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from raydist.torchkit.commstats import allreduce_bytes
 from raydist.torchkit.flat import flatten_
-from raydist.train.strategy import Strategy
+from raydist.train.strategy import DesyncCheck, PerRankState, Strategy
 
 
 def average_allreduce(flat: torch.Tensor, world_size: int) -> None:
@@ -40,9 +40,8 @@ def ring_polyak(flat: torch.Tensor, alpha: float, rank: int, world_size: int) ->
     flat.mul_(1.0 - alpha).add_(received, alpha=alpha)
 
 
-class LocalSGD(Strategy):
+class LocalSGD(Strategy, PerRankState, DesyncCheck):  # between averagings each rank's model is its own
     name = "local_sgd"
-    per_rank_state = True  # between averagings each rank's model and optimizer are its own
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         self.model = model

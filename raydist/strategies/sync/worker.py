@@ -11,10 +11,10 @@ from raydist.private_api import unflatten_dense_tensors as _unflatten_dense_tens
 from torch.nn.parallel import DistributedDataParallel
 
 from raydist.torchkit.commstats import allreduce_bytes, tensor_bytes
-from raydist.train.strategy import Strategy
+from raydist.train.strategy import DesyncCheck, Strategy
 
 
-class SyncDDP(Strategy):
+class SyncDDP(Strategy, DesyncCheck):
     name = "sync"
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
