@@ -19,7 +19,7 @@ WHEELS := $(VENV)/.torch-wheel
 # Python's own cache of every package, for processes that may not write it (PYTHONDONTWRITEBYTECODE)
 UV_INSTALL := $(UV) pip install --quiet --python $(PY) --compile-bytecode
 
-.PHONY: setup bytecode run test test-min clean
+.PHONY: setup bytecode lint run test test-min clean
 
 setup: $(STAMP)
 
@@ -48,7 +48,12 @@ bytecode: setup
 run: bytecode
 	$(PY) jobs/sync.py $(ARGS)
 
-test: bytecode
+# The one formatter and linter, configured in pyproject.toml: `$(VENV)/bin/ruff format .` fixes what the check finds.
+lint: setup
+	$(VENV)/bin/ruff check --quiet .
+	$(VENV)/bin/ruff format --check --quiet .
+
+test: bytecode lint
 	$(PY) -m pytest -q -ra -n 2 --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The oldest Ray pyproject allows, in a virtual environment of its own: the version check, every private name

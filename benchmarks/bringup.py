@@ -35,12 +35,20 @@ def measure(runs: int, nodes: int) -> dict:
             cluster.wait_job(job.job_id, timeout=60)
             left = rayup.wait_no_leftovers(cluster, job.job_id)
             clean.append(round(time.monotonic() - t, 2))
-            print(f"run {i + 1}: sbatch->ready {ready[-1]:.1f}s, idle cluster {idle[-1]:.0f} MiB PSS, "
-                  f"scancel->clean {clean[-1]:.1f}s{'' if not left else f', LEFTOVERS {left}'}", flush=True)
+            print(
+                f"run {i + 1}: sbatch->ready {ready[-1]:.1f}s, idle cluster {idle[-1]:.0f} MiB PSS, "
+                f"scancel->clean {clean[-1]:.1f}s{'' if not left else f', LEFTOVERS {left}'}",
+                flush=True,
+            )
             if left:
                 raise SystemExit(f"leftovers after scancel: {left}")
-    return {"runs": runs, "nodes": nodes, "sbatch_to_ready_s": ready, "idle_memory_mib": idle,
-            "scancel_to_clean_s": clean}
+    return {
+        "runs": runs,
+        "nodes": nodes,
+        "sbatch_to_ready_s": ready,
+        "idle_memory_mib": idle,
+        "scancel_to_clean_s": clean,
+    }
 
 
 def _spread(values: list[float], unit: str) -> str:
@@ -50,9 +58,11 @@ def _spread(values: list[float], unit: str) -> str:
 def report(stored: dict) -> str:
     """docs/benchmarks.md's lines for the stored runs."""
     gib = [m / 1024 for m in stored["idle_memory_mib"]]
-    return (f"- sbatch -> all {stored['nodes']} nodes ready: {_spread(stored['sbatch_to_ready_s'], 's')};\n"
-            f"- the idle cluster: {_spread(gib, 'GiB')} PSS over all its processes;\n"
-            f"- scancel -> nothing left: {_spread(stored['scancel_to_clean_s'], 's')}.\n")
+    return (
+        f"- sbatch -> all {stored['nodes']} nodes ready: {_spread(stored['sbatch_to_ready_s'], 's')};\n"
+        f"- the idle cluster: {_spread(gib, 'GiB')} PSS over all its processes;\n"
+        f"- scancel -> nothing left: {_spread(stored['scancel_to_clean_s'], 's')}.\n"
+    )
 
 
 def main() -> int:

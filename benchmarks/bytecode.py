@@ -27,21 +27,30 @@ from benchmarks.stored import spread
 
 REPO = Path(__file__).resolve().parents[1]
 
-IMPORTED = ("raydist.job", "raydist.cli", "raydist.driver.session", "raydist.train.loop", "raydist.launcher.agent",
-            "raydist.strategies")
-PROBE = ("import sys, time, torch, ray, ray.train\n"
-         "t = time.process_time()\n"
-         f"for name in {IMPORTED!r}:\n"
-         "    __import__(name)\n"
-         "spent = time.process_time() - t\n"
-         "assert sys.modules['raydist'].__file__.startswith(sys.argv[1]), sys.modules['raydist'].__file__\n"
-         "print(spent, sum(1 for m in sys.modules if m.startswith('raydist')))\n")
+IMPORTED = (
+    "raydist.job",
+    "raydist.cli",
+    "raydist.driver.session",
+    "raydist.train.loop",
+    "raydist.launcher.agent",
+    "raydist.strategies",
+)
+PROBE = (
+    "import sys, time, torch, ray, ray.train\n"
+    "t = time.process_time()\n"
+    f"for name in {IMPORTED!r}:\n"
+    "    __import__(name)\n"
+    "spent = time.process_time() - t\n"
+    "assert sys.modules['raydist'].__file__.startswith(sys.argv[1]), sys.modules['raydist'].__file__\n"
+    "print(spent, sum(1 for m in sys.modules if m.startswith('raydist')))\n"
+)
 SIDES = ("source", "bytecode")
 
 
 def export(into: Path) -> None:
-    archive = subprocess.run(["git", "archive", "--format=tar", "HEAD", "raydist"], cwd=REPO, capture_output=True,
-                             check=True).stdout
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", "HEAD", "raydist"], cwd=REPO, capture_output=True, check=True
+    ).stdout
     with tempfile.TemporaryFile() as f:
         f.write(archive)
         f.seek(0)
@@ -52,8 +61,9 @@ def export(into: Path) -> None:
 def one_import(tree: Path) -> tuple[float, int]:
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("PYTHONPATH", None)
-    out = subprocess.run([sys.executable, "-c", PROBE, str(tree)], cwd=tree, env=env, capture_output=True, text=True,
-                         check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, str(tree)], cwd=tree, env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
     return float(out[0]), int(out[1])
 
 
@@ -61,11 +71,13 @@ def report(stored: dict) -> str:
     runs = stored["rounds"]
     ms = {side: [1000 * s for r in runs for s in r[side]] for side in SIDES}
     ratio = [min(r["bytecode"]) / min(r["source"]) for r in runs]
-    return (f"importing raydist's {stored['modules']} modules in a fresh process, CPU: from source "
-            f"{spread(ms['source'], 0)} ms, from bytecode {spread(ms['bytecode'], 0)} ms; per round, the fastest "
-            f"from bytecode is {spread(ratio, 2)} of the fastest from source ({len(runs)} rounds of "
-            f"{len(runs[0]['source'])} processes each, {stored.get('machine', {}).get('cpus', '?')} CPUs, "
-            f"{stored.get('date', 'today')}, commit {stored['commit'][:7] if 'commit' in stored else 'this tree'})\n")
+    return (
+        f"importing raydist's {stored['modules']} modules in a fresh process, CPU: from source "
+        f"{spread(ms['source'], 0)} ms, from bytecode {spread(ms['bytecode'], 0)} ms; per round, the fastest "
+        f"from bytecode is {spread(ratio, 2)} of the fastest from source ({len(runs)} rounds of "
+        f"{len(runs[0]['source'])} processes each, {stored.get('machine', {}).get('cpus', '?')} CPUs, "
+        f"{stored.get('date', 'today')}, commit {stored['commit'][:7] if 'commit' in stored else 'this tree'})\n"
+    )
 
 
 def measure(args) -> dict:

@@ -71,9 +71,15 @@ def _write_sync(run_dir: str, step: int, written: list[str], per_rank: int = 0) 
     local = new_checkpoint_dir()
     for rank in range(per_rank):
         save_replica(local, rank, _model(step), no_state)
-    save_state(local, model=None if per_rank else _model(step), optimizer=None if per_rank else no_state,
-               scheduler=no_state, progress=Progress(step=step), rng_per_rank=[rng_state()] * max(1, per_rank),
-               extra={"replicas": per_rank} if per_rank else None)
+    save_state(
+        local,
+        model=None if per_rank else _model(step),
+        optimizer=None if per_rank else no_state,
+        scheduler=no_state,
+        progress=Progress(step=step),
+        rng_per_rank=[rng_state()] * max(1, per_rank),
+        extra={"replicas": per_rank} if per_rank else None,
+    )
     name = f"checkpoint_step{step:08d}"
     # What Ray Train V2 does with a reported checkpoint (storage.py, checkpoint_manager.py): create the directory,
     # copy the files in, rewrite the snapshot in place, then delete the oldest; here onto slow shared storage.
@@ -94,8 +100,8 @@ def _slow_write(path: str, data: bytes) -> None:
     write and a bandwidth."""
     with open(path, "wb") as f:
         for i in range(0, len(data), CHUNK):
-            time.sleep(STORAGE_LATENCY_S + len(data[i:i + CHUNK]) / STORAGE_BYTES_S)
-            f.write(data[i:i + CHUNK])
+            time.sleep(STORAGE_LATENCY_S + len(data[i : i + CHUNK]) / STORAGE_BYTES_S)
+            f.write(data[i : i + CHUNK])
             f.flush()
 
 
@@ -107,8 +113,12 @@ def _slow_copy(src: str, dst: str) -> None:
 def _write_ps(run_dir: str, step: int, written: list[str]) -> None:
     from raydist.strategies.async_ps.checkpoints import save as _save
 
-    _save(run_dir, step, {"shards": [{"param": _model(step).weight.detach().flatten()}], "steps": step,
-                          "workers": 1}, KEEP)
+    _save(
+        run_dir,
+        step,
+        {"shards": [{"param": _model(step).weight.detach().flatten()}], "steps": step, "workers": 1},
+        KEEP,
+    )
 
 
 def _warm_up() -> None:
@@ -167,7 +177,7 @@ def check(writer: str, directory: str) -> int:
     """Load the checkpoint with the job's own loader and confirm it holds its step's content; returns the step."""
     import torch
 
-    step = int(os.path.basename(directory)[len("checkpoint_step"):])
+    step = int(os.path.basename(directory)[len("checkpoint_step") :])
     if writer == "ps":
         from raydist.strategies.async_ps.checkpoints import load_params
 
@@ -194,18 +204,22 @@ def check(writer: str, directory: str) -> int:
 class ChaosResult:
     writer: str
     kills: int = 0
-    mid_save: int = 0  # kills that left a partial write on disk (a broken directory, a staging leftover, a torn snapshot)
+    mid_save: int = (
+        0  # kills that left a partial write on disk (a broken directory, a staging leftover, a torn snapshot)
+    )
     broken_seen: int = 0  # kills that left a broken checkpoint directory newer than the one resume chose
     snapshots_set_aside: int = 0
     resumed_steps: list[int] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
 
     def line(self) -> str:
-        return (f"{self.writer}: {self.kills} kills, {self.mid_save} mid-save, {self.broken_seen} left a broken newest "
-                f"checkpoint that resume skipped, {self.snapshots_set_aside} a torn snapshot set aside, "
-                f"resumed at steps {self.resumed_steps[0] if self.resumed_steps else '-'}.."
-                f"{self.resumed_steps[-1] if self.resumed_steps else '-'}, failures {len(self.failures)}"
-                + (f": {self.failures[0]}" if self.failures else ""))
+        return (
+            f"{self.writer}: {self.kills} kills, {self.mid_save} mid-save, {self.broken_seen} left a broken newest "
+            f"checkpoint that resume skipped, {self.snapshots_set_aside} a torn snapshot set aside, "
+            f"resumed at steps {self.resumed_steps[0] if self.resumed_steps else '-'}.."
+            f"{self.resumed_steps[-1] if self.resumed_steps else '-'}, failures {len(self.failures)}"
+            + (f": {self.failures[0]}" if self.failures else "")
+        )
 
 
 def _log_lines(run_dir: str) -> list[str]:
@@ -252,8 +266,9 @@ def _last_saved(run_dir: str) -> int:
     return saved[-1] if saved else 0
 
 
-def chaos(writer: str, kills: int, run_dir: str, seed: int = 0, max_delay_s: float = 0.6,
-          mid_save_at_least: int = 0) -> ChaosResult:
+def chaos(
+    writer: str, kills: int, run_dir: str, seed: int = 0, max_delay_s: float = 0.6, mid_save_at_least: int = 0
+) -> ChaosResult:
     """Start the writer, SIGKILL it after a random delay, check what resume would choose; `kills` times, and on
     (up to 4x `kills`) until `mid_save_at_least` kills have landed inside a write."""
     from raydist.torchkit.checkpoint import checkpoint_dirs, verify
@@ -278,7 +293,9 @@ def chaos(writer: str, kills: int, run_dir: str, seed: int = 0, max_delay_s: flo
             continue
         step = steps[-1]
         result.resumed_steps.append(step)
-        result.broken_seen += any(s > steps[0] and verify(p, required=STATE[writer]) for s, p in checkpoint_dirs(run_dir))
+        result.broken_seen += any(
+            s > steps[0] and verify(p, required=STATE[writer]) for s, p in checkpoint_dirs(run_dir)
+        )
     result.snapshots_set_aside = sum(".broken-" in n for n in os.listdir(run_dir))
     return result
 
@@ -331,8 +348,16 @@ def _saver(overrides: list[str]):
 
     def once(directory: str, fsync: bool) -> float:
         t0 = time.perf_counter()
-        save_state(directory, model=model, optimizer=optimizer, scheduler=scheduler, progress=Progress(step=1),
-                   rng_per_rank=[rng_state(), rng_state()], extra={"config": cfg.to_dict()}, fsync=fsync)
+        save_state(
+            directory,
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            progress=Progress(step=1),
+            rng_per_rank=[rng_state(), rng_state()],
+            extra={"config": cfg.to_dict()},
+            fsync=fsync,
+        )
         elapsed = time.perf_counter() - t0
         written[:] = [sum(f.stat().st_size for f in Path(directory).rglob("*") if f.is_file())]
         shutil.rmtree(directory)
@@ -349,43 +374,62 @@ def save_cost(rounds: int) -> dict:
 
     beside = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".bench-save")
     cases = {}
-    for name, overrides, where, make in (("default, staging", [], "staging", new_checkpoint_dir),
-                                         ("default, beside the repo", [], "beside", lambda: beside),
-                                         ("large, staging", LARGE, "staging", new_checkpoint_dir)):
+    for name, overrides, where, make in (
+        ("default, staging", [], "staging", new_checkpoint_dir),
+        ("default, beside the repo", [], "beside", lambda: beside),
+        ("large, staging", LARGE, "staging", new_checkpoint_dir),
+    ):
         once, size, written = _saver(overrides)
         times = {"fsync": [], "no_fsync": []}
         for _ in range(rounds):  # interleaved, so drifting load hits both alike
             for fsync in (True, False):
                 times["fsync" if fsync else "no_fsync"].append(round(once(make(), fsync) * 1e3, 3))
-        cases[name] = {"overrides": overrides, "where": where, "param_bytes": size, "written_bytes": written[0],
-                       "ms": times}
-        print(f"save_state, {name}: fsync {statistics.median(times['fsync']):.1f} ms, no fsync "
-              f"{statistics.median(times['no_fsync']):.1f} ms (median of {rounds})", flush=True)
+        cases[name] = {
+            "overrides": overrides,
+            "where": where,
+            "param_bytes": size,
+            "written_bytes": written[0],
+            "ms": times,
+        }
+        print(
+            f"save_state, {name}: fsync {statistics.median(times['fsync']):.1f} ms, no fsync "
+            f"{statistics.median(times['no_fsync']):.1f} ms (median of {rounds})",
+            flush=True,
+        )
     return {"rounds": rounds, "cases": cases}
 
 
 def save_cost_report(stored: dict) -> str:
     """The table docs/checkpoints.md quotes: each case's median (min-max) in ms, with and without fsync."""
-    labels = {"default, staging": "into the loop's staging directory (`tempfile`)",
-              "default, beside the repo": "into a directory beside the repository",
-              "large, staging": "a model with {mb:.1f} MB of parameters (`--set model.hidden=1024 --set "
-                                "model.depth=4`), staging"}
+    labels = {
+        "default, staging": "into the loop's staging directory (`tempfile`)",
+        "default, beside the repo": "into a directory beside the repository",
+        "large, staging": "a model with {mb:.1f} MB of parameters (`--set model.hidden=1024 --set "
+        "model.depth=4`), staging",
+    }
     rows = ["| | with fsync (the default) | without fsync |", "|---|---|---|"]
     for name, case in stored["cases"].items():
         label = labels[name].format(mb=case["param_bytes"] / 1e6)
         rows.append(f"| {label} | {spread(case['ms']['fsync'])} ms | {spread(case['ms']['no_fsync'])} ms |")
     default = stored["cases"]["default, staging"]
-    return "\n".join(rows) + (f"\n\nMedian (min-max) of {stored['rounds']} saves each; a save of the default model "
-                               f"writes {default['written_bytes'] / 1e6:.2f} MB ({default['param_bytes'] / 1e6:.2f} MB "
-                               f"of parameters, the rest AdamW's state, the RNG and the config).\n")
+    return "\n".join(rows) + (
+        f"\n\nMedian (min-max) of {stored['rounds']} saves each; a save of the default model "
+        f"writes {default['written_bytes'] / 1e6:.2f} MB ({default['param_bytes'] / 1e6:.2f} MB "
+        f"of parameters, the rest AdamW's state, the RNG and the config).\n"
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kills", type=int, default=30, help="kills per writer")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--save-cost", type=int, metavar="ROUNDS", help="instead: time save_state with and without fsync "
-                    "(stored with --out as docs/data/save_cost.json; --report with --save-cost prints its table)")
+    ap.add_argument(
+        "--save-cost",
+        type=int,
+        metavar="ROUNDS",
+        help="instead: time save_state with and without fsync "
+        "(stored with --out as docs/data/save_cost.json; --report with --save-cost prints its table)",
+    )
     ap.add_argument("--out", type=Path, help="store the rounds, the machine and the commit in this JSON file")
     ap.add_argument("--report", type=Path, help="print the lines of a stored run and exit")
     args = ap.parse_args()
@@ -405,8 +449,12 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix=f"rd-chaos-{writer}-") as run_dir:
             results.append(chaos(writer, args.kills, run_dir, seed=args.seed))
         print(results[-1].line(), flush=True)
-    stored = {"setting": {"kills": args.kills, "seed": args.seed}, "writers": [asdict(r) for r in results],
-              "total_s": round(time.perf_counter() - started, 1), **stamp()}
+    stored = {
+        "setting": {"kills": args.kills, "seed": args.seed},
+        "writers": [asdict(r) for r in results],
+        "total_s": round(time.perf_counter() - started, 1),
+        **stamp(),
+    }
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(stored, indent=1) + "\n")

@@ -53,8 +53,7 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> dict:
 def _killed_mid_run(work: Path) -> dict:
     """raydist launch of the FSDP2 script with rank 1 SIGKILLed after step 10: the group restarts."""
     argv = harness.launch_argv("fsdp2_dcp", work, 2, "kill", "--output", "all") + ["0.1"]
-    proc = subprocess.Popen(argv, cwd=work, env=_env(work), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = subprocess.Popen(argv, cwd=work, env=_env(work), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log = work / "runs" / "kill" / "logs"
     while proc.poll() is None and not ((log / "rank0.log").exists() and "step 10 " in (log / "rank0.log").read_text()):
         time.sleep(0.1)
@@ -62,15 +61,18 @@ def _killed_mid_run(work: Path) -> dict:
     os.kill(int(header.split(")", 1)[0]), signal.SIGKILL)
     out, _ = proc.communicate(timeout=BOUND_S)
     summary = json.loads((work / "runs" / "kill" / "summary.json").read_text())
-    return {"hung": False, "exit_code": proc.returncode, "restarts": summary["restarts"],
-            **harness.finished(proc.returncode, out)}
+    return {
+        "hung": False,
+        "exit_code": proc.returncode,
+        "restarts": summary["restarts"],
+        **harness.finished(proc.returncode, out),
+    }
 
 
 def _stopped_and_resumed(work: Path) -> dict:
     """SIGTERM to raydist launch after step 10 (the script snapshots), then the same command: it resumes."""
     argv = harness.launch_argv("fsdp2_dcp", work, 2, "stop", "--output", "all") + ["0.1"]
-    proc = subprocess.Popen(argv, cwd=work, env=_env(work), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = subprocess.Popen(argv, cwd=work, env=_env(work), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log = work / "runs" / "stop" / "logs" / "rank0.log"
     while proc.poll() is None and not (log.exists() and "step 10 " in log.read_text()):
         time.sleep(0.1)
@@ -84,8 +86,11 @@ def local_round() -> dict:
     for name in harness.SCRIPTS:
         with tempfile.TemporaryDirectory(prefix="conf-", dir="/tmp") as d:
             work = Path(d)
-            base = _run(["torchrun", "--standalone", "--nproc-per-node", "2", *harness.script_argv(name, work)[1:]],
-                        work, _env(work))
+            base = _run(
+                ["torchrun", "--standalone", "--nproc-per-node", "2", *harness.script_argv(name, work)[1:]],
+                work,
+                _env(work),
+            )
             shutil.rmtree(work / "snap", ignore_errors=True)
             got = {"torchrun": base, "launch": _run(harness.launch_argv(name, work, 2, name), work, _env(work))}
             if name == "fsdp2_dcp":
@@ -112,10 +117,10 @@ def cluster_rounds(rounds: int) -> list[dict]:
             for name in harness.SCRIPTS:
                 work = cluster.shared / f"conf{i}-{name}"
                 work.mkdir()
-                got[name] = {"srun": _run(head + harness.srun_argv(name, work, job.job_id, hosts, 19560), REPO,
-                                          cluster.env()),
-                             "launch": _run(head + harness.launch_argv(name, work, len(hosts), name), REPO,
-                                            job.env())}
+                got[name] = {
+                    "srun": _run(head + harness.srun_argv(name, work, job.job_id, hosts, 19560), REPO, cluster.env()),
+                    "launch": _run(head + harness.launch_argv(name, work, len(hosts), name), REPO, job.env()),
+                }
             out.append(got)
             print(f"cluster round {i + 1}: {json.dumps(got)[:400]}", flush=True)
         cluster.run("master-node", ["scancel", str(job.job_id)])
@@ -147,8 +152,9 @@ def tally(local: list[dict], cluster: list[dict]) -> dict:
         for row in rows:
             for name, got in row.items():
                 for launcher, r in got.items():
-                    c = out.setdefault(name, {}).setdefault(launcher, {"runs": 0, "hung": 0, "differ": 0,
-                                                                       "exit_fault": 0})
+                    c = out.setdefault(name, {}).setdefault(
+                        launcher, {"runs": 0, "hung": 0, "differ": 0, "exit_fault": 0}
+                    )
                     c["runs"] += 1
                     c["hung"] += r.get("hung", False)
                     c["exit_fault"] += r.get("exit_fault", False)
@@ -168,8 +174,13 @@ def main() -> int:
         local.append(local_round())
         print(f"local round {i + 1}: {json.dumps(local[-1])[:400]}", flush=True)
     cluster = [] if a.no_cluster else cluster_rounds(a.rounds)
-    stored = {"setting": {"local_workers": 2, "cluster_hosts": 3, "bound_s": BOUND_S, "scripts": list(harness.SCRIPTS)},
-              "tally": tally(local, cluster), "local": local, "cluster": cluster, **stamped}
+    stored = {
+        "setting": {"local_workers": 2, "cluster_hosts": 3, "bound_s": BOUND_S, "scripts": list(harness.SCRIPTS)},
+        "tally": tally(local, cluster),
+        "local": local,
+        "cluster": cluster,
+        **stamped,
+    }
     Path(a.out).write_text(json.dumps(stored, indent=1) + "\n")
     print(json.dumps(stored["tally"], indent=1))
     return 0

@@ -70,8 +70,15 @@ def pytest_runtest_protocol(item, nextitem):
     yield
     cpu, wall = cpu_seconds(_counter) - cpu, time.monotonic() - wall
     # end: when the test ended (epoch seconds), so that the workers' timelines show where a core sat idle
-    line = json.dumps({"id": item.nodeid, "worker": _counter.parent.name, "cpu_s": round(cpu, 2),
-                       "wall_s": round(wall, 2), "end": round(time.time(), 2)})
+    line = json.dumps(
+        {
+            "id": item.nodeid,
+            "worker": _counter.parent.name,
+            "cpu_s": round(cpu, 2),
+            "wall_s": round(wall, 2),
+            "end": round(time.time(), 2),
+        }
+    )
     with open(os.environ[OUT_ENV], "a") as f:
         f.write(line + "\n")
 

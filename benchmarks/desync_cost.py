@@ -47,7 +47,7 @@ def _rank(rank: int, port: int, args: argparse.Namespace, out) -> None:
     cfg = load_config(None, [], args.overrides, job="sync")
     data = load_splits(cfg.data)
     b = cfg.train.batch_size
-    x, y = data.train.tensors[0][rank * b:(rank + 1) * b].float(), data.train.tensors[1][rank * b:(rank + 1) * b]
+    x, y = data.train.tensors[0][rank * b : (rank + 1) * b].float(), data.train.tensors[1][rank * b : (rank + 1) * b]
     ctx = SimpleNamespace(rank=rank, world_size=2, device=torch.device("cpu"))
     runs = {}
     for name in SETTINGS:
@@ -82,9 +82,17 @@ def _rank(rank: int, port: int, args: argparse.Namespace, out) -> None:
         for name in SETTINGS:
             times[name].append(block(name))
     if rank == 0:
-        out.put({"model": cfg.model.name, "params": sum(p.numel() for p in runs["off"][0].parameters()),
-                 "batch": b, "rounds": args.rounds, "block": args.block, "overrides": args.overrides,
-                 "s_per_step": {name: [round(t, 7) for t in times[name]] for name in SETTINGS}})
+        out.put(
+            {
+                "model": cfg.model.name,
+                "params": sum(p.numel() for p in runs["off"][0].parameters()),
+                "batch": b,
+                "rounds": args.rounds,
+                "block": args.block,
+                "overrides": args.overrides,
+                "s_per_step": {name: [round(t, 7) for t in times[name]] for name in SETTINGS},
+            }
+        )
     dist.destroy_process_group()
 
 
@@ -93,19 +101,24 @@ def report(stored: dict) -> str:
     per-round ratios to "off"."""
     times = stored["s_per_step"]
     sets = "".join(f" --set {o}" for o in stored["overrides"])
-    lines = [f"$ .venv/bin/python -m benchmarks.desync_cost --rounds {stored['rounds']} "
-             f"--block {stored['block']}{sets}",
-             f"sync DDP, 2 gloo ranks, model {stored['model']} ({stored['params']} parameters), "
-             f"batch {stored['batch']}: off {statistics.median(times['off']) * 1e3:.3f} ms/step "
-             f"(median of {stored['rounds']} blocks of {stored['block']} steps)"]
+    lines = [
+        f"$ .venv/bin/python -m benchmarks.desync_cost --rounds {stored['rounds']} --block {stored['block']}{sets}",
+        f"sync DDP, 2 gloo ranks, model {stored['model']} ({stored['params']} parameters), "
+        f"batch {stored['batch']}: off {statistics.median(times['off']) * 1e3:.3f} ms/step "
+        f"(median of {stored['rounds']} blocks of {stored['block']} steps)",
+    ]
     ratio = {}
     for name in list(SETTINGS)[1:]:
         ratio[name] = statistics.median(t / o for t, o in zip(times[name], times["off"]))
-        lines.append(f"  {name}: {statistics.median(times[name]) * 1e3:.3f} ms/step, "
-                     f"{ratio[name]:.4f}x of off (median of per-round ratios)")
+        lines.append(
+            f"  {name}: {statistics.median(times[name]) * 1e3:.3f} ms/step, "
+            f"{ratio[name]:.4f}x of off (median of per-round ratios)"
+        )
     check = ratio["every 1"] - 1  # a check on every step: what one check adds to a step
-    lines.append(f"  one check adds {check:.0%} to its step; checking every 100 steps (the default) adds "
-                 f"{check / 100:.2%} of the step time")
+    lines.append(
+        f"  one check adds {check:.0%} to its step; checking every 100 steps (the default) adds "
+        f"{check / 100:.2%} of the step time"
+    )
     return "\n".join(lines) + "\n"
 
 

@@ -37,8 +37,9 @@ def raw_rank(rank: int, world: int, master: str, nbytes: int, iters: int) -> Non
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://{master}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://{master}", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120)
+    )
     buf = torch.ones(nbytes // 4, dtype=torch.float32)
     dist.all_reduce(buf)
     dist.barrier()
@@ -49,8 +50,12 @@ def raw_rank(rank: int, world: int, master: str, nbytes: int, iters: int) -> Non
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     if rank == 0:
         per_iter = elapsed.item() / iters
-        print(json.dumps({"bus_gbps": 2 * (world - 1) / world * buf.numel() * 4 * 8 / per_iter / 1e9,
-                          "seconds": per_iter}), flush=True)
+        print(
+            json.dumps(
+                {"bus_gbps": 2 * (world - 1) / world * buf.numel() * 4 * 8 / per_iter / 1e9, "seconds": per_iter}
+            ),
+            flush=True,
+        )
     dist.destroy_process_group()
 
 
@@ -59,10 +64,31 @@ def run_raw(cluster, nbytes: int, iters: int) -> float:
     master = f"{hosts[0].ip}:{RAW_PORT}"
     procs = []
     for rank, h in enumerate(hosts):
-        cmd = [sys.executable, "-m", "benchmarks.doctor_allreduce", "--raw-rank", str(rank), "--world", str(len(hosts)),
-               "--master", master, "--bytes", str(nbytes), "--iters", str(iters)]
-        procs.append(cluster.popen(h.name, cmd, env=cluster.env(GLOO_SOCKET_IFNAME=h.iface),
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        cmd = [
+            sys.executable,
+            "-m",
+            "benchmarks.doctor_allreduce",
+            "--raw-rank",
+            str(rank),
+            "--world",
+            str(len(hosts)),
+            "--master",
+            master,
+            "--bytes",
+            str(nbytes),
+            "--iters",
+            str(iters),
+        ]
+        procs.append(
+            cluster.popen(
+                h.name,
+                cmd,
+                env=cluster.env(GLOO_SOCKET_IFNAME=h.iface),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (out, err) in zip(procs, outs):
         if p.returncode != 0:
@@ -71,13 +97,21 @@ def run_raw(cluster, nbytes: int, iters: int) -> float:
 
 
 def run_doctor(cluster, job, nbytes: int, iters: int, show: bool) -> float:
-    r = cluster.run("master-node", ["raydist", "doctor", "--json", "--bytes", str(nbytes), "--iters", str(iters)],
-                    env=job.env(), timeout=300)
+    r = cluster.run(
+        "master-node",
+        ["raydist", "doctor", "--json", "--bytes", str(nbytes), "--iters", str(iters)],
+        env=job.env(),
+        timeout=300,
+    )
     if r.returncode != 0:
         raise SystemExit(f"doctor exited {r.returncode}: {r.stderr[-2000:]}")
     if show:
-        table = cluster.run("master-node", ["raydist", "doctor", "--bytes", str(nbytes), "--iters", str(iters)],
-                            env=job.env(), timeout=300)
+        table = cluster.run(
+            "master-node",
+            ["raydist", "doctor", "--bytes", str(nbytes), "--iters", str(iters)],
+            env=job.env(),
+            timeout=300,
+        )
         print(table.stdout, flush=True)
     return json.loads(r.stdout)["bandwidth"]["allreduce_bus_gbps"]
 
@@ -86,8 +120,9 @@ def report(stored: dict) -> str:
     """The table docs/doctor.md quotes: every round, and the medians (the ratio's is the median of the rounds')."""
     rows = ["| round | order | doctor | raw torch.distributed | ratio |", "|---|---|---|---|---|"]
     for i, r in enumerate(stored["rounds"]):
-        rows.append(f"| {i + 1} | {r['order']} first | {r['doctor']:.3f} | {r['raw']:.3f} | "
-                    f"{r['doctor'] / r['raw']:.3f} |")
+        rows.append(
+            f"| {i + 1} | {r['order']} first | {r['doctor']:.3f} | {r['raw']:.3f} | {r['doctor'] / r['raw']:.3f} |"
+        )
     med = {k: statistics.median(r[k] for r in stored["rounds"]) for k in ("doctor", "raw")}
     ratio = statistics.median(r["doctor"] / r["raw"] for r in stored["rounds"])
     rows.append(f"| median | | {med['doctor']:.3f} | {med['raw']:.3f} | **{ratio:.3f}** |")
@@ -95,8 +130,14 @@ def report(stored: dict) -> str:
     link = stored["link_mbit"]
     return "\n".join(rows) + (
         f"\n\nDoctor's figure is within 10% of the raw loop in {close} of {len(stored['rounds'])} rounds"
-        + (f"; the raw loop's median is {med['raw'] / (link / 1e3):.1%} of the {link:g} Mbit/s link (ring "
-           f"all-reduce's bus bandwidth)" if link else "") + ".\n")
+        + (
+            f"; the raw loop's median is {med['raw'] / (link / 1e3):.1%} of the {link:g} Mbit/s link (ring "
+            f"all-reduce's bus bandwidth)"
+            if link
+            else ""
+        )
+        + ".\n"
+    )
 
 
 def measure(cluster, job, a, nbytes: int) -> list[dict]:
@@ -106,11 +147,17 @@ def measure(cluster, job, a, nbytes: int) -> list[dict]:
         order = ("doctor", "raw") if i % 2 == 0 else ("raw", "doctor")
         got = {}
         for which in order:
-            got[which] = (run_doctor(cluster, job, nbytes, a.iters, show=i == 0) if which == "doctor"
-                          else run_raw(cluster, nbytes, a.iters))
+            got[which] = (
+                run_doctor(cluster, job, nbytes, a.iters, show=i == 0)
+                if which == "doctor"
+                else run_raw(cluster, nbytes, a.iters)
+            )
         rounds.append({"order": order[0], "doctor": round(got["doctor"], 4), "raw": round(got["raw"], 4)})
-        print(f"round {i + 1}: doctor {got['doctor']:.3f} Gb/s, raw torch.distributed {got['raw']:.3f} Gb/s, "
-              f"ratio {got['doctor'] / got['raw']:.3f}", flush=True)
+        print(
+            f"round {i + 1}: doctor {got['doctor']:.3f} Gb/s, raw torch.distributed {got['raw']:.3f} Gb/s, "
+            f"ratio {got['doctor'] / got['raw']:.3f}",
+            flush=True,
+        )
     return rounds
 
 
@@ -118,8 +165,12 @@ def main() -> int:
     p = stored_file.parser(__doc__.splitlines()[0], rounds=5)
     p.add_argument("--bytes", default="16MiB")
     p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--link-mbit", type=float, help="shape every host's link to this many Mbit/s each way "
-                                                   "(tests/support/cluster/emucluster.py shape); default: unshaped")
+    p.add_argument(
+        "--link-mbit",
+        type=float,
+        help="shape every host's link to this many Mbit/s each way "
+        "(tests/support/cluster/emucluster.py shape); default: unshaped",
+    )
     p.add_argument("--raw-rank", type=int, help=argparse.SUPPRESS)
     p.add_argument("--world", type=int, help=argparse.SUPPRESS)
     p.add_argument("--master", help=argparse.SUPPRESS)
@@ -143,8 +194,13 @@ def main() -> int:
         job.wait_for("Ray cluster ready", timeout=180)
         if a.link_mbit:
             cluster.shape(a.link_mbit)
-        result = {"bytes": a.bytes, "iters": a.iters, "hosts": len(cluster.hosts), "link_mbit": a.link_mbit or 0,
-                  "rounds": measure(cluster, job, a, nbytes)}
+        result = {
+            "bytes": a.bytes,
+            "iters": a.iters,
+            "hosts": len(cluster.hosts),
+            "link_mbit": a.link_mbit or 0,
+            "rounds": measure(cluster, job, a, nbytes),
+        }
         cluster.run("master-node", ["scancel", str(job.job_id)])
         rayup.wait_no_leftovers(cluster, job.job_id)
     print(report(result), end="", flush=True)

@@ -59,13 +59,18 @@ def _per_worker_mb(runs: list[dict], key: str, unit: float = 1e6, digits: int = 
 
 def table(stored: dict) -> str:
     runs = {case: [r[case] for r in stored["rounds"]] for case in CASES}
-    rows = ["| | `param_bytes_per_worker` (MB) | `peak_memory_bytes_per_worker` (MB), glibc's default malloc "
-            "| the same, `MALLOC_MMAP_THRESHOLD_=65536` | `bytes_per_worker` (GB) |", "|---|---|---|---|---|"]
+    rows = [
+        "| | `param_bytes_per_worker` (MB) | `peak_memory_bytes_per_worker` (MB), glibc's default malloc "
+        "| the same, `MALLOC_MMAP_THRESHOLD_=65536` | `bytes_per_worker` (GB) |",
+        "|---|---|---|---|---|",
+    ]
     for case, label in (("sync", "sync DDP"), ("fsdp", "FSDP")):
-        rows.append(f"| {label} | {_per_worker_mb(runs[case], 'param_bytes_per_worker', digits=2)} "
-                    f"| {_per_worker_mb(runs[case], 'peak_memory_bytes_per_worker')} "
-                    f"| {_per_worker_mb(runs[case + '_mmap'], 'peak_memory_bytes_per_worker')} "
-                    f"| {statistics.median(statistics.mean(r['bytes_per_worker']) for r in runs[case]) / 1e9:.2f} |")
+        rows.append(
+            f"| {label} | {_per_worker_mb(runs[case], 'param_bytes_per_worker', digits=2)} "
+            f"| {_per_worker_mb(runs[case], 'peak_memory_bytes_per_worker')} "
+            f"| {_per_worker_mb(runs[case + '_mmap'], 'peak_memory_bytes_per_worker')} "
+            f"| {statistics.median(statistics.mean(r['bytes_per_worker']) for r in runs[case]) / 1e9:.2f} |"
+        )
     return "\n".join(rows) + "\n"
 
 
@@ -74,19 +79,25 @@ def report(stored: dict) -> str:
     runs = {case: [r[case] for r in stored["rounds"]] for case in CASES}
     acc = {case: sorted({round(r["test_accuracy"], 4) for r in runs[case]}) for case in ("sync", "fsdp")}
     small = [v / 1e6 for r in runs["sync_small"] for v in r["peak_memory_bytes_per_worker"]]
-    return (f"{table(stored)}\n"
-            f"Medians of {len(stored['rounds'])} rounds per worker, min-max of all in brackets. Test accuracy: sync "
-            f"{', '.join(f'{a:.4f}' for a in acc['sync'])}, FSDP {', '.join(f'{a:.4f}' for a in acc['fsdp'])}. "
-            f"A worker of the default small MLP (sync): peak {statistics.median(small):.0f} MB "
-            f"({min(small):.0f}-{max(small):.0f}).\n")
+    return (
+        f"{table(stored)}\n"
+        f"Medians of {len(stored['rounds'])} rounds per worker, min-max of all in brackets. Test accuracy: sync "
+        f"{', '.join(f'{a:.4f}' for a in acc['sync'])}, FSDP {', '.join(f'{a:.4f}' for a in acc['fsdp'])}. "
+        f"A worker of the default small MLP (sync): peak {statistics.median(small):.0f} MB "
+        f"({min(small):.0f}-{max(small):.0f}).\n"
+    )
 
 
 def measure(args) -> dict:
     def one_round(storage: str, i: int) -> dict:
         return {case: run_case(storage, f"{case}{i}", case) for case in CASES}
 
-    return {"common": COMMON, "big_model": BIG, "cases": {k: [s, o, e] for k, (s, o, e) in CASES.items()},
-            "rounds": stored_file.rounds(args.rounds, "rd-fsdp-memory-", one_round)}
+    return {
+        "common": COMMON,
+        "big_model": BIG,
+        "cases": {k: [s, o, e] for k, (s, o, e) in CASES.items()},
+        "rounds": stored_file.rounds(args.rounds, "rd-fsdp-memory-", one_round),
+    }
 
 
 def main() -> None:

@@ -36,9 +36,11 @@ def rank_main(rank: int, world: int, numel: int, port: int, out) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     full, part = torch.ones(numel), torch.ones(numel // world)
-    run = {"all_reduce": lambda: dist.all_reduce(full),
-           "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(part, full),
-           "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(full, part)}
+    run = {
+        "all_reduce": lambda: dist.all_reduce(full),
+        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(part, full),
+        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(full, part),
+    }
     for op in OPS:
         run[op]()  # the first call sets up connections
         dist.barrier()
@@ -59,8 +61,10 @@ def ring_bound(op: str, n: int) -> int:
 def report(stored: dict) -> str:
     """The line docs/ quote."""
     n = stored["ranks"]
-    return (", ".join(f"{op} {stored['moved'][op]:.1f}x" for op in OPS) + f" the tensor on the wire in all over {n} "
-            f"gloo ranks (ring bounds {', '.join(f'{ring_bound(op, n):.1f}x' for op in OPS)})\n")
+    return (
+        ", ".join(f"{op} {stored['moved'][op]:.1f}x" for op in OPS) + f" the tensor on the wire in all over {n} "
+        f"gloo ranks (ring bounds {', '.join(f'{ring_bound(op, n):.1f}x' for op in OPS)})\n"
+    )
 
 
 def main() -> int:

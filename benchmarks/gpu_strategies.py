@@ -57,8 +57,9 @@ def run_case(storage: str, name: str, case: str) -> dict:
 
 def nccl_two_ranks_one_gpu() -> str:
     """The last line NCCL's two ranks on cuda:0 print ('ok' if the all-reduce went through)."""
-    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120,
-                          env=clean_env(NCCL_DEBUG="WARN"))
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120, env=clean_env(NCCL_DEBUG="WARN")
+    )
     if done.returncode == 0:
         return "ok"
     lines = [ln.strip() for ln in (done.stdout + done.stderr).splitlines() if "Duplicate GPU" in ln or "NCCL" in ln]
@@ -80,25 +81,39 @@ def first(rs: list[dict]) -> str:
 def report(stored: dict) -> str:
     runs = {case: [r[case] for r in stored["rounds"]] for case in CASES}
     s = stored_file.spread
-    rows = ["| case | steps/s | first step after (s) | peak GPU memory (MiB) | test accuracy |",
-            "|---|---|---|---|---|"]
-    for case, label in (("sync", "sync, bf16 autocast"), ("sync_fp32", "sync, fp32"), ("fsdp", "fsdp, bf16 autocast"),
-                        ("async", "async (parameter server)")):
+    rows = [
+        "| case | steps/s | first step after (s) | peak GPU memory (MiB) | test accuracy |",
+        "|---|---|---|---|---|",
+    ]
+    for case, label in (
+        ("sync", "sync, bf16 autocast"),
+        ("sync_fp32", "sync, fp32"),
+        ("fsdp", "fsdp, bf16 autocast"),
+        ("async", "async (parameter server)"),
+    ):
         rs = runs[case]
         mem = [b / 2**20 for r in rs for b in r["peak_memory_bytes_per_worker"]]
-        rows.append(f"| {label} | {s([r['steps_per_s'] for r in rs])} | {first(rs)} "
-                    f"| {s(mem) if mem else '-'} | {s([r['test_accuracy'] for r in rs], 3)} |")
-    return ("\n".join(rows) + f"\n\n{stored['gpu']}, {len(stored['rounds'])} rounds, median (min-max). NCCL, two "
-            f"ranks on one GPU: {stored['nccl_two_ranks_one_gpu']}\n")
+        rows.append(
+            f"| {label} | {s([r['steps_per_s'] for r in rs])} | {first(rs)} "
+            f"| {s(mem) if mem else '-'} | {s([r['test_accuracy'] for r in rs], 3)} |"
+        )
+    return (
+        "\n".join(rows) + f"\n\n{stored['gpu']}, {len(stored['rounds'])} rounds, median (min-max). NCCL, two "
+        f"ranks on one GPU: {stored['nccl_two_ranks_one_gpu']}\n"
+    )
 
 
 def measure(args) -> dict:
     def one_round(storage: str, i: int) -> dict:
         return {case: run_case(storage, f"{case}{i}", case) for case in CASES}
 
-    return {"gpu": gpu(), "common": COMMON, "cases": {k: [s, o] for k, (s, o) in CASES.items()},
-            "nccl_two_ranks_one_gpu": nccl_two_ranks_one_gpu(),
-            "rounds": stored_file.rounds(args.rounds, "rd-gpu-", one_round)}
+    return {
+        "gpu": gpu(),
+        "common": COMMON,
+        "cases": {k: [s, o] for k, (s, o) in CASES.items()},
+        "nccl_two_ranks_one_gpu": nccl_two_ranks_one_gpu(),
+        "rounds": stored_file.rounds(args.rounds, "rd-gpu-", one_round),
+    }
 
 
 def main() -> None:

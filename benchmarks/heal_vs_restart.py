@@ -94,8 +94,14 @@ def run(storage: str, name: str, path: str, kills: int, seed: int, overrides: li
     seconds it took, and each kill's stall as the records show it."""
     rng = random.Random(seed)
     started = time.perf_counter()
-    proc = start_job(PATHS[path], f"run.storage_path={storage}", f"run.name={name}",
-                     f"scaling.max_failures={kills + 1}", *BASE, *overrides)
+    proc = start_job(
+        PATHS[path],
+        f"run.storage_path={storage}",
+        f"run.name={name}",
+        f"scaling.max_failures={kills + 1}",
+        *BASE,
+        *overrides,
+    )
     run_dir = Path(storage) / name
     metrics, stalls, ckpt = run_dir / "metrics.jsonl", [], -1
     try:
@@ -112,9 +118,15 @@ def run(storage: str, name: str, path: str, kills: int, seed: int, overrides: li
     if proc.returncode != 0:
         raise SystemExit(f"{name}: exit {proc.returncode}: {err.strip().splitlines()[-1] if err.strip() else ''}")
     summary = json.loads((run_dir / "summary.json").read_text())
-    result = {**summary, "kills": len(stalls), "seconds": time.perf_counter() - started,
-              "record_stall_s": stalls, "steps_redone": steps_redone(metrics), "traceback": "Traceback" in err,
-              "heal_lines": [ln for ln in (out + err).splitlines() if "[raydist] heal:" in ln]}
+    result = {
+        **summary,
+        "kills": len(stalls),
+        "seconds": time.perf_counter() - started,
+        "record_stall_s": stalls,
+        "steps_redone": steps_redone(metrics),
+        "traceback": "Traceback" in err,
+        "heal_lines": [ln for ln in (out + err).splitlines() if "[raydist] heal:" in ln],
+    }
     if result["traceback"] or summary["status"] != "completed":  # what went wrong, kept with the figures
         result["console_tail"] = (out + err)[-4000:]
     return result
@@ -137,18 +149,26 @@ def per_kill(calm: dict, hit: dict, path: str) -> dict:
     """One disturbed run's figures per kill, against its round's undisturbed run of the same path."""
     kills = max(1, hit["kills"])
     stall = hit["heal_stall_s"] if path == "heal" else [s for s in hit["record_stall_s"] if s is not None]
-    return {"kills": hit["kills"], "lost_s_per_kill": round((hit["seconds"] - calm["seconds"]) / kills, 2),
-            "stall_s": stall, "steps_during_recovery": hit.get("steps_during_heals") or [0] * hit["kills"],
-            "steps_redone": hit["steps_redone"], "checkpoint_restarts": hit["restarts"],
-            "completed": hit["status"] == "completed" and hit["steps"] == hit["total_steps"],
-            "accuracy": hit["test_accuracy"], "undisturbed_accuracy": calm["test_accuracy"]}
+    return {
+        "kills": hit["kills"],
+        "lost_s_per_kill": round((hit["seconds"] - calm["seconds"]) / kills, 2),
+        "stall_s": stall,
+        "steps_during_recovery": hit.get("steps_during_heals") or [0] * hit["kills"],
+        "steps_redone": hit["steps_redone"],
+        "checkpoint_restarts": hit["restarts"],
+        "completed": hit["status"] == "completed" and hit["steps"] == hit["total_steps"],
+        "accuracy": hit["test_accuracy"],
+        "undisturbed_accuracy": calm["test_accuracy"],
+    }
 
 
 def report(stored: dict) -> str:
     """The lines docs/faults.md quotes: per path, over the rounds, median (min-max)."""
     landed = [r[p]["per_kill"]["kills"] for r in stored["rounds"] for p in PATHS]
-    lines = [f"{stored['kills']} SIGKILLs per run ({min(landed)}-{max(landed)} landed), {len(stored['rounds'])} "
-             f"rounds, {stored['machine']['cpus']} cores:"]
+    lines = [
+        f"{stored['kills']} SIGKILLs per run ({min(landed)}-{max(landed)} landed), {len(stored['rounds'])} "
+        f"rounds, {stored['machine']['cpus']} cores:"
+    ]
     for path in PATHS:
         rows = [r[path]["per_kill"] for r in stored["rounds"]]
         stalls = [s for r in rows for s in r["stall_s"]]
@@ -160,7 +180,8 @@ def report(stored: dict) -> str:
             f"steps done again {stored_file.spread([r['steps_redone'] for r in rows], 0)}; checkpoint restarts "
             f"{stored_file.spread([r['checkpoint_restarts'] for r in rows], 0)}; completed "
             f"{sum(r['completed'] for r in rows)}/{len(rows)}; accuracy {_accuracies(rows)}; undisturbed "
-            f"{stored_file.spread([r[path]['undisturbed']['steps_per_s'] for r in stored['rounds']])} steps/s")
+            f"{stored_file.spread([r[path]['undisturbed']['steps_per_s'] for r in stored['rounds']])} steps/s"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -170,9 +191,11 @@ def _signed(values: list[float]) -> str:
 
 def _accuracies(rows: list[dict]) -> str:
     diffs = [abs(r["accuracy"] - r["undisturbed_accuracy"]) for r in rows]
-    return (f"{stored_file.spread([r['accuracy'] for r in rows], 4)} "
-            f"(undisturbed {stored_file.spread([r['undisturbed_accuracy'] for r in rows], 4)}, "
-            f"largest difference {max(diffs):.4f})")
+    return (
+        f"{stored_file.spread([r['accuracy'] for r in rows], 4)} "
+        f"(undisturbed {stored_file.spread([r['undisturbed_accuracy'] for r in rows], 4)}, "
+        f"largest difference {max(diffs):.4f})"
+    )
 
 
 def ok(stored: dict) -> bool:
@@ -180,9 +203,12 @@ def ok(stored: dict) -> bool:
     accuracy; heal reads no checkpoint and takes no step twice."""
     rows = [r[p]["per_kill"] for r in stored["rounds"] for p in PATHS]
     heal = [r["heal"]["per_kill"] for r in stored["rounds"]]
-    return all(r["completed"] and abs(r["accuracy"] - r["undisturbed_accuracy"]) <= 0.01 for r in rows) and \
-        all(r["kills"] == stored["kills"] for r in rows) and all(len(r["stall_s"]) == r["kills"] for r in heal) and \
-        all(r["checkpoint_restarts"] == 0 and r["steps_redone"] == 0 for r in heal)
+    return (
+        all(r["completed"] and abs(r["accuracy"] - r["undisturbed_accuracy"]) <= 0.01 for r in rows)
+        and all(r["kills"] == stored["kills"] for r in rows)
+        and all(len(r["stall_s"]) == r["kills"] for r in heal)
+        and all(r["checkpoint_restarts"] == 0 and r["steps_redone"] == 0 for r in heal)
+    )
 
 
 def one_round(storage: str, index: int, kills: int, seed: int, overrides: list[str]) -> dict:

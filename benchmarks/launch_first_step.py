@@ -52,8 +52,9 @@ def timed(argv: list[str], env: dict[str, str] | None = None, cwd: Path = REPO, 
         tail = (tail + [line])[-20:]
     code = proc.wait()
     if code != 0 or first is None:
-        raise SystemExit(f"{' '.join(argv[:6])}... exited {code}{'' if first else ' without a first step'}:\n"
-                         + "".join(tail))
+        raise SystemExit(
+            f"{' '.join(argv[:6])}... exited {code}{'' if first else ' without a first step'}:\n" + "".join(tail)
+        )
     return {"first_step_s": round(first, 3), "total_s": round(time.monotonic() - t0, 3)}
 
 
@@ -77,11 +78,28 @@ def local_rounds(rounds: int) -> list[dict]:
             tmp = Path(d)
             script = [str(REPO / "examples" / "ddp_train.py"), *SCRIPT_ARGS, "--snapshot", str(tmp / "s.pt")]
             runs = {
-                "torchrun": lambda: timed([str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", *script],
-                                          local_env(tmp)),
-                "raydist_launch": lambda: {**timed([str(BIN / "raydist"), "launch", "--workers", "2", "--storage",
-                                                    str(tmp / "runs"), "--name", "l", "--", "python", *script],
-                                                   local_env(tmp)), "split": split(tmp / "runs" / "l")},
+                "torchrun": lambda: timed(
+                    [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", *script], local_env(tmp)
+                ),
+                "raydist_launch": lambda: {
+                    **timed(
+                        [
+                            str(BIN / "raydist"),
+                            "launch",
+                            "--workers",
+                            "2",
+                            "--storage",
+                            str(tmp / "runs"),
+                            "--name",
+                            "l",
+                            "--",
+                            "python",
+                            *script,
+                        ],
+                        local_env(tmp),
+                    ),
+                    "split": split(tmp / "runs" / "l"),
+                },
             }
             order = list(runs) if i % 2 == 0 else list(reversed(runs))
             got = {}
@@ -111,30 +129,85 @@ def cluster_rounds(rounds: int) -> tuple[list[dict], int]:
 
         def srun(i: int) -> dict:
             snap = shared / f"srun{i}.pt"
-            script = (f"case $(hostname) in {cases} esac; export GLOO_SOCKET_IFNAME=$IF NCCL_SOCKET_IFNAME=$IF "
-                      f"MASTER_ADDR={hosts[0].ip} MASTER_PORT={PORT} OMP_NUM_THREADS=1; "
-                      f"exec python examples/ddp_train.py {' '.join(SCRIPT_ARGS)} --snapshot {snap}")
-            return in_head(["srun", f"--jobid={job.job_id}", "--overlap", f"--nodes={len(hosts)}",
-                            "--ntasks-per-node=1", "bash", "-c", script], cluster.env())
+            script = (
+                f"case $(hostname) in {cases} esac; export GLOO_SOCKET_IFNAME=$IF NCCL_SOCKET_IFNAME=$IF "
+                f"MASTER_ADDR={hosts[0].ip} MASTER_PORT={PORT} OMP_NUM_THREADS=1; "
+                f"exec python examples/ddp_train.py {' '.join(SCRIPT_ARGS)} --snapshot {snap}"
+            )
+            return in_head(
+                [
+                    "srun",
+                    f"--jobid={job.job_id}",
+                    "--overlap",
+                    f"--nodes={len(hosts)}",
+                    "--ntasks-per-node=1",
+                    "bash",
+                    "-c",
+                    script,
+                ],
+                cluster.env(),
+            )
 
         def launch(i: int, name: str = "direct", *options: str) -> dict:
-            got = in_head(["raydist", "launch", "--workers", str(len(hosts)), "--storage", str(shared / "runs"),
-                           "--name", f"{name}{i}", *options, "--", "python", "examples/ddp_train.py", *SCRIPT_ARGS,
-                           "--snapshot", str(shared / f"{name}{i}.pt")], job.env())
+            got = in_head(
+                [
+                    "raydist",
+                    "launch",
+                    "--workers",
+                    str(len(hosts)),
+                    "--storage",
+                    str(shared / "runs"),
+                    "--name",
+                    f"{name}{i}",
+                    *options,
+                    "--",
+                    "python",
+                    "examples/ddp_train.py",
+                    *SCRIPT_ARGS,
+                    "--snapshot",
+                    str(shared / f"{name}{i}.pt"),
+                ],
+                job.env(),
+            )
             return {**got, "split": split(shared / "runs" / f"{name}{i}")}
 
         def launch_warm(i: int) -> dict:  # opt-in: ranks forked from the nodes' warm interpreters
             return launch(i, "warm", "--set", "warm=true")
 
         def submit(i: int) -> dict:
-            got = in_head(["ray", "job", "submit", "--working-dir", ".", "--", "raydist", "launch", "--workers",
-                           str(len(hosts)), "--storage", str(shared / "runs"), "--name", f"submit{i}", "--",
-                           "python", "examples/ddp_train.py", *SCRIPT_ARGS, "--snapshot",
-                           str(shared / f"submit{i}.pt")], {**job.env(), "PYTHONUNBUFFERED": "1"})
+            got = in_head(
+                [
+                    "ray",
+                    "job",
+                    "submit",
+                    "--working-dir",
+                    ".",
+                    "--",
+                    "raydist",
+                    "launch",
+                    "--workers",
+                    str(len(hosts)),
+                    "--storage",
+                    str(shared / "runs"),
+                    "--name",
+                    f"submit{i}",
+                    "--",
+                    "python",
+                    "examples/ddp_train.py",
+                    *SCRIPT_ARGS,
+                    "--snapshot",
+                    str(shared / f"submit{i}.pt"),
+                ],
+                {**job.env(), "PYTHONUNBUFFERED": "1"},
+            )
             return {**got, "split": split(shared / "runs" / f"submit{i}")}
 
-        runs = {"srun": srun, "raydist_launch": launch, "raydist_launch_warm": launch_warm,
-                "ray_job_submit_launch": submit}
+        runs = {
+            "srun": srun,
+            "raydist_launch": launch,
+            "raydist_launch_warm": launch_warm,
+            "ray_job_submit_launch": submit,
+        }
         for i in range(rounds):
             order = list(runs) if i % 2 == 0 else list(reversed(runs))
             got = {name: runs[name](i) for name in order}
@@ -152,13 +225,15 @@ def ratios(rows: list[dict], base: str) -> dict:
             continue
         for what in ("first_step_s", "total_s"):
             r = [row[name][what] / row[base][what] for row in rows]
-            out[f"{name}/{base} {what}"] = {"median": round(statistics.median(r), 2), "min": round(min(r), 2),
-                                            "max": round(max(r), 2)}
+            out[f"{name}/{base} {what}"] = {
+                "median": round(statistics.median(r), 2),
+                "min": round(min(r), 2),
+                "max": round(max(r), 2),
+            }
         for what in ("connected", "placed", "started", "first_output", "first_step"):
             v = [row[name]["split"][what] for row in rows if what in row[name].get("split", {})]
             if v:
-                out[f"{name} split {what}"] = {"median": round(statistics.median(v), 2), "min": min(v),
-                                               "max": max(v)}
+                out[f"{name} split {what}"] = {"median": round(statistics.median(v), 2), "min": min(v), "max": max(v)}
         for what in ("first_step_s", "total_s"):
             for who in (name, base):
                 v = [row[who][what] for row in rows]
@@ -166,10 +241,12 @@ def ratios(rows: list[dict], base: str) -> dict:
     return out
 
 
-ROWS = (("local", "raydist_launch", "torchrun", "this machine, 2 ranks", "`raydist launch` (embedded Ray)"),
-        ("cluster", "raydist_launch", "srun", "warm cluster, 3 hosts", "`raydist launch` (after `raydist env`)"),
-        ("cluster", "raydist_launch_warm", "srun", "warm cluster, 3 hosts", "`raydist launch --set warm=true`"),
-        ("cluster", "ray_job_submit_launch", "srun", "warm cluster, 3 hosts", "`ray job submit -- raydist launch`"))
+ROWS = (
+    ("local", "raydist_launch", "torchrun", "this machine, 2 ranks", "`raydist launch` (embedded Ray)"),
+    ("cluster", "raydist_launch", "srun", "warm cluster, 3 hosts", "`raydist launch` (after `raydist env`)"),
+    ("cluster", "raydist_launch_warm", "srun", "warm cluster, 3 hosts", "`raydist launch --set warm=true`"),
+    ("cluster", "ray_job_submit_launch", "srun", "warm cluster, 3 hosts", "`ray job submit -- raydist launch`"),
+)
 
 
 def _range(v: dict) -> str:
@@ -178,27 +255,46 @@ def _range(v: dict) -> str:
 
 def markdown(stored: dict) -> str:
     """docs/benchmarks.md's tables, from the stored result (a test keeps the two equal)."""
-    rows = ["| where | command | against | its first step, s | first step, s | ratio | whole command, ratio |",
-            "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| where | command | against | its first step, s | first step, s | ratio | whole command, ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for part, name, base, where, what in ROWS:
         if f"{name}/{base} first_step_s" not in stored.get(part, {}).get("summary", {}):
             continue  # not in that stored run
         m = stored[part]["summary"]
-        rows.append(f"| {where} | {what} | {stored[part]['setting']['baseline']} | {_range(m[f'{base} first_step_s'])} "
-                    f"| {_range(m[f'{name} first_step_s'])} | {_range(m[f'{name}/{base} first_step_s'])} "
-                    f"| {_range(m[f'{name}/{base} total_s'])} |")
-    rows += ["", "| where | command | connected | placed | started | first output | first step |",
-             "|---|---|---|---|---|---|---|"]
+        rows.append(
+            f"| {where} | {what} | {stored[part]['setting']['baseline']} | {_range(m[f'{base} first_step_s'])} "
+            f"| {_range(m[f'{name} first_step_s'])} | {_range(m[f'{name}/{base} first_step_s'])} "
+            f"| {_range(m[f'{name}/{base} total_s'])} |"
+        )
+    rows += [
+        "",
+        "| where | command | connected | placed | started | first output | first step |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for part, name, _, where, what in ROWS:
         m = stored.get(part, {}).get("summary", {})
         if f"{name} split first_step" in m:
-            rows.append(f"| {where} | {what} | " + " | ".join(
-                _range(m[f"{name} split {k}"]) for k in ("connected", "placed", "started", "first_output",
-                                                        "first_step")) + " |")
+            rows.append(
+                f"| {where} | {what} | "
+                + " | ".join(
+                    _range(m[f"{name} split {k}"])
+                    for k in ("connected", "placed", "started", "first_output", "first_step")
+                )
+                + " |"
+            )
     rounds = {part: len(stored[part]["rounds"]) for part in ("local", "cluster") if part in stored}
-    return "\n".join(rows) + "\n\n" + "; ".join(
-        f"{part}: {n} rounds, {stored[part]['date']}, commit {stored[part]['commit'][:12]}, "
-        f"{stored[part]['machine']['cpus']} CPUs" for part, n in rounds.items()) + "\n"
+    return (
+        "\n".join(rows)
+        + "\n\n"
+        + "; ".join(
+            f"{part}: {n} rounds, {stored[part]['date']}, commit {stored[part]['commit'][:12]}, "
+            f"{stored[part]['machine']['cpus']} CPUs"
+            for part, n in rounds.items()
+        )
+        + "\n"
+    )
 
 
 def main() -> int:
@@ -214,12 +310,18 @@ def main() -> int:
         return 0
     if a.cluster:
         rows, hosts = cluster_rounds(a.rounds)
-        part = {"setting": {"hosts": hosts, "workers": hosts, "script_args": SCRIPT_ARGS, "baseline": "srun"},
-                "rounds": rows, "summary": ratios(rows, "srun")}
+        part = {
+            "setting": {"hosts": hosts, "workers": hosts, "script_args": SCRIPT_ARGS, "baseline": "srun"},
+            "rounds": rows,
+            "summary": ratios(rows, "srun"),
+        }
     else:
         rows = local_rounds(a.rounds)
-        part = {"setting": {"workers": 2, "script_args": SCRIPT_ARGS, "baseline": "torchrun --standalone"},
-                "rounds": rows, "summary": ratios(rows, "torchrun")}
+        part = {
+            "setting": {"workers": 2, "script_args": SCRIPT_ARGS, "baseline": "torchrun --standalone"},
+            "rounds": rows,
+            "summary": ratios(rows, "torchrun"),
+        }
     part.update(stamp())
     stored["cluster" if a.cluster else "local"] = part
     path.write_text(json.dumps(stored, indent=1) + "\n")

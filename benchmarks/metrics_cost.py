@@ -40,8 +40,10 @@ class Bench:
 def report(stored: dict) -> str:
     """The line docs/observability.md quotes."""
     steps, exports = stored["us_per_step"], stored["us_per_export"]
-    return (f"{stored_file.spread(steps, 2)} µs per step, {stored_file.spread(exports, 1)} µs per export "
-            f"(median (min-max) of {len(steps)} rounds)\n")
+    return (
+        f"{stored_file.spread(steps, 2)} µs per step, {stored_file.spread(exports, 1)} µs per export "
+        f"(median (min-max) of {len(steps)} rounds)\n"
+    )
 
 
 def measure(a) -> dict:
@@ -50,8 +52,12 @@ def measure(a) -> dict:
     for i in range(a.rounds):
         rows.append(ray.get(Bench.remote().run.remote(a.steps, a.exports)))
         print(f"round {i + 1}: {rows[-1][0]:.2f} us per step, {rows[-1][1]:.1f} us per export", flush=True)
-    return {"steps": a.steps, "exports": a.exports,
-            "us_per_step": [round(r[0], 3) for r in rows], "us_per_export": [round(r[1], 2) for r in rows]}
+    return {
+        "steps": a.steps,
+        "exports": a.exports,
+        "us_per_step": [round(r[0], 3) for r in rows],
+        "us_per_export": [round(r[1], 2) for r in rows],
+    }
 
 
 def main() -> None:

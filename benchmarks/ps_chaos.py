@@ -40,13 +40,21 @@ REPO = Path(__file__).resolve().parents[1]
 # 2 shards and 2 workers, 2000 steps (6-8 s of training on 2 cores: time for six kills). The synthetic data's 4000
 # test samples make the final test accuracy of undisturbed async runs agree within 0.002 (digits' 360 vary by 0.011
 # after 40 epochs, more than the 0.01 the comparison allows).
-CONFIG = ["data.name=synthetic", "train.epochs=4", "async_ps.num_servers=2", "scaling.num_workers=2",
-          "checkpoint.every_steps=50"]
+CONFIG = [
+    "data.name=synthetic",
+    "train.epochs=4",
+    "async_ps.num_servers=2",
+    "scaling.num_workers=2",
+    "checkpoint.every_steps=50",
+]
 KILL_SPREAD_S = 0.5  # a little more than 50 steps take here
 TITLES = {"server": "ray::ParameterShard", "worker": "ray::DownpourWorker"}
-RESTART = re.compile(r"^\[raydist\] async: (?P<who>.+?) (?:died|stopped answering) \((?P<why>.*)\) on node (?P<node>\S+) at step (?P<at>\d+); "
-                     r"restarting servers and workers from (?:checkpoint step (?P<step>\d+)|the initial parameters) "
-                     r"\(failure (?P<n>\d+)", re.M)
+RESTART = re.compile(
+    r"^\[raydist\] async: (?P<who>.+?) (?:died|stopped answering) \((?P<why>.*)\) on node (?P<node>\S+) at step (?P<at>\d+); "
+    r"restarting servers and workers from (?:checkpoint step (?P<step>\d+)|the initial parameters) "
+    r"\(failure (?P<n>\d+)",
+    re.M,
+)
 POLL_S = 0.05
 WAIT_S = 300  # generous: the machines this runs on are often shared and slow; a hang still ends
 
@@ -57,8 +65,16 @@ class Job:
     def __init__(self, storage: Path, name: str, overrides: list[str]):
         self.run_dir = storage / name
         self.out, self.err = storage / f"{name}.out", storage / f"{name}.err"
-        args = [sys.executable, "-m", "raydist.job", "async", "--set", f"run.storage_path={storage}",
-                "--set", f"run.name={name}"]
+        args = [
+            sys.executable,
+            "-m",
+            "raydist.job",
+            "async",
+            "--set",
+            f"run.storage_path={storage}",
+            "--set",
+            f"run.name={name}",
+        ]
         for o in overrides:
             args += ["--set", o]
         with open(self.out, "w") as out, open(self.err, "w") as err:
@@ -99,8 +115,10 @@ class Job:
             if value:
                 return value
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the job ended (exit {self.proc.returncode}) while waiting for {what}:\n"
-                                   f"{self.stdout()[-2000:]}\n{self.stderr()[-2000:]}")
+                raise RuntimeError(
+                    f"the job ended (exit {self.proc.returncode}) while waiting for {what}:\n"
+                    f"{self.stdout()[-2000:]}\n{self.stderr()[-2000:]}"
+                )
             time.sleep(POLL_S)
         self.stop()
         raise RuntimeError(f"no {what} within {timeout} s:\n{self.stdout()[-2000:]}")
@@ -149,12 +167,15 @@ def chaos(job: Job, plan: list[str], seed: int = 0, min_records: int = 20) -> li
     kills: list[Kill] = []
     restarted_from, records_at_start, gone = 0, 0, set()
     for role in plan:
-        job.wait_until("a checkpoint past the restart point and progress",
-                       lambda: job.newest_checkpoint() > restarted_from and job.records() >= records_at_start + min_records)
+        job.wait_until(
+            "a checkpoint past the restart point and progress",
+            lambda: job.newest_checkpoint() > restarted_from and job.records() >= records_at_start + min_records,
+        )
         time.sleep(rng.uniform(0, KILL_SPREAD_S))
         # The actors of this start; those of the last one may linger for a moment after the driver killed them.
-        pids = job.wait_until(f"the {role}s of this start", lambda: [p for p in job.titled(role)
-                                                                      if p not in gone] or None)
+        pids = job.wait_until(
+            f"the {role}s of this start", lambda: [p for p in job.titled(role) if p not in gone] or None
+        )
         gone |= {p for r in TITLES for p in job.titled(r)}
         seen = len(job.restarts())
         killed = time.monotonic()
@@ -164,22 +185,41 @@ def chaos(job: Job, plan: list[str], seed: int = 0, min_records: int = 20) -> li
         records_at_start = job.records()
         job.wait_until("training after the restart", lambda: job.records() > records_at_start)
         restarted_from = int(line["step"] or 0)
-        kills.append(Kill(role, line["who"], int(line["at"]), restarted_from, round(noticed - killed, 2),
-                          round(time.monotonic() - killed, 2)))
+        kills.append(
+            Kill(
+                role,
+                line["who"],
+                int(line["at"]),
+                restarted_from,
+                round(noticed - killed, 2),
+                round(time.monotonic() - killed, 2),
+            )
+        )
     return kills
 
 
 def report(stored: dict) -> str:
     """docs/faults.md's two tables: each kill, then both runs side by side."""
-    out = ["| kill | the job named | at step | back to checkpoint | recomputed | noticed (s) | training again (s) |",
-           "|---|---|---|---|---|---|---|"]
-    out += [f"| {k['role']} | {k['named']} | {k['at_step']} | {k['from_step']} | {k['at_step'] - k['from_step']} | "
-            f"{k['noticed_s']:.2f} | {k['resumed_s']:.2f} |" for k in stored["kills"]]
+    out = [
+        "| kill | the job named | at step | back to checkpoint | recomputed | noticed (s) | training again (s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    out += [
+        f"| {k['role']} | {k['named']} | {k['at_step']} | {k['from_step']} | {k['at_step'] - k['from_step']} | "
+        f"{k['noticed_s']:.2f} | {k['resumed_s']:.2f} |"
+        for k in stored["kills"]
+    ]
     calm, hit = stored["undisturbed"], stored["chaos"]
     out += ["", f"| | undisturbed | {len(stored['kills'])} kills |", "|---|---|---|"]
-    rows = [("status", "{status}"), ("steps / total_steps", "{steps} / {total_steps}"), ("restarts", "{restarts}"),
-            ("test accuracy", "{test_accuracy:.4f}"), ("test loss", "{test_loss:.4f}"),
-            ("train_time_s", "{train_time_s:.1f}"), ("wall_s", "{wall_s:.1f}")]
+    rows = [
+        ("status", "{status}"),
+        ("steps / total_steps", "{steps} / {total_steps}"),
+        ("restarts", "{restarts}"),
+        ("test accuracy", "{test_accuracy:.4f}"),
+        ("test loss", "{test_loss:.4f}"),
+        ("train_time_s", "{train_time_s:.1f}"),
+        ("wall_s", "{wall_s:.1f}"),
+    ]
     out += [f"| {name} | {fmt.format(**calm)} | {fmt.format(**hit)} |" for name, fmt in rows]
     out += ["", f"Tracebacks in the job's output: {stored['tracebacks']}."]
     return "\n".join(out) + "\n"
@@ -202,10 +242,23 @@ def run_both(plan: list[str], overrides: list[str], seed: int) -> dict:
         if disturbed is None:
             sys.exit(f"the run under chaos failed (exit {code}):\n{job.stderr()[-2000:]}")
         noise = tracebacks(job.stdout() + job.stderr())
-    ok = (disturbed["status"] == "completed" and disturbed["steps"] == disturbed["total_steps"] and not noise
-          and disturbed["restarts"] == len(plan) and abs(disturbed["test_accuracy"] - undisturbed["test_accuracy"]) <= 0.01)
-    return {"config": overrides, "seed": seed, "kills": [asdict(k) for k in kills], "undisturbed": undisturbed,
-            "chaos": disturbed, "tracebacks": len(noise), "first_tracebacks": noise[:3], "ok": ok}
+    ok = (
+        disturbed["status"] == "completed"
+        and disturbed["steps"] == disturbed["total_steps"]
+        and not noise
+        and disturbed["restarts"] == len(plan)
+        and abs(disturbed["test_accuracy"] - undisturbed["test_accuracy"]) <= 0.01
+    )
+    return {
+        "config": overrides,
+        "seed": seed,
+        "kills": [asdict(k) for k in kills],
+        "undisturbed": undisturbed,
+        "chaos": disturbed,
+        "tracebacks": len(noise),
+        "first_tracebacks": noise[:3],
+        "ok": ok,
+    }
 
 
 def main() -> None:
@@ -219,8 +272,12 @@ def main() -> None:
     if stored_file.print_report(args.report, report):
         return
     machine_and_commit = stored_file.stamp()
-    plan = [role for i in range(max(args.server_kills, args.worker_kills))
-            for role, n in (("server", args.server_kills), ("worker", args.worker_kills)) if i < n]
+    plan = [
+        role
+        for i in range(max(args.server_kills, args.worker_kills))
+        for role, n in (("server", args.server_kills), ("worker", args.worker_kills))
+        if i < n
+    ]
     stored = run_both(plan, [*CONFIG, f"scaling.max_failures={len(plan)}", *args.overrides], args.seed)
     print(report(stored), *stored["first_tracebacks"], sep="\n")
     stored_file.save(args.out, stored, machine_and_commit)

@@ -39,12 +39,16 @@ def one_setup(tmp: Path, installer: str, i: int) -> dict:
     """A fresh clone of HEAD and its `make setup`, with caches of its own: seconds, CPU seconds."""
     clone = tmp / f"{installer}-{i}"
     subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True)
-    env = {**os.environ, "PIP_CACHE_DIR": str(tmp / f"pip-cache-{installer}-{i}"),
-           "UV_CACHE_DIR": str(tmp / f"uv-cache-{installer}-{i}")}
+    env = {
+        **os.environ,
+        "PIP_CACHE_DIR": str(tmp / f"pip-cache-{installer}-{i}"),
+        "UV_CACHE_DIR": str(tmp / f"uv-cache-{installer}-{i}"),
+    }
     env.pop("VIRTUAL_ENV", None)
     cpu, t = children_cpu(), time.perf_counter()
-    done = subprocess.run(["make", "setup", f"INSTALLER={installer}"], cwd=clone, env=env, capture_output=True,
-                          text=True)
+    done = subprocess.run(
+        ["make", "setup", f"INSTALLER={installer}"], cwd=clone, env=env, capture_output=True, text=True
+    )
     took, spent = time.perf_counter() - t, children_cpu() - cpu
     if done.returncode != 0:
         raise SystemExit(f"make setup INSTALLER={installer}: exit {done.returncode}: {done.stderr.strip()[-500:]}")
@@ -74,10 +78,12 @@ def report(stored: dict) -> str:
     took = {name: [r[name]["s"] for r in runs] for name in INSTALLERS}
     cpu = {name: [r[name]["cpu_s"] for r in runs] for name in INSTALLERS}
     ratio = [r["uv"]["s"] / r["pip"]["s"] for r in runs]
-    return (f"make setup on a fresh clone, empty caches: with uv {spread(took['uv'])} s ({spread(cpu['uv'])} s of "
-            f"CPU), with pip alone {spread(took['pip'])} s ({spread(cpu['pip'])} s of CPU); per round uv took "
-            f"{spread(ratio, 2)} of pip's time ({len(runs)} rounds, {stored.get('machine', {}).get('cpus', '?')} CPUs, "
-            f"{stored.get('date', 'today')}, commit {stored.get('commit', 'this tree')[:7]})\n")
+    return (
+        f"make setup on a fresh clone, empty caches: with uv {spread(took['uv'])} s ({spread(cpu['uv'])} s of "
+        f"CPU), with pip alone {spread(took['pip'])} s ({spread(cpu['pip'])} s of CPU); per round uv took "
+        f"{spread(ratio, 2)} of pip's time ({len(runs)} rounds, {stored.get('machine', {}).get('cpus', '?')} CPUs, "
+        f"{stored.get('date', 'today')}, commit {stored.get('commit', 'this tree')[:7]})\n"
+    )
 
 
 def main() -> None:

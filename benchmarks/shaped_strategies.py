@@ -93,16 +93,34 @@ class CpuBusy:
         import statistics
 
         s = self.samples or [0.0]
-        return {"cpu_busy_median": round(statistics.median(s), 3),
-                "cpu_busy_share_over_95": round(sum(x >= 0.95 for x in s) / len(s), 3)}
+        return {
+            "cpu_busy_median": round(statistics.median(s), 3),
+            "cpu_busy_share_over_95": round(sum(x >= 0.95 for x in s) / len(s), 3),
+        }
 
 
 def workload(a: argparse.Namespace) -> list[str]:
     """The shared setting: the synthetic task and an MLP of a.params parameters, 4 workers, evaluated every epoch."""
-    return ["--set", "data.name=synthetic", "--set", f"data.synthetic_samples={a.samples}",
-            "--set", f"data.synthetic_features={a.features}", "--set", f"data.synthetic_classes={a.classes}",
-            "--set", "model.name=mlp", "--set", f"model.params={a.params}", "--set", f"train.epochs={a.epochs}",
-            "--set", f"scaling.num_workers={a.workers}", "--set", "run.tensorboard=false"]
+    return [
+        "--set",
+        "data.name=synthetic",
+        "--set",
+        f"data.synthetic_samples={a.samples}",
+        "--set",
+        f"data.synthetic_features={a.features}",
+        "--set",
+        f"data.synthetic_classes={a.classes}",
+        "--set",
+        "model.name=mlp",
+        "--set",
+        f"model.params={a.params}",
+        "--set",
+        f"train.epochs={a.epochs}",
+        "--set",
+        f"scaling.num_workers={a.workers}",
+        "--set",
+        "run.tensorboard=false",
+    ]
 
 
 def param_count(a: argparse.Namespace) -> int:
@@ -125,26 +143,59 @@ def submit(cluster, job, args: list[str], what: str, working_dir: str = ".") -> 
     return cpu.summary()
 
 
-def point(summary: dict, a: argparse.Namespace, link: float, params: int = 0, train_samples: int = 0,
-          **extra) -> dict:
+def point(summary: dict, a: argparse.Namespace, link: float, params: int = 0, train_samples: int = 0, **extra) -> dict:
     """One run's figures, with what the cost model needs of its setting: the model's parameter count (default:
     the MLP's), the link and `checkpoint_every` (steps per epoch: every job checkpoints each epoch)."""
-    keep = ("strategy", "workers", "steps", "steps_per_s", "samples_per_s", "train_time_s", "wall_s", "test_accuracy",
-            "bytes_per_worker", "wait_s_per_worker", "servers", "server_hosts", "staleness_mean", "steps_per_worker",
-            "peak_memory_bytes_per_worker")
+    keep = (
+        "strategy",
+        "workers",
+        "steps",
+        "steps_per_s",
+        "samples_per_s",
+        "train_time_s",
+        "wall_s",
+        "test_accuracy",
+        "bytes_per_worker",
+        "wait_s_per_worker",
+        "servers",
+        "server_hosts",
+        "staleness_mean",
+        "steps_per_worker",
+        "peak_memory_bytes_per_worker",
+    )
     per_step = 32 * (1 if summary["strategy"] == "async" else summary["workers"])
     steps_per_epoch = (train_samples or int(a.samples * 0.8)) // per_step  # data.test_fraction 0.2
-    return {**{k: summary.get(k) for k in keep}, "link_mbit": link, "params": params or param_count(a),
-            "batch_size": 32, "checkpoint_every": steps_per_epoch, **extra}
+    return {
+        **{k: summary.get(k) for k in keep},
+        "link_mbit": link,
+        "params": params or param_count(a),
+        "batch_size": 32,
+        "checkpoint_every": steps_per_epoch,
+        **extra,
+    }
 
 
 def fan_in(cluster, job, a, link: float, storage: Path) -> list[dict]:
     out = []
     for servers in (1, 2, 4):
         name = f"fanin-{link:g}-{servers}"
-        submit(cluster, job, ["jobs/async.py", *workload(a), "--set", f"train.epochs={a.fanin_epochs}",
-                              "--set", f"async_ps.num_servers={servers}", "--set", f"run.storage_path={storage}",
-                              "--set", f"run.name={name}"], name)
+        submit(
+            cluster,
+            job,
+            [
+                "jobs/async.py",
+                *workload(a),
+                "--set",
+                f"train.epochs={a.fanin_epochs}",
+                "--set",
+                f"async_ps.num_servers={servers}",
+                "--set",
+                f"run.storage_path={storage}",
+                "--set",
+                f"run.name={name}",
+            ],
+            name,
+        )
         s = json.loads((storage / name / "summary.json").read_text())
         out.append(point(s, a, link, part="fanin", straggler=False))
         print(f"    {servers} shard(s) on {s['server_hosts']}: {s['steps_per_s']:.1f} steps/s", flush=True)
@@ -154,14 +205,38 @@ def fan_in(cluster, job, a, link: float, storage: Path) -> list[dict]:
 def strategies(cluster, job, a, link: float, storage: Path, straggler: bool) -> list[dict]:
     name = f"compare-{link:g}-{'straggler' if straggler else 'even'}"
     slow = ["--set", "straggler.worker=0", "--set", "straggler.slowdown=4"] if straggler else []
-    submit(cluster, job, ["jobs/compare.py", *workload(a), *slow, "--set", f"compare.strategies={','.join(a.strategies)}",
-                          "--set", f"compare.target_accuracy={a.target}", "--set", f"run.storage_path={storage}",
-                          "--set", f"run.name={name}"], name)
+    submit(
+        cluster,
+        job,
+        [
+            "jobs/compare.py",
+            *workload(a),
+            *slow,
+            "--set",
+            f"compare.strategies={','.join(a.strategies)}",
+            "--set",
+            f"compare.target_accuracy={a.target}",
+            "--set",
+            f"run.storage_path={storage}",
+            "--set",
+            f"run.name={name}",
+        ],
+        name,
+    )
     results = json.loads((storage / name / "results.json").read_text())
     out = []
     for r in results["strategies"].values():
-        out.append(point(r["summary"], a, link, part="compare", straggler=straggler,
-                         time_to_target_s=r["time_to_target_s"], target=a.target))
+        out.append(
+            point(
+                r["summary"],
+                a,
+                link,
+                part="compare",
+                straggler=straggler,
+                time_to_target_s=r["time_to_target_s"],
+                target=a.target,
+            )
+        )
     return out
 
 
@@ -170,12 +245,39 @@ def ring(cluster, job, a, link: float, storage: Path, straggler: bool) -> list[d
     compare runs a strategy once per run."""
     name = f"ring-{link:g}-{'straggler' if straggler else 'even'}"
     slow = ["--set", "straggler.worker=0", "--set", "straggler.slowdown=4"] if straggler else []
-    submit(cluster, job, ["jobs/compare.py", *workload(a), *slow, "--set", "compare.strategies=local_sgd",
-                          "--set", "local_sgd.averaging=ring", "--set", f"compare.target_accuracy={a.target}",
-                          "--set", f"run.storage_path={storage}", "--set", f"run.name={name}"], name)
+    submit(
+        cluster,
+        job,
+        [
+            "jobs/compare.py",
+            *workload(a),
+            *slow,
+            "--set",
+            "compare.strategies=local_sgd",
+            "--set",
+            "local_sgd.averaging=ring",
+            "--set",
+            f"compare.target_accuracy={a.target}",
+            "--set",
+            f"run.storage_path={storage}",
+            "--set",
+            f"run.name={name}",
+        ],
+        name,
+    )
     r = json.loads((storage / name / "results.json").read_text())["strategies"]["local_sgd"]
-    return [point(r["summary"], a, link, part="compare", straggler=straggler, time_to_target_s=r["time_to_target_s"],
-                  target=a.target, averaging="ring")]
+    return [
+        point(
+            r["summary"],
+            a,
+            link,
+            part="compare",
+            straggler=straggler,
+            time_to_target_s=r["time_to_target_s"],
+            target=a.target,
+            averaging="ring",
+        )
+    ]
 
 
 def other_size(cluster, job, a, link: float, storage: Path) -> list[dict]:
@@ -185,8 +287,22 @@ def other_size(cluster, job, a, link: float, storage: Path) -> list[dict]:
     out = []
     for strategy, extra in (("sync", []), ("async", ["--set", "async_ps.num_servers=2"])):
         name = f"size-{link:g}-{strategy}"
-        submit(cluster, job, [f"jobs/{strategy}.py", *workload(sized), "--set", f"train.epochs={a.fanin_epochs}",
-                              *extra, "--set", f"run.storage_path={storage}", "--set", f"run.name={name}"], name)
+        submit(
+            cluster,
+            job,
+            [
+                f"jobs/{strategy}.py",
+                *workload(sized),
+                "--set",
+                f"train.epochs={a.fanin_epochs}",
+                *extra,
+                "--set",
+                f"run.storage_path={storage}",
+                "--set",
+                f"run.name={name}",
+            ],
+            name,
+        )
         s = json.loads((storage / name / "summary.json").read_text())
         out.append(point(s, sized, link, part="size", straggler=False))
     return out
@@ -198,11 +314,24 @@ def checkpoint_cost(cluster, job, a, link: float, storage: Path) -> list[dict]:
     out = []
     for label, extra in (("per-epoch", []), ("last-only", ["--set", "checkpoint.every_steps=1000000"])):
         name = f"ckpt-{link:g}-{label}"
-        submit(cluster, job, ["jobs/local_sgd.py", *workload(a), *extra, "--set", f"run.storage_path={storage}",
-                              "--set", f"run.name={name}"], name)
+        submit(
+            cluster,
+            job,
+            [
+                "jobs/local_sgd.py",
+                *workload(a),
+                *extra,
+                "--set",
+                f"run.storage_path={storage}",
+                "--set",
+                f"run.name={name}",
+            ],
+            name,
+        )
         s = json.loads((storage / name / "summary.json").read_text())
-        out.append(point(s, a, link, part=f"checkpoint-{label}", straggler=False,
-                         **({"checkpoint_every": 0} if extra else {})))
+        out.append(
+            point(s, a, link, part=f"checkpoint-{label}", straggler=False, **({"checkpoint_every": 0} if extra else {}))
+        )
         print(f"    local SGD, checkpoints {label}: {s['steps_per_s']:.1f} steps/s", flush=True)
     return out
 
@@ -214,16 +343,41 @@ def other_workers(cluster, job, a, link: float, storage: Path) -> list[dict]:
     for workers in a.other_workers:
         fewer = argparse.Namespace(**{**vars(a), "workers": workers})
         name = f"workers{workers}-{link:g}"
-        cpu = submit(cluster, job, ["jobs/compare.py", *workload(fewer),
-                                    "--set", f"compare.strategies={','.join(a.strategies)}",
-                                    "--set", f"compare.target_accuracy={a.target}",
-                                    "--set", f"run.storage_path={storage}", "--set", f"run.name={name}"], name)
+        cpu = submit(
+            cluster,
+            job,
+            [
+                "jobs/compare.py",
+                *workload(fewer),
+                "--set",
+                f"compare.strategies={','.join(a.strategies)}",
+                "--set",
+                f"compare.target_accuracy={a.target}",
+                "--set",
+                f"run.storage_path={storage}",
+                "--set",
+                f"run.name={name}",
+            ],
+            name,
+        )
         results = json.loads((storage / name / "results.json").read_text())
         for r in results["strategies"].values():
-            out.append(point(r["summary"], fewer, link, part="workers", straggler=False,
-                             time_to_target_s=r["time_to_target_s"], target=a.target, **cpu))
-            print(f"    {r['summary']['strategy']}, {workers} workers: {r['summary']['steps_per_s']:.1f} steps/s",
-                  flush=True)
+            out.append(
+                point(
+                    r["summary"],
+                    fewer,
+                    link,
+                    part="workers",
+                    straggler=False,
+                    time_to_target_s=r["time_to_target_s"],
+                    target=a.target,
+                    **cpu,
+                )
+            )
+            print(
+                f"    {r['summary']['strategy']}, {workers} workers: {r['summary']['steps_per_s']:.1f} steps/s",
+                flush=True,
+            )
     return out
 
 
@@ -238,18 +392,50 @@ def real_model(cluster, job, a, link: float, storage: Path) -> list[dict]:
     from raydist.planning.costmodel import BYTES_PER_PARAM
 
     name = f"real-{link:g}"
-    submit(cluster, job, ["-m", "raydist.job", "compare", "--config", REAL_CONFIG,
-                          "--set", f"scaling.num_workers={a.workers}",
-                          "--set", f"compare.strategies={','.join(a.strategies)}",
-                          "--set", "run.tensorboard=false", "--set", f"run.storage_path={storage}",
-                          "--set", f"run.name={name}"], name, working_dir="examples")
+    submit(
+        cluster,
+        job,
+        [
+            "-m",
+            "raydist.job",
+            "compare",
+            "--config",
+            REAL_CONFIG,
+            "--set",
+            f"scaling.num_workers={a.workers}",
+            "--set",
+            f"compare.strategies={','.join(a.strategies)}",
+            "--set",
+            "run.tensorboard=false",
+            "--set",
+            f"run.storage_path={storage}",
+            "--set",
+            f"run.name={name}",
+        ],
+        name,
+        working_dir="examples",
+    )
     run = json.loads((storage / name / "results.json").read_text())
     results = run["strategies"]
-    params = next(r["summary"]["param_bytes_per_worker"][0] for r in results.values()
-                  if r["summary"]["strategy"] == "sync") // BYTES_PER_PARAM
-    return [point(r["summary"], a, link, params=params, train_samples=REAL_TRAIN_SAMPLES, part="compare",
-                  straggler=False, model="tinygpt", time_to_target_s=r["time_to_target_s"],
-                  target=run["target_accuracy"]) for r in results.values()]
+    params = (
+        next(r["summary"]["param_bytes_per_worker"][0] for r in results.values() if r["summary"]["strategy"] == "sync")
+        // BYTES_PER_PARAM
+    )
+    return [
+        point(
+            r["summary"],
+            a,
+            link,
+            params=params,
+            train_samples=REAL_TRAIN_SAMPLES,
+            part="compare",
+            straggler=False,
+            model="tinygpt",
+            time_to_target_s=r["time_to_target_s"],
+            target=run["target_accuracy"],
+        )
+        for r in results.values()
+    ]
 
 
 def repeats(points: list[dict], part: str) -> list[list[dict]]:
@@ -257,8 +443,15 @@ def repeats(points: list[dict], part: str) -> list[list[dict]]:
     groups: dict[tuple, list[dict]] = {}
     for p in points:
         if p["part"] == part:
-            key = (p["link_mbit"], p["straggler"], p["strategy"], p.get("averaging"), p.get("servers"), p["params"],
-                   p.get("model"))
+            key = (
+                p["link_mbit"],
+                p["straggler"],
+                p["strategy"],
+                p.get("averaging"),
+                p.get("servers"),
+                p["params"],
+                p.get("model"),
+            )
             groups.setdefault(key, []).append(p)
     return list(groups.values())
 
@@ -274,32 +467,47 @@ def fanin_table(points: list[dict], hosts: int) -> str:
     from raydist.planning import costmodel as cm
     from raydist.strategies.async_ps.cost import ps_link_bound
 
-    rows = ["| link | shards | runs | measured steps/s | busiest link's bound | measured / bound | MB/s moved by the "
-            "workers |", "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| link | shards | runs | measured steps/s | busiest link's bound | measured / bound | MB/s moved by the "
+        "workers |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for runs in repeats(points, "fanin"):
         p = runs[0]
         s = cm.Setting("async", p["workers"], p["params"], p["link_mbit"], servers=p["servers"], nodes=hosts)
         bound = ps_link_bound(cm.Fit(1.0, {"async": 0.0}, p["params"]), s)
         rates = [r["steps_per_s"] for r in runs]
         moved = [sum(r["bytes_per_worker"]) / r["train_time_s"] / 1e6 for r in runs]
-        rows.append(f"| {p['link_mbit']:g} Mbit/s | {p['servers']} | {len(runs)} | {spread(rates, 1)} | {bound:.1f} | "
-                    f"{spread([r / bound for r in rates], 2)} | {spread(moved, 1)} |")
+        rows.append(
+            f"| {p['link_mbit']:g} Mbit/s | {p['servers']} | {len(runs)} | {spread(rates, 1)} | {bound:.1f} | "
+            f"{spread([r / bound for r in rates], 2)} | {spread(moved, 1)} |"
+        )
     return "\n".join(rows)
 
 
 def strategies_table(points: list[dict]) -> str:
-    rows = ["| link | straggler | strategy | runs | steps/s | time to target (s) | final accuracy |",
-            "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| link | straggler | strategy | runs | steps/s | time to target (s) | final accuracy |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for runs in repeats(points, "compare"):
         p = runs[0]
         reached = [r["time_to_target_s"] for r in runs if r.get("time_to_target_s") is not None]
-        ttt = (spread(reached, 1) + (f", {len(runs) - len(reached)} not reached" if len(reached) < len(runs) else "")
-               if reached else "not reached")
-        name = p["strategy"] + (" (ring)" if p.get("averaging") == "ring" else "") + (
-            f", {p['model']}" if p.get("model") else "")
-        rows.append(f"| {p['link_mbit']:g} Mbit/s | {'rank 0, 4x' if p['straggler'] else '-'} | {name} | {len(runs)} | "
-                    f"{spread([r['steps_per_s'] for r in runs], 2)} | {ttt} | "
-                    f"{spread([r['test_accuracy'] for r in runs], 3)} |")
+        ttt = (
+            spread(reached, 1) + (f", {len(runs) - len(reached)} not reached" if len(reached) < len(runs) else "")
+            if reached
+            else "not reached"
+        )
+        name = (
+            p["strategy"]
+            + (" (ring)" if p.get("averaging") == "ring" else "")
+            + (f", {p['model']}" if p.get("model") else "")
+        )
+        rows.append(
+            f"| {p['link_mbit']:g} Mbit/s | {'rank 0, 4x' if p['straggler'] else '-'} | {name} | {len(runs)} | "
+            f"{spread([r['steps_per_s'] for r in runs], 2)} | {ttt} | "
+            f"{spread([r['test_accuracy'] for r in runs], 3)} |"
+        )
     return "\n".join(rows)
 
 
@@ -319,15 +527,26 @@ def plots(points: list[dict], hosts: int, directory: Path) -> list[Path]:
     links = sorted({p["link_mbit"] for p in fan})
     fig, axes = plt.subplots(1, len(links), figsize=(5 * len(links), 3.6), squeeze=False)
     for ax, link in zip(axes[0], links):
-        groups = sorted((g for g in repeats(points, "fanin") if g[0]["link_mbit"] == link),
-                        key=lambda g: g[0]["servers"])
+        groups = sorted(
+            (g for g in repeats(points, "fanin") if g[0]["link_mbit"] == link), key=lambda g: g[0]["servers"]
+        )
         shards = [str(g[0]["servers"]) for g in groups]
-        bounds = [ps_link_bound(cm.Fit(1.0, {"async": 0.0}, g[0]["params"]), cm.Setting(
-            "async", g[0]["workers"], g[0]["params"], link, servers=g[0]["servers"], nodes=hosts)) for g in groups]
+        bounds = [
+            ps_link_bound(
+                cm.Fit(1.0, {"async": 0.0}, g[0]["params"]),
+                cm.Setting("async", g[0]["workers"], g[0]["params"], link, servers=g[0]["servers"], nodes=hosts),
+            )
+            for g in groups
+        ]
         rates = [[p["steps_per_s"] for p in g] for g in groups]
         mean = [sum(r) / len(r) for r in rates]
-        ax.bar(shards, mean, color="tab:blue", label="measured (mean; bars: lowest-highest)",
-               yerr=[[m - min(r) for m, r in zip(mean, rates)], [max(r) - m for m, r in zip(mean, rates)]])
+        ax.bar(
+            shards,
+            mean,
+            color="tab:blue",
+            label="measured (mean; bars: lowest-highest)",
+            yerr=[[m - min(r) for m, r in zip(mean, rates)], [max(r) - m for m, r in zip(mean, rates)]],
+        )
         ax.plot(shards, bounds, "k_", markersize=30, mew=2, label="busiest link's bound")
         ax.set_title(f"async PS, 4 workers, {link:g} Mbit/s links")
         ax.set_xlabel("server shards")
@@ -347,13 +566,24 @@ def plots(points: list[dict], hosts: int, directory: Path) -> list[Path]:
     for i, strategy in enumerate(strategies):
         values = []
         for link, straggler in settings:
-            match = [p["time_to_target_s"] for p in comp if (p["link_mbit"], p["straggler"], key(p)) ==
-                     (link, straggler, strategy) and p.get("time_to_target_s") is not None]
+            match = [
+                p["time_to_target_s"]
+                for p in comp
+                if (p["link_mbit"], p["straggler"], key(p)) == (link, straggler, strategy)
+                and p.get("time_to_target_s") is not None
+            ]
             values.append(match)
         mean = [sum(v) / len(v) if v else 0 for v in values]
-        ax.bar([k + i * width for k in range(len(settings))], mean, width, label=strategy,
-               yerr=[[m - min(v, default=0) for m, v in zip(mean, values)],
-                     [max(v, default=0) - m for m, v in zip(mean, values)]])
+        ax.bar(
+            [k + i * width for k in range(len(settings))],
+            mean,
+            width,
+            label=strategy,
+            yerr=[
+                [m - min(v, default=0) for m, v in zip(mean, values)],
+                [max(v, default=0) - m for m, v in zip(mean, values)],
+            ],
+        )
     ax.set_xticks([k + 0.4 - width / 2 for k in range(len(settings))])
     ax.set_xticklabels([f"{link:g} Mbit/s{', straggler 4x' if s else ''}" for link, s in settings])
     ax.set_ylabel(f"seconds to {comp[0]['target']:g} test accuracy")
@@ -373,15 +603,20 @@ def hosts_table(points: list[dict], hosts: int) -> str:
     from raydist.planning import costmodel as cm
 
     fit = cm.fit(json.loads((REPO / "docs" / "data" / "shaped_runs.json").read_text())["points"])
-    rows = ["| hosts | link | workers | strategy | steps/s | predicted | measured / predicted | CPU busy, median "
-            "second | seconds at 95%+ busy |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| hosts | link | workers | strategy | steps/s | predicted | measured / predicted | CPU busy, median "
+        "second | seconds at 95%+ busy |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for p in points:
         if "cpu_busy_median" not in p:
             continue
         predicted = cm.steps_per_s(fit, cm.setting_of(p))
-        rows.append(f"| {hosts} | {p['link_mbit']:g} Mbit/s | {p['workers']} | {p['strategy']} | "
-                    f"{p['steps_per_s']:.1f} | {predicted:.1f} | {p['steps_per_s'] / predicted:.2f} | "
-                    f"{p['cpu_busy_median']:.0%} | {p['cpu_busy_share_over_95']:.0%} |")
+        rows.append(
+            f"| {hosts} | {p['link_mbit']:g} Mbit/s | {p['workers']} | {p['strategy']} | "
+            f"{p['steps_per_s']:.1f} | {predicted:.1f} | {p['steps_per_s'] / predicted:.2f} | "
+            f"{p['cpu_busy_median']:.0%} | {p['cpu_busy_share_over_95']:.0%} |"
+        )
     return "\n".join(rows) if len(rows) > 2 else ""
 
 
@@ -455,8 +690,9 @@ def main() -> int:
             if "workers" in parts:
                 points += other_workers(cluster, job, a, link, storage)
             a.out.parent.mkdir(parents=True, exist_ok=True)
-            a.out.write_text(json.dumps({**header, "hosts": len(cluster.hosts), "points": points}, indent=1,
-                                        default=str))
+            a.out.write_text(
+                json.dumps({**header, "hosts": len(cluster.hosts), "points": points}, indent=1, default=str)
+            )
         cluster.run("master-node", ["scancel", str(job.job_id)])
         rayup.wait_no_leftovers(cluster, job.job_id)
     print(table(points, a.hosts))

@@ -32,8 +32,13 @@ JOB = ["--set", "train.epochs=1", "--set", "run.tensorboard=false"]
 
 def one_run(storage: str, name: str, env: dict[str, str]) -> dict:
     cpu, t = busy_cpu_s(), time.perf_counter()
-    proc = subprocess.run([sys.executable, "jobs/sync.py", "--set", f"run.storage_path={storage}", "--set",
-                           f"run.name={name}", *JOB], cwd=REPO, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "jobs/sync.py", "--set", f"run.storage_path={storage}", "--set", f"run.name={name}", *JOB],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     wall, cpu = time.perf_counter() - t, busy_cpu_s() - cpu
     if proc.returncode != 0:
         raise SystemExit(f"{name}: exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
@@ -48,18 +53,24 @@ def report(stored: dict) -> str:
     runs = stored["rounds"]
     lines = []
     for where in (w for w in SIDES if w in runs[0]):
-        lines.append(f"{where}: whole command {spread([r[where]['wall_s'] for r in runs])} s, machine CPU "
-                     f"{spread([r[where]['cpu_s'] for r in runs])} s, first step {spread([r[where]['first_step_s'] for r in runs])} s")
+        lines.append(
+            f"{where}: whole command {spread([r[where]['wall_s'] for r in runs])} s, machine CPU "
+            f"{spread([r[where]['cpu_s'] for r in runs])} s, first step {spread([r[where]['first_step_s'] for r in runs])} s"
+        )
     ratio = [r["head"]["cpu_s"] / r["embedded"]["cpu_s"] for r in runs]
     wall = [r["head"]["wall_s"] / r["embedded"]["wall_s"] for r in runs]
-    lines.append(f"on the head, per round: {spread(ratio, 2)} of the CPU time, {spread(wall, 2)} of the wall time "
-                 f"({len(runs)} rounds, {stored['machine'].get('cpus', '?')} CPUs, {stored['date']}, "
-                 f"commit {stored['commit'][:7]})")
+    lines.append(
+        f"on the head, per round: {spread(ratio, 2)} of the CPU time, {spread(wall, 2)} of the wall time "
+        f"({len(runs)} rounds, {stored['machine'].get('cpus', '?')} CPUs, {stored['date']}, "
+        f"commit {stored['commit'][:7]})"
+    )
     if "cold head" in runs[0]:
         ratio = [r["head"]["cpu_s"] / r["cold head"]["cpu_s"] for r in runs]
         wall = [r["head"]["wall_s"] / r["cold head"]["wall_s"] for r in runs]
-        lines.append(f"on the head with its warm interpreter, per round: {spread(ratio, 2)} of the cold head's CPU "
-                     f"time, {spread(wall, 2)} of its wall time")
+        lines.append(
+            f"on the head with its warm interpreter, per round: {spread(ratio, 2)} of the cold head's CPU "
+            f"time, {spread(wall, 2)} of its wall time"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -74,7 +85,7 @@ def main() -> None:
         envs = {"head": clean_env(**head.job_env()), "cold head": clean_env(**cold.job_env()), "embedded": clean_env()}
 
         def one_round(storage: str, i: int) -> dict:
-            order = list(SIDES[i % 3:] + SIDES[:i % 3])
+            order = list(SIDES[i % 3 :] + SIDES[: i % 3])
             done = {where: one_run(storage, f"{where.replace(' ', '-')}{i}", envs[where]) for where in order}
             print(json.dumps({"round": i, **done}), flush=True)
             return done

@@ -20,10 +20,32 @@ from tests.support.cluster.resilience import lose_a_node_mid_run, warn_and_resum
 
 NODE_LOSS_TIMEOUT_S = 15.0
 JOBS = {
-    "sync": ["python", "jobs/sync.py", "--set", "scaling.num_workers=2", "--set", "train.epochs=25",
-             "--set", "straggler.worker=0", "--set", "straggler.slowdown=4"],
-    "async": ["python", "jobs/async.py", "--set", "scaling.num_workers=2", "--set", "async_ps.num_servers=2",
-              "--set", "train.epochs=60", "--set", "straggler.worker=0", "--set", "straggler.slowdown=4"],
+    "sync": [
+        "python",
+        "jobs/sync.py",
+        "--set",
+        "scaling.num_workers=2",
+        "--set",
+        "train.epochs=25",
+        "--set",
+        "straggler.worker=0",
+        "--set",
+        "straggler.slowdown=4",
+    ],
+    "async": [
+        "python",
+        "jobs/async.py",
+        "--set",
+        "scaling.num_workers=2",
+        "--set",
+        "async_ps.num_servers=2",
+        "--set",
+        "train.epochs=60",
+        "--set",
+        "straggler.worker=0",
+        "--set",
+        "straggler.slowdown=4",
+    ],
 }
 
 
@@ -32,17 +54,25 @@ def warned_round(cluster: EmulatedCluster, strategy: str, name: str) -> dict:
     command = [*JOBS[strategy], "--set", f"run.storage_path={storage}", "--set", f"run.name={name}"]
     warned = warn_and_resume(cluster, name, command, storage / name)
     summary = json.loads((storage / name / "summary.json").read_text())
-    return {"warning_to_checkpoint_s": round(warned.warning_to_checkpoint_s, 3), "stopped_at": warned.stopped_at,
-            "held_back_s": round(warned.held_back_s, 1),
-            "resumed_from_step": summary["resumed_from_step"], "status": summary["status"],
-            "steps": summary["steps"], "total_steps": summary["total_steps"]}
+    return {
+        "warning_to_checkpoint_s": round(warned.warning_to_checkpoint_s, 3),
+        "stopped_at": warned.stopped_at,
+        "held_back_s": round(warned.held_back_s, 1),
+        "resumed_from_step": summary["resumed_from_step"],
+        "status": summary["status"],
+        "steps": summary["steps"],
+        "total_steps": summary["total_steps"],
+    }
 
 
 def lost_round(cluster: EmulatedCluster, name: str) -> dict:
     lost = lose_a_node_mid_run(cluster, name, NODE_LOSS_TIMEOUT_S)
     errors = sorted({ln for ln in lost.output.splitlines() if ln.startswith("raydist: error:")})
-    return {"kill_to_exit_s": round(lost.kill_to_exit_s, 2), "returncode": lost.returncode,
-            "error": errors[-1] if errors else ""}
+    return {
+        "kill_to_exit_s": round(lost.kill_to_exit_s, 2),
+        "returncode": lost.returncode,
+        "error": errors[-1] if errors else "",
+    }
 
 
 def measure(rounds: int) -> dict:
@@ -78,7 +108,8 @@ def report(stored: dict) -> str:
         f"| fixed 3-worker run, node02's Ray SIGKILLed mid-run, `node_loss_timeout_s="
         f"{stored['node_loss_timeout_s']:g}`: kill to exit 1 "
         f"| {_values([r['kill_to_exit_s'] for r in stored['node_loss']], digits=1)}"
-        f"{'; each named node02' if named else '; NOT each named node02'} |\n")
+        f"{'; each named node02' if named else '; NOT each named node02'} |\n"
+    )
 
 
 def main() -> None:

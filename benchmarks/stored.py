@@ -22,8 +22,14 @@ def machine() -> dict:
     import torch
 
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {"cpus": os.cpu_count(), "memory_gib": round(mem, 1), "python": platform.python_version(),
-            "torch": torch.__version__, "ray": ray.__version__, "platform": platform.platform()}
+    return {
+        "cpus": os.cpu_count(),
+        "memory_gib": round(mem, 1),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "ray": ray.__version__,
+        "platform": platform.platform(),
+    }
 
 
 def commit() -> str:
@@ -33,8 +39,9 @@ def commit() -> str:
         # from, clean, as the caller says
         return os.environ["RAYDIST_COMMIT"] + "-copy"
     r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
-                             text=True).stdout.splitlines()
+    changed = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
+    ).stdout.splitlines()
     dirty = [ln for ln in changed if not (ln[3:].startswith("docs/") or ln[3:].endswith(".md"))]
     return r.stdout.strip() + ("-dirty" if dirty else "")
 
@@ -42,8 +49,12 @@ def commit() -> str:
 def stamp() -> dict:
     """The machine, the commit, today's date and the load average at the start (a busy machine is slower), for a
     stored result."""
-    return {"machine": machine(), "commit": commit(), "date": time.strftime("%Y-%m-%d"),
-            "load_at_start": [round(v, 2) for v in os.getloadavg()]}
+    return {
+        "machine": machine(),
+        "commit": commit(),
+        "date": time.strftime("%Y-%m-%d"),
+        "load_at_start": [round(v, 2) for v in os.getloadavg()],
+    }
 
 
 def spread(values: list[float], digits: int = 1) -> str:
@@ -56,8 +67,11 @@ def parser(description: str, *, rounds: int | None = None) -> argparse.ArgumentP
     and `--rounds` with the benchmark's default where it repeats its measurement."""
     main = sys.modules["__main__"]
     name = getattr(getattr(main, "__spec__", None), "name", None)
-    ap = argparse.ArgumentParser(prog=f"python -m {name}" if name else None, description=description,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog=f"python -m {name}" if name else None,
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     if rounds is not None:
         ap.add_argument("--rounds", type=int, default=rounds, help=f"rounds to measure (default {rounds})")
     return ap

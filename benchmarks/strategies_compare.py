@@ -30,8 +30,16 @@ TARGET = 0.95
 
 def compare_once(storage: str, name: str, overrides: list[str]) -> dict[str, dict]:
     """One jobs/compare.py run; each strategy's row: its summary's figures and its time to the target."""
-    args = [sys.executable, str(REPO / "jobs" / "compare.py"), "--set", f"run.storage_path={storage}",
-            "--set", f"run.name={name}", "--set", f"compare.target_accuracy={TARGET}"]
+    args = [
+        sys.executable,
+        str(REPO / "jobs" / "compare.py"),
+        "--set",
+        f"run.storage_path={storage}",
+        "--set",
+        f"run.name={name}",
+        "--set",
+        f"compare.target_accuracy={TARGET}",
+    ]
     for o in [*SHARED, *overrides]:
         args += ["--set", o]
     done = subprocess.run(args, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=1800)
@@ -40,10 +48,22 @@ def compare_once(storage: str, name: str, overrides: list[str]) -> dict[str, dic
     from raydist.compare.runner import label, own_columns
 
     results = json.loads((Path(storage) / name / "results.json").read_text())["strategies"]
-    keep = ("test_accuracy", "samples_per_s", "bytes_per_worker", "wait_s_per_worker", "wall_s",
-            *(f for _, f, _ in own_columns(list(results))))
-    return {strategy: {**{k: r["summary"].get(k) for k in keep}, "time_to_target_s": r["time_to_target_s"],
-                       "label": label(strategy)} for strategy, r in results.items()}
+    keep = (
+        "test_accuracy",
+        "samples_per_s",
+        "bytes_per_worker",
+        "wait_s_per_worker",
+        "wall_s",
+        *(f for _, f, _ in own_columns(list(results))),
+    )
+    return {
+        strategy: {
+            **{k: r["summary"].get(k) for k in keep},
+            "time_to_target_s": r["time_to_target_s"],
+            "label": label(strategy),
+        }
+        for strategy, r in results.items()
+    }
 
 
 def _med(rounds: list[dict], key: str) -> float | None:
@@ -64,12 +84,16 @@ def row(strategy: str, rounds: list[dict], strategies: list[str]) -> str:
     """One strategy's table row from its rounds: medians, the timed columns with their min-max."""
     from raydist.compare.runner import own_columns, shown
 
-    waits = " / ".join(f"{statistics.median(r['wait_s_per_worker'][i] for r in rounds):.2f}"
-                       for i in range(len(rounds[0]["wait_s_per_worker"])))
+    waits = " / ".join(
+        f"{statistics.median(r['wait_s_per_worker'][i] for r in rounds):.2f}"
+        for i in range(len(rounds[0]["wait_s_per_worker"]))
+    )
     mb = statistics.median(statistics.mean(r["bytes_per_worker"]) for r in rounds) / 1e6
     own = "".join(f" {shown(_med(rounds, f), count)} |" for _, f, count in own_columns(strategies))
-    return (f"| {rounds[0]['label']} | {_med(rounds, 'test_accuracy'):.4f} | {_timed(rounds, 'time_to_target_s', 2)} "
-            f"| {_timed(rounds, 'samples_per_s', 0)} | {mb:.1f} | {waits} |{own} {_timed(rounds, 'wall_s', 1)} |")
+    return (
+        f"| {rounds[0]['label']} | {_med(rounds, 'test_accuracy'):.4f} | {_timed(rounds, 'time_to_target_s', 2)} "
+        f"| {_timed(rounds, 'samples_per_s', 0)} | {mb:.1f} | {waits} |{own} {_timed(rounds, 'wall_s', 1)} |"
+    )
 
 
 def table(stored: dict, setting: str) -> str:
@@ -85,27 +109,37 @@ def kept(stored: dict) -> str:
     """What share of its samples/s each strategy keeps with the straggler, median over the rounds."""
     shares = []
     for strategy in stored["rounds"][0]["calm"]:
-        ratios = [r["straggler"][strategy]["samples_per_s"] / r["calm"][strategy]["samples_per_s"]
-                  for r in stored["rounds"]]
+        ratios = [
+            r["straggler"][strategy]["samples_per_s"] / r["calm"][strategy]["samples_per_s"] for r in stored["rounds"]
+        ]
         shares.append(f"{stored['rounds'][0]['calm'][strategy]['label']} {statistics.median(ratios):.2f}")
-    return "With the straggler each keeps this share of its samples/s (median of the rounds' ratios): " + \
-        ", ".join(shares) + ".\n"
+    return (
+        "With the straggler each keeps this share of its samples/s (median of the rounds' ratios): "
+        + ", ".join(shares)
+        + ".\n"
+    )
 
 
 def report(stored: dict) -> str:
     """The two tables docs/strategies.md quotes, with the number of rounds behind them."""
     n = len(stored["rounds"])
-    return (f"Without a straggler (median of {n} rounds; min-max in brackets):\n\n{table(stored, 'calm')}\n"
-            f"With worker 2 three times slower (`--set straggler.worker=2 --set straggler.slowdown=3`):\n\n"
-            f"{table(stored, 'straggler')}\n{kept(stored)}")
+    return (
+        f"Without a straggler (median of {n} rounds; min-max in brackets):\n\n{table(stored, 'calm')}\n"
+        f"With worker 2 three times slower (`--set straggler.worker=2 --set straggler.slowdown=3`):\n\n"
+        f"{table(stored, 'straggler')}\n{kept(stored)}"
+    )
 
 
 def measure(args) -> dict:
     def one_round(storage: str, i: int) -> dict:
         return {setting: compare_once(storage, f"{setting}{i}", overrides) for setting, overrides in SETTINGS.items()}
 
-    return {"shared": SHARED, "settings": SETTINGS, "target_accuracy": TARGET,
-            "rounds": stored_file.rounds(args.rounds, "rd-compare-", one_round)}
+    return {
+        "shared": SHARED,
+        "settings": SETTINGS,
+        "target_accuracy": TARGET,
+        "rounds": stored_file.rounds(args.rounds, "rd-compare-", one_round),
+    }
 
 
 def main() -> None:

@@ -51,13 +51,16 @@ def one_round(workdir: Path, accounting: bool = False, commit: str = "") -> dict
     if accounting:  # the plugin alone on the path: every process of the suite inherits PYTHONPATH
         (workdir / "plugin").mkdir()
         shutil.copy(REPO / "benchmarks" / "cpu_per_test.py", workdir / "plugin")
-        env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(workdir / "plugin"), env.get("PYTHONPATH")])),
-                   RAYDIST_CPU_PER_TEST=str(per_test))
+        env.update(
+            PYTHONPATH=os.pathsep.join(filter(None, [str(workdir / "plugin"), env.get("PYTHONPATH")])),
+            RAYDIST_CPU_PER_TEST=str(per_test),
+        )
         pytest_args += " -p cpu_per_test"
     t, busy = time.monotonic(), busy_cpu_s()
     try:
-        r = subprocess.run(["make", "test", f"PYTEST_ARGS={pytest_args}"], cwd=clone, capture_output=True,
-                           text=True, env=env)
+        r = subprocess.run(
+            ["make", "test", f"PYTEST_ARGS={pytest_args}"], cwd=clone, capture_output=True, text=True, env=env
+        )
     finally:
         wall, busy = time.monotonic() - t, busy_cpu_s() - busy
         if accounting:
@@ -74,8 +77,13 @@ def one_round(workdir: Path, accounting: bool = False, commit: str = "") -> dict
         counts["machine_busy_cpu_s"] = round(busy, 1)
         counts["cpu_by_process"] = cpu_by_process(pacct)
         counts.update(cpu_by_test(per_test))
-    return {"commit": tested, "wall_s": round(wall, 1), "exit_code": r.returncode, **counts,
-            "tail": (r.stdout + r.stderr)[-1500:] if r.returncode else ""}
+    return {
+        "commit": tested,
+        "wall_s": round(wall, 1),
+        "exit_code": r.returncode,
+        **counts,
+        "tail": (r.stdout + r.stderr)[-1500:] if r.returncode else "",
+    }
 
 
 def cpu_by_process(pacct: Path, top: int = 40) -> dict:
@@ -126,10 +134,12 @@ def cpu_by_test(lines: Path) -> dict:
     for row in rows:
         module = Path(row["id"].split("::")[0]).stem
         modules[module] = modules.get(module, 0.0) + row["cpu_s"]
-    return {"tests_cpu_s": round(sum(row["cpu_s"] for row in rows), 1),
-            "module_cpu_s": {m: round(c, 1) for m, c in sorted(modules.items(), key=lambda kv: -kv[1])},
-            "test_cpu_s": {row["id"]: row["cpu_s"] for row in sorted(rows, key=lambda row: -row["cpu_s"])},
-            "timeline": timeline(rows)}
+    return {
+        "tests_cpu_s": round(sum(row["cpu_s"] for row in rows), 1),
+        "module_cpu_s": {m: round(c, 1) for m, c in sorted(modules.items(), key=lambda kv: -kv[1])},
+        "test_cpu_s": {row["id"]: row["cpu_s"] for row in sorted(rows, key=lambda row: -row["cpu_s"])},
+        "timeline": timeline(rows),
+    }
 
 
 def timeline(rows: list[dict]) -> list[list]:
@@ -139,8 +149,16 @@ def timeline(rows: list[dict]) -> list[list]:
     if not timed:
         return []
     t0 = min(row["end"] - row["wall_s"] for row in timed)
-    return [[row["id"], row["worker"].rsplit("-", 1)[-1], round(row["end"] - row["wall_s"] - t0, 2),
-             round(row["end"] - t0, 2), row["cpu_s"]] for row in sorted(timed, key=lambda r: r["end"] - r["wall_s"])]
+    return [
+        [
+            row["id"],
+            row["worker"].rsplit("-", 1)[-1],
+            round(row["end"] - row["wall_s"] - t0, 2),
+            round(row["end"] - t0, 2),
+            row["cpu_s"],
+        ]
+        for row in sorted(timed, key=lambda r: r["end"] - r["wall_s"])
+    ]
 
 
 def where_the_time_goes(suite: ET.Element, top: int = 25) -> dict:
@@ -148,19 +166,33 @@ def where_the_time_goes(suite: ET.Element, top: int = 25) -> dict:
     these add up to about twice pytest's wall time), the slowest tests, every test's time (where to look when the
     suite is to be shortened), and the ones that failed, with the end of each failure's report: the run's own
     output keeps only its tail, where pytest's summary and warnings leave no room for it."""
-    cases = [(c.get("classname", ""), c.get("name", ""), float(c.get("time", 0)),
-              c.find("failure") is not None or c.find("error") is not None) for c in suite.iter("testcase")]
-    reports = {f"{c.get('classname', '')}::{c.get('name', '')}": (bad.text or bad.get("message", ""))[-3000:]
-               for c in suite.iter("testcase") for bad in (c.find("failure"), c.find("error")) if bad is not None}
+    cases = [
+        (
+            c.get("classname", ""),
+            c.get("name", ""),
+            float(c.get("time", 0)),
+            c.find("failure") is not None or c.find("error") is not None,
+        )
+        for c in suite.iter("testcase")
+    ]
+    reports = {
+        f"{c.get('classname', '')}::{c.get('name', '')}": (bad.text or bad.get("message", ""))[-3000:]
+        for c in suite.iter("testcase")
+        for bad in (c.find("failure"), c.find("error"))
+        if bad is not None
+    }
     modules: dict[str, float] = {}
     for cls, _, t, _ in cases:
         module = cls.split(".")[1] if cls.startswith("tests.") else cls.split(".")[0]
         modules[module] = modules.get(module, 0.0) + t
     slowest = sorted(cases, key=lambda c: -c[2])[:top]
-    return {"module_s": {m: round(t, 1) for m, t in sorted(modules.items(), key=lambda kv: -kv[1])},
-            "slowest_s": {f"{c}::{n}": round(t, 1) for c, n, t, _ in slowest},
-            "tests_s": {f"{c}::{n}": round(t, 2) for c, n, t, _ in sorted(cases, key=lambda c: -c[2])},
-            "failed": [f"{c}::{n}" for c, n, _, bad in cases if bad], "failure_reports": reports}
+    return {
+        "module_s": {m: round(t, 1) for m, t in sorted(modules.items(), key=lambda kv: -kv[1])},
+        "slowest_s": {f"{c}::{n}": round(t, 1) for c, n, t, _ in slowest},
+        "tests_s": {f"{c}::{n}": round(t, 2) for c, n, t, _ in sorted(cases, key=lambda c: -c[2])},
+        "failed": [f"{c}::{n}" for c, n, _, bad in cases if bad],
+        "failure_reports": reports,
+    }
 
 
 def minutes(seconds: float) -> str:
@@ -173,27 +205,38 @@ def report(stored: dict) -> str:
     if not rounds:
         return "no passing round stored"
     walls, pytests = [r["wall_s"] for r in rounds], [r["pytest_s"] for r in rounds]
-    span = (lambda v: minutes(v[0]) if len(v) == 1 else f"{minutes(min(v))} to {minutes(max(v))}")
-    return (f"`make test` from a fresh clone: {span(sorted(walls))} with set-up, {span(sorted(pytests))} of pytest "
-            f"({rounds[-1]['tests']} tests; {len(rounds)} round(s) on {stored['machine']['cpus']} CPUs, "
-            f"{stored['date']})")
+    span = lambda v: minutes(v[0]) if len(v) == 1 else f"{minutes(min(v))} to {minutes(max(v))}"
+    return (
+        f"`make test` from a fresh clone: {span(sorted(walls))} with set-up, {span(sorted(pytests))} of pytest "
+        f"({rounds[-1]['tests']} tests; {len(rounds)} round(s) on {stored['machine']['cpus']} CPUs, "
+        f"{stored['date']})"
+    )
 
 
 def main() -> int:
     p = parser(__doc__.splitlines()[0], rounds=1)
     p.add_argument("--out", type=Path, default=REPO / "docs" / "data" / "suite_time.json")
     p.add_argument("--report", type=Path, help="print the quoted line of a stored run and exit")
-    p.add_argument("--commit", default="", help="test this commit instead of HEAD (a run before a change, on the "
-                   "same hour as the run after it; the accounting plugin is this checkout's)")
-    p.add_argument("--accounting", action="store_true", help="store the CPU time of the run's processes by name "
-                   "(process accounting: needs root and Debian's acct)")
+    p.add_argument(
+        "--commit",
+        default="",
+        help="test this commit instead of HEAD (a run before a change, on the "
+        "same hour as the run after it; the accounting plugin is this checkout's)",
+    )
+    p.add_argument(
+        "--accounting",
+        action="store_true",
+        help="store the CPU time of the run's processes by name (process accounting: needs root and Debian's acct)",
+    )
     a = p.parse_args()
     if a.report:
         print(report(json.loads(a.report.read_text())))
         return 0
     if a.accounting and not (shutil.which("accton") and shutil.which("dump-acct")):
-        print("suite_time: error: --accounting needs Debian's acct (accton, dump-acct): apt-get install acct",
-              file=sys.stderr)
+        print(
+            "suite_time: error: --accounting needs Debian's acct (accton, dump-acct): apt-get install acct",
+            file=sys.stderr,
+        )
         return 2
     rounds = []
     for i in range(a.rounds):

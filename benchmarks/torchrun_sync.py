@@ -1,6 +1,6 @@
 """The same sync DDP loop as jobs/sync.py, under plain torchrun with gloo: the baseline for Ray's overhead.
 
-    torchrun --standalone --nproc-per-node 2 benchmarks/torchrun_sync.py --set run.storage_path=/tmp/bench
+torchrun --standalone --nproc-per-node 2 benchmarks/torchrun_sync.py --set run.storage_path=/tmp/bench
 """
 
 import json
@@ -24,9 +24,20 @@ def main() -> int:
     ctx = TorchrunContext(cfg.run.run_dir)
     last = Trainer(cfg, ctx, SyncDDP).fit()
     if ctx.rank == 0:
-        print(json.dumps({"strategy": "torchrun-sync", "steps": last.get("step"), "wall_s": time.perf_counter() - start,
-                          "test_accuracy": last.get("test_accuracy"), "steps_per_s": last.get("steps_per_s"),
-                          "samples_per_s": last.get("samples_per_s"), "checkpoint": ctx.last_checkpoint}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "strategy": "torchrun-sync",
+                    "steps": last.get("step"),
+                    "wall_s": time.perf_counter() - start,
+                    "test_accuracy": last.get("test_accuracy"),
+                    "steps_per_s": last.get("steps_per_s"),
+                    "samples_per_s": last.get("samples_per_s"),
+                    "checkpoint": ctx.last_checkpoint,
+                }
+            ),
+            flush=True,
+        )
     return 0
 
 

@@ -39,8 +39,14 @@ def run(storage: str, name: str, kills: int, seed: int, strategy: str = "sync", 
     """One job, with `kills` worker SIGKILLs; returns its summary plus the kills that landed and the time taken."""
     rng = random.Random(seed)
     started = time.perf_counter()
-    proc = start_job(strategy, f"run.storage_path={storage}", f"run.name={name}", f"scaling.max_failures={kills + 1}",
-                     *BASE, *overrides)
+    proc = start_job(
+        strategy,
+        f"run.storage_path={storage}",
+        f"run.name={name}",
+        f"scaling.max_failures={kills + 1}",
+        *BASE,
+        *overrides,
+    )
     metrics = Path(storage) / name / "metrics.jsonl"
     landed = 0
     try:
@@ -67,26 +73,33 @@ def run(storage: str, name: str, kills: int, seed: int, strategy: str = "sync", 
     result = {**summary, "kills": landed, "seconds": time.perf_counter() - started, "traceback": "Traceback" in err}
     if result["traceback"]:  # what a failed check must show: which process printed it, and why
         at = err.index("Traceback")
-        result["traceback_context"] = err[max(0, at - 1500):at + 2500]
+        result["traceback_context"] = err[max(0, at - 1500) : at + 2500]
     return result
 
 
 def report(stored: dict) -> str:
     """The lines docs/faults.md quotes: each run, the accuracy difference, and the time a kill cost."""
     calm, hit, name = stored["undisturbed"], stored["disturbed"], stored["strategy"]
-    lines = [f"{name} {label}: {s['status']}, {s['steps']}/{s['total_steps']} steps, test accuracy "
-             f"{s['test_accuracy']:.4f}, final loss {s['final_loss']:.6g}, {s['seconds']:.0f} s"
-             for label, s in (("undisturbed", calm), (f"{hit['kills']} SIGKILLs", hit))]
+    lines = [
+        f"{name} {label}: {s['status']}, {s['steps']}/{s['total_steps']} steps, test accuracy "
+        f"{s['test_accuracy']:.4f}, final loss {s['final_loss']:.6g}, {s['seconds']:.0f} s"
+        for label, s in (("undisturbed", calm), (f"{hit['kills']} SIGKILLs", hit))
+    ]
     diff = abs(hit["test_accuracy"] - calm["test_accuracy"])
-    lines.append(f"accuracy difference {diff:.4f} {'OK' if ok(stored) else 'FAILED'}; "
-                 f"{(hit['seconds'] - calm['seconds']) / max(1, hit['kills']):.1f} s more per kill")
+    lines.append(
+        f"accuracy difference {diff:.4f} {'OK' if ok(stored) else 'FAILED'}; "
+        f"{(hit['seconds'] - calm['seconds']) / max(1, hit['kills']):.1f} s more per kill"
+    )
     return "\n".join(lines) + "\n"
 
 
 def ok(stored: dict) -> bool:
     calm, hit = stored["undisturbed"], stored["disturbed"]
-    return hit["status"] == "completed" and hit["steps"] == hit["total_steps"] and \
-        abs(hit["test_accuracy"] - calm["test_accuracy"]) <= 0.01
+    return (
+        hit["status"] == "completed"
+        and hit["steps"] == hit["total_steps"]
+        and abs(hit["test_accuracy"] - calm["test_accuracy"]) <= 0.01
+    )
 
 
 def main() -> None:
@@ -103,8 +116,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="rd-train-chaos-") as storage:
         calm = run(storage, "calm", 0, args.seed, args.strategy, args.overrides)
         hit = run(storage, "chaos", args.kills, args.seed, args.strategy, args.overrides)
-    stored = {"strategy": args.strategy, "seed": args.seed, "overrides": [*BASE, *args.overrides],
-              "undisturbed": calm, "disturbed": hit}
+    stored = {
+        "strategy": args.strategy,
+        "seed": args.seed,
+        "overrides": [*BASE, *args.overrides],
+        "undisturbed": calm,
+        "disturbed": hit,
+    }
     print(report(stored), end="", flush=True)
     stored_file.save(args.out, stored, machine_and_commit)
     sys.exit(0 if ok(stored) else 1)

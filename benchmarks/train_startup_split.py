@@ -28,8 +28,11 @@ def stamp(text: str) -> float:
 
 def split(session: str) -> dict[str, float]:
     with open(os.path.join(session, "logs", "raylet.out")) as f:
-        starts = [stamp(m.group(1)) for m in (re.match(r"\[(.*?) I ", line) for line in f
-                                              if "Started worker process" in line) if m]
+        starts = [
+            stamp(m.group(1))
+            for m in (re.match(r"\[(.*?) I ", line) for line in f if "Started worker process" in line)
+            if m
+        ]
     connect = starts[0]
     controller = next(s for s in starts if s > connect + 0.05)  # the prestarted workers start together
     logs = glob.glob(os.path.join(session, "logs", "train", "ray-train-sys-controller-*.log"))
@@ -52,15 +55,21 @@ def split(session: str) -> dict[str, float]:
 
     first, scheduling = events[0][0], at("INITIALIZING -> SCHEDULING")
     cleaner = next((t for t, m in events if "PlacementGroupCleaner launched" in m), None)  # raydist's starts none
-    steps = {"controller process starts": controller - connect, "controller set-up": first - controller,
-             "state actor": (cleaner or scheduling) - first}
+    steps = {
+        "controller process starts": controller - connect,
+        "controller set-up": first - controller,
+        "state actor": (cleaner or scheduling) - first,
+    }
     if cleaner is not None:
         steps["placement-group cleaner"] = scheduling - cleaner
-    return {**steps,
-            "worker actors": reported("worker actors created", r"created in ([\d.]+)s"),
-            "train context and synchronization actor": reported("Train context initialized",
-                                                                r"initialized on workers in ([\d.]+)s"),
-            "process group, callbacks, launch": at("SCHEDULING -> RUNNING") - at("Train context initialized")}
+    return {
+        **steps,
+        "worker actors": reported("worker actors created", r"created in ([\d.]+)s"),
+        "train context and synchronization actor": reported(
+            "Train context initialized", r"initialized on workers in ([\d.]+)s"
+        ),
+        "process group, callbacks, launch": at("SCHEDULING -> RUNNING") - at("Train context initialized"),
+    }
 
 
 def main() -> int:
@@ -70,8 +79,9 @@ def main() -> int:
     try:
         print(json.dumps({k: round(v, 2) for k, v in split(os.path.realpath(a.session)).items()}))
     except (OSError, ValueError, StopIteration, IndexError) as e:
-        print(f"train_startup_split: error: {a.session}: cannot read the split ({e or type(e).__name__})",
-              file=sys.stderr)
+        print(
+            f"train_startup_split: error: {a.session}: cannot read the split ({e or type(e).__name__})", file=sys.stderr
+        )
         return 1
     return 0
 

@@ -29,6 +29,7 @@ from torch.utils.data.distributed import DistributedSampler
 try:  # optional: step and loss for `raydist top`; does nothing under srun or torchrun
     from raydist.hook import report
 except ImportError:
+
     def report(**_):
         pass
 
@@ -66,8 +67,9 @@ class SmallCNN(nn.Module):
 
 def save_snapshot(path, model, opt, epoch, done, step):
     tmp = f"{path}.tmp"
-    torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "epoch": epoch, "done": done,
-                "step": step}, tmp)
+    torch.save(
+        {"model": model.module.state_dict(), "opt": opt.state_dict(), "epoch": epoch, "done": done, "step": step}, tmp
+    )
     os.replace(tmp, path)
 
 

@@ -28,9 +28,17 @@ Code = str | Callable | None
 """An import path 'package.module:function', or a function or class the workers can import by its module."""
 
 
-def fit(strategy: str, *, model: Code = None, model_args: dict[str, Any] | None = None, data: Code = None,
-        data_args: dict[str, Any] | None = None, loss: Code = None, config: str | Path | Iterable[str | Path] = (),
-        **sections: dict[str, Any]) -> Any:
+def fit(
+    strategy: str,
+    *,
+    model: Code = None,
+    model_args: dict[str, Any] | None = None,
+    data: Code = None,
+    data_args: dict[str, Any] | None = None,
+    loss: Code = None,
+    config: str | Path | Iterable[str | Path] = (),
+    **sections: dict[str, Any],
+) -> Any:
     """Run `strategy` (a registry name, `raydist.registry.jobs()`: each strategy, and compare) and return its summary.
 
     model, data, loss: your factories (`model.factory`, `data.factory`, `train.loss`), their keyword arguments in
@@ -40,8 +48,16 @@ def fit(strategy: str, *, model: Code = None, model_args: dict[str, Any] | None 
     from raydist.versions import check_versions
 
     check_versions()
-    cfg = config_for(strategy, model=model, model_args=model_args, data=data, data_args=data_args, loss=loss,
-                     config=config, sections=sections)
+    cfg = config_for(
+        strategy,
+        model=model,
+        model_args=model_args,
+        data=data,
+        data_args=data_args,
+        loss=loss,
+        config=config,
+        sections=sections,
+    )
     from raydist.job import run_job
 
     import ray
@@ -54,9 +70,17 @@ def fit(strategy: str, *, model: Code = None, model_args: dict[str, Any] | None 
             ray.shutdown()  # a second fit() in the same notebook starts its own instance again
 
 
-def config_for(strategy: str, *, model: Code, model_args: dict[str, Any] | None, data: Code,
-               data_args: dict[str, Any] | None, loss: Code, config: str | Path | Iterable[str | Path],
-               sections: dict[str, dict[str, Any]]) -> Config:
+def config_for(
+    strategy: str,
+    *,
+    model: Code,
+    model_args: dict[str, Any] | None,
+    data: Code,
+    data_args: dict[str, Any] | None,
+    loss: Code,
+    config: str | Path | Iterable[str | Path],
+    sections: dict[str, dict[str, Any]],
+) -> Config:
     """The validated config `fit` runs: the job's defaults, `config`, the sections, then the code arguments."""
     if strategy not in registry.jobs():
         raise UsageError(f"unknown strategy {strategy!r} (choose from {', '.join(registry.jobs())})")
@@ -66,9 +90,11 @@ def config_for(strategy: str, *, model: Code, model_args: dict[str, Any] | None,
         if not isinstance(values, dict):
             raise UsageError(f"{name}=: give a config section as a mapping, e.g. train={{'max_steps': 100}}")
         apply(cfg, {name: values})
-    code = {"model": {"factory": import_path_of(model, "model"), "args": model_args},
-            "data": {"factory": import_path_of(data, "data"), "args": data_args},
-            "train": {"loss": import_path_of(loss, "loss")}}
+    code = {
+        "model": {"factory": import_path_of(model, "model"), "args": model_args},
+        "data": {"factory": import_path_of(data, "data"), "args": data_args},
+        "train": {"loss": import_path_of(loss, "loss")},
+    }
     apply(cfg, {section: {k: v for k, v in values.items() if v is not None} for section, values in code.items()})
     return named(cfg, strategy)
 
@@ -78,16 +104,19 @@ def import_path_of(code: Code, what: str) -> str | None:
     if code is None or isinstance(code, str):
         return code
     if not callable(code):
-        raise UsageError(f"{what}=: give a function or class, or its import path 'package.module:name' (got a "
-                         f"{type(code).__name__})")
+        raise UsageError(
+            f"{what}=: give a function or class, or its import path 'package.module:name' (got a {type(code).__name__})"
+        )
     module, qualname = _module_of(code), getattr(code, "__qualname__", "")
     target: Any = importlib.import_module(module) if module else None
     for part in qualname.split("."):
         target = getattr(target, part, None)
     if not module or "<" in qualname or target is not code:
-        raise UsageError(f"{what}={getattr(code, '__name__', code)!r}: the workers import your code by module, and "
-                         f"this one cannot be imported back (defined in a notebook, or inside a function): put it in "
-                         f"a .py module and import it from there")
+        raise UsageError(
+            f"{what}={getattr(code, '__name__', code)!r}: the workers import your code by module, and "
+            f"this one cannot be imported back (defined in a notebook, or inside a function): put it in "
+            f"a .py module and import it from there"
+        )
     return f"{module}:{qualname}"
 
 

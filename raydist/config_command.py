@@ -29,8 +29,9 @@ def _tables() -> dict[str, tuple[str, str]]:
 
 
 def _block(name: str) -> re.Pattern[str]:
-    return re.compile(rf"(<!-- BEGIN {name} reference \(generated: [^)]*\) -->\n).*?(<!-- END {name} reference -->)",
-                      re.DOTALL)
+    return re.compile(
+        rf"(<!-- BEGIN {name} reference \(generated: [^)]*\) -->\n).*?(<!-- END {name} reference -->)", re.DOTALL
+    )
 
 
 def refreshed(text: str) -> str:
@@ -38,7 +39,9 @@ def refreshed(text: str) -> str:
     for name, (_command, table) in _tables().items():
         text, found = _block(name).subn(lambda m: f"{m.group(1)}\n{table}\n{m.group(2)}", text)
         if found != 1:
-            raise ConfigError(f"expected one '<!-- BEGIN {name} reference ...' ... '<!-- END {name} reference -->' block")
+            raise ConfigError(
+                f"expected one '<!-- BEGIN {name} reference ...' ... '<!-- END {name} reference -->' block"
+            )
     return text
 
 
@@ -64,14 +67,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("config", help="show a job's resolved config or the config reference")
     csub = p.add_subparsers(dest="config_command", required=True)
     show = csub.add_parser("show", help="validate and print the config a job would run with")
-    show.add_argument("--job", default=registry.names()[0], choices=registry.jobs(),
-                      help="whose defaults to start from (default: %(default)s)")
+    show.add_argument(
+        "--job",
+        default=registry.names()[0],
+        choices=registry.jobs(),
+        help="whose defaults to start from (default: %(default)s)",
+    )
     show.add_argument("--config", action="append", default=[], metavar="FILE")
     show.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     show.set_defaults(func=_show)
     ref = csub.add_parser("reference", help="print a config reference (markdown), as in docs/configuration.md")
-    ref.add_argument("--cluster", action="store_true", help="the cluster config's (cluster/cluster.yaml), not the run config's")
+    ref.add_argument(
+        "--cluster", action="store_true", help="the cluster config's (cluster/cluster.yaml), not the run config's"
+    )
     ref.add_argument("--launch", action="store_true", help="`raydist launch`'s settings")
-    ref.add_argument("--write", nargs="?", const=str(DOCS), metavar="FILE",
-                     help=f"rewrite every table in place in FILE (default {DOCS.relative_to(DOCS.parents[1])})")
+    ref.add_argument(
+        "--write",
+        nargs="?",
+        const=str(DOCS),
+        metavar="FILE",
+        help=f"rewrite every table in place in FILE (default {DOCS.relative_to(DOCS.parents[1])})",
+    )
     ref.set_defaults(func=_reference)

@@ -61,14 +61,17 @@ def user_datasets(path: str, args: dict[str, Any]) -> tuple[Any, Any]:
         raise ConfigError(f"data.factory={path}: must return (train, test), two Datasets; got {_kind(got)}")
     for name, ds in zip(("train", "test"), got):
         if not (hasattr(ds, "__len__") and hasattr(ds, "__getitem__")):
-            raise ConfigError(f"data.factory={path}: its {name} set is a {_kind(ds)}, not a map-style Dataset "
-                              f"(len() and indexing)")
+            raise ConfigError(
+                f"data.factory={path}: its {name} set is a {_kind(ds)}, not a map-style Dataset (len() and indexing)"
+            )
         if len(ds) == 0:
             raise ConfigError(f"data.factory={path}: its {name} set is empty")
         sample = ds[0]
         if not (isinstance(sample, (tuple, list)) and len(sample) == 2 and isinstance(sample[0], torch.Tensor)):
-            raise ConfigError(f"data.factory={path}: each {name} sample must be an (input tensor, target) pair; "
-                              f"sample 0 is {_kind(sample)}")
+            raise ConfigError(
+                f"data.factory={path}: each {name} sample must be an (input tensor, target) pair; "
+                f"sample 0 is {_kind(sample)}"
+            )
     return got[0], got[1]
 
 
@@ -93,8 +96,9 @@ def cross_entropy(output, target):
     sequence model's [batch, tokens, vocabulary] scores are scored per token."""
     import torch.nn.functional as F
 
-    return F.cross_entropy(output.flatten(0, -2) if output.dim() > 2 else output,
-                           target.flatten() if output.dim() > 2 else target)
+    return F.cross_entropy(
+        output.flatten(0, -2) if output.dim() > 2 else output, target.flatten() if output.dim() > 2 else target
+    )
 
 
 @functools.cache

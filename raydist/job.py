@@ -26,15 +26,29 @@ from raydist.summary import RESULT_ENV
 
 def parse_job_args(job: str, argv: list[str] | None, doc: str | None = None) -> Config:
     parser = OneLineParser(prog=f"jobs/{job}.py", description=doc)
-    parser.add_argument("--config", action="append", default=[], metavar="FILE", help="YAML merged over the job's defaults (repeatable)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides", help="override one key, e.g. --set optim.lr=0.01 (repeatable)")
+    parser.add_argument(
+        "--config", action="append", default=[], metavar="FILE", help="YAML merged over the job's defaults (repeatable)"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        dest="overrides",
+        help="override one key, e.g. --set optim.lr=0.01 (repeatable)",
+    )
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="also print Ray Train's per-report and per-checkpoint lines and every report's metrics "
-                             "(the same as --set run.verbose=true)")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also print Ray Train's per-report and per-checkpoint lines and every report's metrics "
+        "(the same as --set run.verbose=true)",
+    )
     args = parser.parse_args(argv)
-    cfg = load_config(job_defaults(job), args.config, [*args.overrides, *(["run.verbose=true"] if args.verbose else [])],
-                      job=job)
+    cfg = load_config(
+        job_defaults(job), args.config, [*args.overrides, *(["run.verbose=true"] if args.verbose else [])], job=job
+    )
     if args.print_config:
         import yaml
 
@@ -49,8 +63,11 @@ def run_job(job: str, cfg: Config, started: float | None = None) -> Any:
     here runs as its registry fallback, after one line saying why."""
     job, why = registry.runnable(job, cfg)
     if why:
-        print(f"[raydist] {why}: training with {job}, which restarts from checkpoints, instead", file=sys.stderr,
-              flush=True)
+        print(
+            f"[raydist] {why}: training with {job}, which restarts from checkpoints, instead",
+            file=sys.stderr,
+            flush=True,
+        )
     check_before_ray(job, cfg)
     summary = finished.completed_summary(job, cfg)
     if summary is not None:
@@ -64,7 +81,7 @@ def run_job(job: str, cfg: Config, started: float | None = None) -> Any:
         summary.write()
         finished.record(job, cfg)
         if session.ray == "local":  # the embedded instance ends with the job: now, not in Ray's exit hook,
-            import ray              # which first sleeps half a second
+            import ray  # which first sleeps half a second
 
             ray.shutdown()
     if os.environ.get(RESULT_ENV):  # batch mode reads the job's status there, a reported run's too
@@ -90,7 +107,9 @@ if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
         from raydist.errors import fail
 
-        fail(f"usage: python -m raydist.job JOB [--config FILE] [--set KEY=VALUE]... (JOB: {', '.join(registry.jobs())})")
+        fail(
+            f"usage: python -m raydist.job JOB [--config FILE] [--set KEY=VALUE]... (JOB: {', '.join(registry.jobs())})"
+        )
     from raydist.process_exit import exit_now
 
     exit_now(job_main(sys.argv[1], sys.argv[2:]))

@@ -17,48 +17,88 @@ from typing import Any
 # name -> (module, attribute, why no public API does it)
 PRIVATE: dict[str, tuple[str, str, str]] = {
     # ---- Ray core ----------------------------------------------------------------------------------------------
-    "internal_kv_initialized": ("ray.experimental.internal_kv", "_internal_kv_initialized",
-                                "the cluster-wide stop request (raydist.cluster.preemption) is a key in the GCS's KV store; "
-                                "Ray's public KV is Ray Serve's or a named actor, which would need a process"),
+    "internal_kv_initialized": (
+        "ray.experimental.internal_kv",
+        "_internal_kv_initialized",
+        "the cluster-wide stop request (raydist.cluster.preemption) is a key in the GCS's KV store; "
+        "Ray's public KV is Ray Serve's or a named actor, which would need a process",
+    ),
     "internal_kv_get": ("ray.experimental.internal_kv", "_internal_kv_get", "as internal_kv_initialized"),
     "internal_kv_put": ("ray.experimental.internal_kv", "_internal_kv_put", "as internal_kv_initialized"),
-    "GcsClient": ("ray._raylet", "GcsClient",
-                  "draining a node (DrainNode, reason PREEMPTION) and asking the GCS once whether it takes the token "
-                  "before ray.init retries a refusal for 20 s: no public call does either"),
+    "GcsClient": (
+        "ray._raylet",
+        "GcsClient",
+        "draining a node (DrainNode, reason PREEMPTION) and asking the GCS once whether it takes the token "
+        "before ray.init retries a refusal for 20 s: no public call does either",
+    ),
     "autoscaler_pb2": ("ray.core.generated.autoscaler_pb2", None, "the DrainNode reason's enum, for GcsClient"),
-    "global_state": ("ray._private.state", "state",
-                     "which nodes are being drained (get_draining_nodes): Ray Train's own PreemptionWatcher reads "
-                     "the same; no public call in 2.60"),
-    "ObjectRef": ("ray._raylet", "ObjectRef",
-                  "the warm interpreter checks that forked workers draw different random Ray IDs (from_random)"),
+    "global_state": (
+        "ray._private.state",
+        "state",
+        "which nodes are being drained (get_draining_nodes): Ray Train's own PreemptionWatcher reads "
+        "the same; no public call in 2.60",
+    ),
+    "ObjectRef": (
+        "ray._raylet",
+        "ObjectRef",
+        "the warm interpreter checks that forked workers draw different random Ray IDs (from_random)",
+    ),
     # ---- Ray Train -----------------------------------------------------------------------------------------
-    "WorkerHealthCheckTimeoutError": ("ray.train.v2._internal.exceptions", "WorkerHealthCheckTimeoutError",
-                                      "to name a hung worker from Ray Train's failure (the public error wraps it)"),
+    "WorkerHealthCheckTimeoutError": (
+        "ray.train.v2._internal.exceptions",
+        "WorkerHealthCheckTimeoutError",
+        "to name a hung worker from Ray Train's failure (the public error wraps it)",
+    ),
     "get_or_create_autoscaling_coordinator": (
         "ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator",
         "get_or_create_autoscaling_coordinator",
-        "started beside Ray Train's controller, which waits for it on the path to the first step (raydist.engines.raytrain)"),
-    "get_address_and_port": ("ray.train._internal.utils", "get_address_and_port",
-                             "rank 0's address for raydist's own process-group backend (raydist.engines.raytrain_backend)"),
-    "set_torch_distributed_env_vars": ("ray.train.torch.config", "_set_torch_distributed_env_vars",
-                                       "raydist's backend sets up torch.distributed as TorchConfig's does"),
+        "started beside Ray Train's controller, which waits for it on the path to the first step (raydist.engines.raytrain)",
+    ),
+    "get_address_and_port": (
+        "ray.train._internal.utils",
+        "get_address_and_port",
+        "rank 0's address for raydist's own process-group backend (raydist.engines.raytrain_backend)",
+    ),
+    "set_torch_distributed_env_vars": (
+        "ray.train.torch.config",
+        "_set_torch_distributed_env_vars",
+        "raydist's backend sets up torch.distributed as TorchConfig's does",
+    ),
     "setup_torch_process_group": ("ray.train.torch.config", "_setup_torch_process_group", "as above"),
     "shutdown_torch": ("ray.train.torch.config", "_shutdown_torch", "as above"),
-    "TrainingFramework": ("ray.train.v2._internal.util", "TrainingFramework",
-                          "the framework Ray Train records for a run (raydist.engines.raytrain_backend)"),
-    "ReplicaGroup": ("ray.train.v2._internal.execution.worker_group", "ReplicaGroup",
-                     "the heal strategy replaces one replica group, as Ray's torchft backend does"),
-    "TorchftConfig": ("ray.train.v2.torch.torchft_config", "TorchftConfig",
-                      "Ray's torchft backend (lighthouse, one process group per replica group) is not exported"),
-    "DataConfig": ("ray.train._internal.data_config", "DataConfig",
-                   "raydist.driver.train_view writes runs that Ray Train did not start to the dashboard's run list"),
-    "get_or_create_state_actor": ("ray.train.v2._internal.state.state_actor", "get_or_create_state_actor",
-                                  "as DataConfig: the run list lives in Ray Train's state actor"),
+    "TrainingFramework": (
+        "ray.train.v2._internal.util",
+        "TrainingFramework",
+        "the framework Ray Train records for a run (raydist.engines.raytrain_backend)",
+    ),
+    "ReplicaGroup": (
+        "ray.train.v2._internal.execution.worker_group",
+        "ReplicaGroup",
+        "the heal strategy replaces one replica group, as Ray's torchft backend does",
+    ),
+    "TorchftConfig": (
+        "ray.train.v2.torch.torchft_config",
+        "TorchftConfig",
+        "Ray's torchft backend (lighthouse, one process group per replica group) is not exported",
+    ),
+    "DataConfig": (
+        "ray.train._internal.data_config",
+        "DataConfig",
+        "raydist.driver.train_view writes runs that Ray Train did not start to the dashboard's run list",
+    ),
+    "get_or_create_state_actor": (
+        "ray.train.v2._internal.state.state_actor",
+        "get_or_create_state_actor",
+        "as DataConfig: the run list lives in Ray Train's state actor",
+    ),
     "state_schema": ("ray.train.v2._internal.state.schema", None, "as DataConfig: the run list's record types"),
     "state_util": ("ray.train.v2._internal.state.util", None, "as DataConfig: its timestamps and helpers"),
     # ---- torch ---------------------------------------------------------------------------------------------
-    "flatten_dense_tensors": ("torch._utils", "_flatten_dense_tensors",
-                              "the sync strategy's bucketed all-reduce flattens as DDP does; no public twin"),
+    "flatten_dense_tensors": (
+        "torch._utils",
+        "_flatten_dense_tensors",
+        "the sync strategy's bucketed all-reduce flattens as DDP does; no public twin",
+    ),
     "unflatten_dense_tensors": ("torch._utils", "_unflatten_dense_tensors", "as flatten_dense_tensors"),
 }
 
@@ -106,9 +146,11 @@ def torchft_backend_class() -> type:
     return TorchftBackend
 
 
-PYTHON_PRIVATE = {"threading._register_atexit": "raydist/launcher/rank_site/sitecustomize.py: the one hook at the "
-                  "moment a script's main module has ended (before non-daemon threads are joined and atexit runs); "
-                  "that file runs in the user's Python and cannot import raydist. Checked: CPython 3.10-3.12"}
+PYTHON_PRIVATE = {
+    "threading._register_atexit": "raydist/launcher/rank_site/sitecustomize.py: the one hook at the "
+    "moment a script's main module has ended (before non-daemon threads are joined and atexit runs); "
+    "that file runs in the user's Python and cannot import raydist. Checked: CPython 3.10-3.12"
+}
 """Python's own private names raydist uses, where they are used."""
 
 

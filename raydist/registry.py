@@ -94,39 +94,75 @@ def load_path(path: str) -> Any:
 STRATEGIES: dict[str, StrategySpec] = {
     s.name: s
     for s in (
-        StrategySpec("sync", "sync DDP", "synchronous data parallel (PyTorch DDP), gradients all-reduced every step",
-                     worker="raydist.strategies.sync.worker:SyncDDP", cost="raydist.strategies.sync.cost:SyncCost"),
-        StrategySpec("local_sgd", "local SGD",
-                     "workers step alone and average parameters every H steps (all-reduce or ring Polyak)",
-                     worker="raydist.strategies.local_sgd.worker:LocalSGD", section="local_sgd",
-                     config="raydist.strategies.local_sgd.config:LocalSGDConfig",
-                     cost="raydist.strategies.local_sgd.cost:LocalSGDCost"),
-        StrategySpec("async", "async PS", "Downpour SGD: workers push gradients to parameter-server actors without waiting",
-                     driver="raydist.strategies.async_ps.driver:run", check="raydist.strategies.async_ps.checks:check_async",
-                     section="async_ps", config="raydist.strategies.async_ps.config:AsyncPSConfig",
-                     summary_fields="raydist.strategies.async_ps.summary:ServerBooks",
-                     cost="raydist.strategies.async_ps.cost:AsyncPSCost",
-                     metrics="raydist.strategies.async_ps.metrics:METRICS",
-                     defaults_file="strategies/async_ps/defaults.yaml"),
-        StrategySpec("fsdp", "FSDP", "fully sharded data parallel (FSDP2): each worker holds 1/W of the parameters, "
-                     "gradients and optimizer state; sharded checkpoints", worker="raydist.strategies.fsdp.worker:FSDP",
-                     compared=False, section="fsdp", config="raydist.strategies.fsdp.config:FSDPConfig",
-                     cost="raydist.strategies.fsdp.cost:FSDPCost"),
-        StrategySpec("heal", "heal (torchft)", "sync DDP that heals in place: a failed worker is replaced while the "
-                     "others keep training, and takes the state from a live peer (torchft)",
-                     worker="raydist.strategies.heal.worker:Heal", check="raydist.strategies.heal.checks:check_heal",
-                     compared=False, section="heal", config="raydist.strategies.heal.config:HealConfig",
-                     summary_fields="raydist.strategies.heal.summary:HealBooks",
-                     torch_config="raydist.strategies.heal.backend:torchft_config",
-                     fallback="sync", unfit="raydist.strategies.heal.checks:why_not_heal"),
+        StrategySpec(
+            "sync",
+            "sync DDP",
+            "synchronous data parallel (PyTorch DDP), gradients all-reduced every step",
+            worker="raydist.strategies.sync.worker:SyncDDP",
+            cost="raydist.strategies.sync.cost:SyncCost",
+        ),
+        StrategySpec(
+            "local_sgd",
+            "local SGD",
+            "workers step alone and average parameters every H steps (all-reduce or ring Polyak)",
+            worker="raydist.strategies.local_sgd.worker:LocalSGD",
+            section="local_sgd",
+            config="raydist.strategies.local_sgd.config:LocalSGDConfig",
+            cost="raydist.strategies.local_sgd.cost:LocalSGDCost",
+        ),
+        StrategySpec(
+            "async",
+            "async PS",
+            "Downpour SGD: workers push gradients to parameter-server actors without waiting",
+            driver="raydist.strategies.async_ps.driver:run",
+            check="raydist.strategies.async_ps.checks:check_async",
+            section="async_ps",
+            config="raydist.strategies.async_ps.config:AsyncPSConfig",
+            summary_fields="raydist.strategies.async_ps.summary:ServerBooks",
+            cost="raydist.strategies.async_ps.cost:AsyncPSCost",
+            metrics="raydist.strategies.async_ps.metrics:METRICS",
+            defaults_file="strategies/async_ps/defaults.yaml",
+        ),
+        StrategySpec(
+            "fsdp",
+            "FSDP",
+            "fully sharded data parallel (FSDP2): each worker holds 1/W of the parameters, "
+            "gradients and optimizer state; sharded checkpoints",
+            worker="raydist.strategies.fsdp.worker:FSDP",
+            compared=False,
+            section="fsdp",
+            config="raydist.strategies.fsdp.config:FSDPConfig",
+            cost="raydist.strategies.fsdp.cost:FSDPCost",
+        ),
+        StrategySpec(
+            "heal",
+            "heal (torchft)",
+            "sync DDP that heals in place: a failed worker is replaced while the "
+            "others keep training, and takes the state from a live peer (torchft)",
+            worker="raydist.strategies.heal.worker:Heal",
+            check="raydist.strategies.heal.checks:check_heal",
+            compared=False,
+            section="heal",
+            config="raydist.strategies.heal.config:HealConfig",
+            summary_fields="raydist.strategies.heal.summary:HealBooks",
+            torch_config="raydist.strategies.heal.backend:torchft_config",
+            fallback="sync",
+            unfit="raydist.strategies.heal.checks:why_not_heal",
+        ),
     )
 }
 
 # Jobs that are not strategies but share the config and the launcher.
 OTHER_JOBS: dict[str, StrategySpec] = {
-    "compare": StrategySpec("compare", "compare", "run several strategies on one setting and set them side by side",
-                            driver="raydist.compare.runner:run", check="raydist.compare.checks:check_compare",
-                            section="compare", config="raydist.compare.config:CompareConfig"),
+    "compare": StrategySpec(
+        "compare",
+        "compare",
+        "run several strategies on one setting and set them side by side",
+        driver="raydist.compare.runner:run",
+        check="raydist.compare.checks:check_compare",
+        section="compare",
+        config="raydist.compare.config:CompareConfig",
+    ),
 }
 
 

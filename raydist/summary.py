@@ -31,9 +31,12 @@ class CommonSummary:
     run_name: str = described("run.name")
     run_dir: str = described("<run.storage_path>/<run.name>: checkpoints, metrics.jsonl, this file")
     ray: str = described("'local' for the embedded instance, else the cluster address the job used")
-    workers: int = described("training workers at the end (scaling.num_workers, or fewer in an elastic run that lost nodes)")
+    workers: int = described(
+        "training workers at the end (scaling.num_workers, or fewer in an elastic run that lost nodes)"
+    )
     status: Literal["completed", "stopped"] = described(
-        "completed: the run reached its step budget; stopped: it ended early at a checkpoint it resumes from")
+        "completed: the run reached its step budget; stopped: it ended early at a checkpoint it resumes from"
+    )
     steps: int = described("optimizer steps done, over the whole run (async: gradient updates from all workers)")
     total_steps: int = described("steps the run is configured for; status is completed when steps reaches it")
     resumed_from_step: int | None = described("the step this session resumed from, or null for a fresh start")
@@ -46,25 +49,35 @@ class CommonSummary:
     steps_per_s: float | None = described("steps per second over this session")
     checkpoint: str | None = described("directory of the last checkpoint")
     metrics_file: str = described("per-step records (metrics.jsonl), appended across resumes")
-    bytes_per_worker: list[float] = described("payload bytes each worker sent plus received this session (algorithm volume)", [])
+    bytes_per_worker: list[float] = described(
+        "payload bytes each worker sent plus received this session (algorithm volume)", []
+    )
     wait_s_per_worker: list[float] = described("seconds each worker spent waiting on others this session", [])
     peak_memory_bytes_per_worker: list[int] = described(
         "each worker's peak memory this session: the process's peak resident set on CPU (ru_maxrss; interpreter, "
-        "torch, Ray and data included), torch.cuda.max_memory_allocated on GPU (loop strategies)", [])
+        "torch, Ray and data included), torch.cuda.max_memory_allocated on GPU (loop strategies)",
+        [],
+    )
     param_bytes_per_worker: list[int] = described(
         "parameter bytes each worker holds between steps: the whole model, or its shard under fsdp (loop strategies)",
-        [])
+        [],
+    )
     stop_reason: str | None = described(
         "why a stopped run stopped: train.stop_at_step, a stop request (SLURM time limit, preemption), a draining node",
-        None)
+        None,
+    )
     startup_s: dict[str, float] | None = described(
         "seconds from the job's process start until: Ray connected (`connect`), the workers' training function began "
         "(`workers`), model, data and checkpoint were ready (`ready`), the first step was done (`first_step`); "
-        "Ray Train strategies", None)
+        "Ray Train strategies",
+        None,
+    )
     restarts: int = described("times the run replaced failed workers or servers and went on from a checkpoint", 0)
     warm_workers: int = described(
         "workers of the last start forked by their node's warm interpreter, torch already imported "
-        "(scaling.engine=launch on a cluster the SLURM bring-up started: docs/launch.md)", 0)
+        "(scaling.engine=launch on a cluster the SLURM bring-up started: docs/launch.md)",
+        0,
+    )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -89,12 +102,18 @@ def _own_fields() -> list[tuple[str, Any, Any]]:
         if spec.summary_fields:
             cls = spec.load("summary_fields")
             hints = get_type_hints(cls)
-            own += [(f.name, hints[f.name], field(default=f.default, metadata=f.metadata)) for f in dataclasses.fields(cls)]
+            own += [
+                (f.name, hints[f.name], field(default=f.default, metadata=f.metadata)) for f in dataclasses.fields(cls)
+            ]
     return own
 
 
-JobSummary = make_dataclass("JobSummary", _own_fields(), bases=(CommonSummary,),
-                            namespace={"__doc__": "One training job's outcome: the common fields, then each strategy's own."})
+JobSummary = make_dataclass(
+    "JobSummary",
+    _own_fields(),
+    bases=(CommonSummary,),
+    namespace={"__doc__": "One training job's outcome: the common fields, then each strategy's own."},
+)
 JobSummary.__module__ = __name__
 
 

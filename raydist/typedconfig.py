@@ -57,8 +57,7 @@ def free(help: str, parse: Callable[[Any, str], Any] | None = None) -> Any:
     """A mapping of the user's own keys, passed through unchecked (or as `parse` checks them) to what reads them (a
     factory's arguments). A file or `--set section.args.KEY=VALUE` adds or replaces keys; the keys already there
     stay."""
-    metadata = {"help": help, "bounds": {}, "special": {}, "parse": parse or mapping, "shown": "mapping",
-                "merge": True}
+    metadata = {"help": help, "bounds": {}, "special": {}, "parse": parse or mapping, "shown": "mapping", "merge": True}
     return field(default_factory=dict, metadata=metadata)
 
 
@@ -99,8 +98,11 @@ def shared_path(value: str, key: str) -> str:
 def mapping(value: Any, key: str) -> dict[str, Any]:
     check(isinstance(value, dict), key, f"must be a mapping of names to values (got {value!r})")
     for name in value:
-        check(isinstance(name, str) and name.isidentifier(), key,
-              f"keys must be Python identifiers, passed as keyword arguments (got {name!r})")
+        check(
+            isinstance(name, str) and name.isidentifier(),
+            key,
+            f"keys must be Python identifiers, passed as keyword arguments (got {name!r})",
+        )
     return value
 
 
@@ -110,8 +112,11 @@ def import_path(value: str, key: str) -> str:
         return value
     module, sep, attribute = value.partition(":")
     parts = module.split(".") + attribute.split(".")
-    check(bool(sep) and all(p.isidentifier() for p in parts), key,
-          f"must be an import path 'package.module:function' (got {value!r})")
+    check(
+        bool(sep) and all(p.isidentifier() for p in parts),
+        key,
+        f"must be an import path 'package.module:function' (got {value!r})",
+    )
     return value
 
 
@@ -124,8 +129,11 @@ def worker_count(value: Any, key: str) -> int | str:
     low, sep, high = text.partition("-")
     if not sep and low.isdigit():
         return worker_count(int(low), key)
-    check(bool(sep) and low.strip().isdigit() and high.strip().isdigit(), key,
-           f"must be a worker count N or a range MIN-MAX such as 2-4 (got {value!r})")
+    check(
+        bool(sep) and low.strip().isdigit() and high.strip().isdigit(),
+        key,
+        f"must be a worker count N or a range MIN-MAX such as 2-4 (got {value!r})",
+    )
     lo, hi = int(low), int(high)
     check(1 <= lo < hi, key, f"range must have 1 <= MIN < MAX (got {value!r})")
     return f"{lo}-{hi}"
@@ -307,8 +315,14 @@ def parse_override(text: str) -> dict[str, Any]:
     return nested
 
 
-def merge(cfg: Any, files: Iterable[str | Path] = (), overrides: Iterable[str] = (), *,
-          what: str = "sections (model, data, ...)", kind: str = "config") -> Any:
+def merge(
+    cfg: Any,
+    files: Iterable[str | Path] = (),
+    overrides: Iterable[str] = (),
+    *,
+    what: str = "sections (model, data, ...)",
+    kind: str = "config",
+) -> Any:
     """Apply each YAML file, then each --set, to dataclass `cfg` in order (later wins); not yet validated.
 
     A file's errors start with its path: with several files and overrides, the key alone would not say where."""
@@ -358,8 +372,10 @@ def _rows(obj: Any, prefix: str = "") -> Iterable[str]:
         if dataclasses.is_dataclass(value):
             yield from _rows(value, f"{prefix}{f.name}.")
             continue
-        yield (f"| `{prefix}{f.name}` | {_cell(_type_text(hints[f.name], f.metadata))} | `{_default_text(value)}` "
-               f"| {_cell(f.metadata.get('help', ''))} |")
+        yield (
+            f"| `{prefix}{f.name}` | {_cell(_type_text(hints[f.name], f.metadata))} | `{_default_text(value)}` "
+            f"| {_cell(f.metadata.get('help', ''))} |"
+        )
 
 
 def reference_markdown(cls: type) -> str:

@@ -34,13 +34,20 @@ def satisfies(version: str, specifier: str) -> bool:
     for op, wanted in _SPEC.findall(specifier):
         if wanted.endswith(".*"):  # ==2.13.* / !=2.13.*
             prefix = release(wanted[:-2])
-            same = have[:len(prefix)] == prefix
+            same = have[: len(prefix)] == prefix
             if (op == "==" and not same) or (op == "!=" and same):
                 return False
             continue
         a, b = _pad(have, release(wanted))
-        ok = {">=": a >= b, "<=": a <= b, ">": a > b, "<": a < b, "==": a == b, "!=": a != b,
-              "~=": a >= b and a[:len(release(wanted)) - 1] == b[:len(release(wanted)) - 1]}[op]
+        ok = {
+            ">=": a >= b,
+            "<=": a <= b,
+            ">": a > b,
+            "<": a < b,
+            "==": a == b,
+            "!=": a != b,
+            "~=": a >= b and a[: len(release(wanted)) - 1] == b[: len(release(wanted)) - 1],
+        }[op]
         if not ok:
             return False
     return True
@@ -62,8 +69,10 @@ def refusal(name: str, version: str | None, specifier: str) -> str | None:
     """The one line that refuses `name` at `version` (None: not installed, a later import says so), or None."""
     if version is None or not specifier or satisfies(version, specifier):
         return None
-    return (f"{name} {version} is installed; raydist needs {name}{specifier} (the versions its CI tests: "
-            f"install one of them, e.g. pip install '{name}{specifier}')")
+    return (
+        f"{name} {version} is installed; raydist needs {name}{specifier} (the versions its CI tests: "
+        f"install one of them, e.g. pip install '{name}{specifier}')"
+    )
 
 
 def _installed(name: str) -> str | None:

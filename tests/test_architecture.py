@@ -83,8 +83,11 @@ def test_no_module_imports_a_private_name_of_another():
     for path in modules().values():
         for node in ast.walk(tree(path)):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("raydist"):
-                private += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {node.module}.{a.name}"
-                            for a in node.names if a.name.startswith("_")]
+                private += [
+                    f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {node.module}.{a.name}"
+                    for a in node.names
+                    if a.name.startswith("_")
+                ]
     assert not private, "\n".join(private)
 
 
@@ -114,7 +117,7 @@ def test_imports_have_no_cycle():
         stack.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         stack.pop()
@@ -144,9 +147,20 @@ LAYERS: list[tuple[str, ...]] = [
     ("raydist.observability",),
     ("raydist.cluster",),
     ("raydist.planning",),
-    CONTRACTS := ("raydist.registry", "raydist.summary", "raydist.summary_fields", "raydist.config",
-                  "raydist.typedconfig", "raydist.factories", "raydist.hook", "raydist.errors", "raydist.atomic",
-                  "raydist.process_exit", "raydist.private_api", "raydist.versions"),
+    CONTRACTS := (
+        "raydist.registry",
+        "raydist.summary",
+        "raydist.summary_fields",
+        "raydist.config",
+        "raydist.typedconfig",
+        "raydist.factories",
+        "raydist.hook",
+        "raydist.errors",
+        "raydist.atomic",
+        "raydist.process_exit",
+        "raydist.private_api",
+        "raydist.versions",
+    ),
 ]
 FACES = LAYERS[0][:5]
 LONGEST_CLASS = 250
@@ -175,7 +189,7 @@ def every_import(name: str, path: Path, known: dict[str, Path]) -> dict[str, int
             base = node.module or ""
             if node.level:
                 parts = package.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             if base.startswith("raydist"):
                 targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
         elif isinstance(node, ast.Import):
@@ -221,8 +235,10 @@ def test_no_class_is_longer_than_250_lines():
     for path in modules().values():
         for node in ast.walk(tree(path)):
             if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > LONGEST_CLASS:
-                long.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}: "
-                            f"{node.end_lineno - node.lineno + 1} lines")
+                long.append(
+                    f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}: "
+                    f"{node.end_lineno - node.lineno + 1} lines"
+                )
     assert not long, "\n".join(long)
 
 
@@ -243,8 +259,10 @@ def test_ray_trains_controller_needs_no_torch_for_raydists_backend_config():
     import subprocess
     import sys
 
-    code = ("import sys, pickle; from raydist.engines.raytrain_backend import QuietTorchConfig;"
-            "pickle.loads(pickle.dumps(QuietTorchConfig(backend='gloo'))); print('torch' in sys.modules)")
+    code = (
+        "import sys, pickle; from raydist.engines.raytrain_backend import QuietTorchConfig;"
+        "pickle.loads(pickle.dumps(QuietTorchConfig(backend='gloo'))); print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stdout + out.stderr
 
@@ -264,12 +282,14 @@ def test_the_controller_waits_for_a_group_to_leave_its_process_group_as_long_as_
     finally:
         del os.environ[SHUTDOWN_TIMEOUT_VAR]
     # In a process without the variable, as the controller: a group whose worker died (the quiet path).
-    code = ("import os, pickle, sys; from ray.exceptions import RayActorError\n"
-            "class Group:\n    def __len__(self): return 2\n"
-            "    def execute_async(self, *a): raise RayActorError()\n"
-            "config = pickle.loads(sys.stdin.buffer.read())\n"
-            "config.backend_cls().on_shutdown(Group(), config)\n"
-            f"print(os.environ.get({SHUTDOWN_TIMEOUT_VAR!r}))")
+    code = (
+        "import os, pickle, sys; from ray.exceptions import RayActorError\n"
+        "class Group:\n    def __len__(self): return 2\n"
+        "    def execute_async(self, *a): raise RayActorError()\n"
+        "config = pickle.loads(sys.stdin.buffer.read())\n"
+        "config.backend_cls().on_shutdown(Group(), config)\n"
+        f"print(os.environ.get({SHUTDOWN_TIMEOUT_VAR!r}))"
+    )
     env = {k: v for k, v in os.environ.items() if k != SHUTDOWN_TIMEOUT_VAR}
     out = subprocess.run([sys.executable, "-c", code], input=config, capture_output=True, env=env, timeout=60)
     assert out.stdout.decode().strip() == "5", out.stdout + out.stderr
@@ -281,6 +301,7 @@ def test_raydists_backend_config_shows_the_dashboard_what_rays_torch_config_show
     from raydist.engines.raytrain_backend import QuietTorchConfig
 
     assert QuietTorchConfig(backend="gloo", timeout_s=7).to_dict() == TorchConfig(backend="gloo", timeout_s=7).to_dict()
+
 
 def test_a_run_starts_neither_ray_trains_placement_group_cleaner_nor_its_dataset_manager():
     """raydist.engines.raytrain_trainer drops both from Ray Train's default callbacks (the cleaner's job is the driver's,
@@ -302,11 +323,13 @@ def test_a_builtin_ray_train_jobs_driver_needs_no_torch_to_check_and_build_its_t
     import subprocess
     import sys
 
-    code = ("import sys\nfrom raydist import job, registry\nfrom raydist.driver.preflight import check_before_ray\n"
-            "from raydist.engines.raytrain import build_trainer\n"
-            "cfg = job.parse_job_args('sync', ['--set', 'run.storage_path=' + sys.argv[1]], '')\n"
-            "check_before_ray('sync', cfg)\nbuild_trainer(cfg, registry.get('sync'))._get_train_func()\n"
-            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    code = (
+        "import sys\nfrom raydist import job, registry\nfrom raydist.driver.preflight import check_before_ray\n"
+        "from raydist.engines.raytrain import build_trainer\n"
+        "cfg = job.parse_job_args('sync', ['--set', 'run.storage_path=' + sys.argv[1]], '')\n"
+        "check_before_ray('sync', cfg)\nbuild_trainer(cfg, registry.get('sync'))._get_train_func()\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
+    )
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout[-2000:] + out.stderr[-2000:]
 
@@ -349,8 +372,11 @@ def _private_uses(path: Path) -> list[str]:
                 names = ["ray.actor.ActorHandle._actor_id"]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and " " not in node.value:
             names = [node.value]
-        found += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {n}" for n in names
-                  if PRIVATE_MODULE.match(n) or re.match(r"^(ray|torch)\._", n) or n.endswith("._actor_id")]
+        found += [
+            f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {n}"
+            for n in names
+            if PRIVATE_MODULE.match(n) or re.match(r"^(ray|torch)\._", n) or n.endswith("._actor_id")
+        ]
     return found
 
 
@@ -358,24 +384,36 @@ def test_private_ray_and_torch_apis_are_used_in_one_module_only():
     """Ray and torch change their private modules between releases: raydist/private_api.py holds every use, with
     its reason and the versions checked, and the range pyproject declares is the one CI runs."""
     ours = _defined_in_raydist()
-    leaks = [use for path in modules().values() if path != PRIVATE_HOME
-             for use in _private_uses(path) + _private_hooks(path, ours)]
+    leaks = [
+        use
+        for path in modules().values()
+        if path != PRIVATE_HOME
+        for use in _private_uses(path) + _private_hooks(path, ours)
+    ]
     assert not leaks, "use raydist.private_api:\n" + "\n".join(leaks)
 
 
 def test_the_private_use_check_sees_imports_attributes_and_module_names(tmp_path):
     planted = tmp_path / "planted.py"
-    planted.write_text("def f(ray, h):\n    from ray._raylet import GcsClient\n    import torch._utils\n"
-                       "    from ray.train.torch.config import _shutdown_torch\n    ray._private.state.state\n"
-                       "    h._actor_id.hex()\n    return 'ray.train.v2._internal.x'\n")
+    planted.write_text(
+        "def f(ray, h):\n    from ray._raylet import GcsClient\n    import torch._utils\n"
+        "    from ray.train.torch.config import _shutdown_torch\n    ray._private.state.state\n"
+        "    h._actor_id.hex()\n    return 'ray.train.v2._internal.x'\n"
+    )
     global PACKAGE
     old, PACKAGE = PACKAGE, tmp_path
     try:
         uses = [u.split(" ", 1)[1] for u in _private_uses(planted)]
     finally:
         PACKAGE = old
-    assert {"ray._raylet", "torch._utils", "ray.train.torch.config._shutdown_torch", "ray._private",
-            "ray.actor.ActorHandle._actor_id", "ray.train.v2._internal.x"} <= set(uses), uses
+    assert {
+        "ray._raylet",
+        "torch._utils",
+        "ray.train.torch.config._shutdown_torch",
+        "ray._private",
+        "ray.actor.ActorHandle._actor_id",
+        "ray.train.v2._internal.x",
+    } <= set(uses), uses
 
 
 def _bindings(module: ast.Module) -> dict[str, str]:
@@ -438,21 +476,32 @@ def _private_hooks(path: Path, ours: set[str]) -> list[str]:
         if isinstance(node, ast.ClassDef):
             for base in node.bases:
                 dotted = _dotted(base, bound)
-                if not dotted or not (dotted.split(".")[0] in ("ray", "torch")
-                                      or dotted.startswith("raydist.private_api.")):  # a class it re-exports
+                if not dotted or not (
+                    dotted.split(".")[0] in ("ray", "torch") or dotted.startswith("raydist.private_api.")
+                ):  # a class it re-exports
                     continue
                 owner, _, name = dotted.rpartition(".")
                 try:
                     cls = getattr(importlib.import_module(owner), name)
                 except (ImportError, AttributeError):
                     continue
-                found += [f"{where}:{item.lineno} {dotted}.{item.name}" for item in node.body
-                          if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name.startswith("_")
-                          and not item.name.endswith("__") and hasattr(cls, item.name)]
+                found += [
+                    f"{where}:{item.lineno} {dotted}.{item.name}"
+                    for item in node.body
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and item.name.startswith("_")
+                    and not item.name.endswith("__")
+                    and hasattr(cls, item.name)
+                ]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("node:__"):
             found.append(f"{where}:{node.lineno} the resource name {node.value!r}")
-        elif (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.endswith("__")
-              and node.attr not in ours and node.attr != "_actor_id"):  # _actor_id: _private_uses names it
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.endswith("__")
+            and node.attr not in ours
+            and node.attr != "_actor_id"
+        ):  # _actor_id: _private_uses names it
             root = node.value
             while isinstance(root, ast.Attribute):
                 root = root.value
@@ -463,19 +512,23 @@ def _private_hooks(path: Path, ours: set[str]) -> list[str]:
 
 def test_the_private_hook_check_sees_overrides_resource_names_and_foreign_private_attributes(tmp_path):
     planted = tmp_path / "planted.py"
-    planted.write_text("import os\nfrom ray.train.v2.api.data_parallel_trainer import DataParallelTrainer\n"
-                       "class T(DataParallelTrainer):\n    def _create_default_callbacks(self):\n        return []\n"
-                       "    def _mine(self):\n        return os._exit\n"
-                       "def f(nodes, handle):\n    return 'node:__internal_head__' in nodes, handle._ray_secret\n")
+    planted.write_text(
+        "import os\nfrom ray.train.v2.api.data_parallel_trainer import DataParallelTrainer\n"
+        "class T(DataParallelTrainer):\n    def _create_default_callbacks(self):\n        return []\n"
+        "    def _mine(self):\n        return os._exit\n"
+        "def f(nodes, handle):\n    return 'node:__internal_head__' in nodes, handle._ray_secret\n"
+    )
     global PACKAGE
     old, PACKAGE = PACKAGE, tmp_path
     try:
         uses = [u.split(" ", 1)[1] for u in _private_hooks(planted, {"_mine"})]
     finally:
         PACKAGE = old
-    assert sorted(uses) == ["handle._ray_secret (a private attribute raydist does not define)",
-                            "ray.train.v2.api.data_parallel_trainer.DataParallelTrainer._create_default_callbacks",
-                            "the resource name 'node:__internal_head__'"], uses
+    assert sorted(uses) == [
+        "handle._ray_secret (a private attribute raydist does not define)",
+        "ray.train.v2.api.data_parallel_trainer.DataParallelTrainer._create_default_callbacks",
+        "the resource name 'node:__internal_head__'",
+    ], uses
 
 
 def test_the_warm_interpreter_imports_nothing_of_raydists_as_a_package():
@@ -485,10 +538,13 @@ def test_the_warm_interpreter_imports_nothing_of_raydists_as_a_package():
     import subprocess
     import sys
 
-    code = ("import runpy, sys; runpy.run_path(sys.argv[1], run_name='warm');"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'raydist'))")
-    out = subprocess.run([sys.executable, "-c", code, str(PACKAGE / "warm" / "server.py")],
-                         capture_output=True, text=True, timeout=60)
+    code = (
+        "import runpy, sys; runpy.run_path(sys.argv[1], run_name='warm');"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'raydist'))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(PACKAGE / "warm" / "server.py")], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr[-2000:]
 
 
@@ -519,23 +575,48 @@ def test_every_private_name_raydist_uses_exists_in_the_installed_ray_and_torch()
 
     wanted = {f"{module}.{attribute}" if attribute else module for module, attribute, _ in private_api.PRIVATE.values()}
     for node in ast.walk(tree(PRIVATE_HOME)):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] in ("ray", "torch"):
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and (node.module or "").split(".")[0] in ("ray", "torch")
+        ):
             wanted.update(f"{node.module}.{a.name}" for a in node.names)
-    wanted.update({
-        private_api.CONTROLLER_LOGGER, private_api.DYNAMO_MODULE, private_api.TORCHFT_MODULE,
-        "ray._raylet.Config.initialize", "ray._raylet.AuthenticationTokenLoader.instance",  # reread_ray_settings
-        "ray.actor.ActorHandle._actor_id",  # actor_id
-        "ray.train.v2.api.data_parallel_trainer.DataParallelTrainer._create_default_callbacks",
-        "ray.train.v2.torch.torchft_config._TorchftBackend._maybe_create_lighthouse_actor",
-        # what raydist.driver.train_view takes from state_schema and state_util
-        *(f"ray.train.v2._internal.state.schema.{name}" for name in (
-            "ActorStatus", "RunAttemptStatus", "RunStatus", "TrainResources", "TrainRunAttempt", "TrainWorker",
-            "BackendConfig", "CheckpointConfig", "FailureConfig", "RunConfig", "RunSettings", "ScalingConfig",
-            "TrainRun")),
-        *(f"ray.train.v2._internal.state.util.{name}" for name in (
-            "current_time_ns", "mark_workers_dead", "construct_data_config")),
-        "ray._private.state.state.get_draining_nodes",  # global_state
-        "ray.core.generated.autoscaler_pb2.DrainNodeReason",
-    })
+    wanted.update(
+        {
+            private_api.CONTROLLER_LOGGER,
+            private_api.DYNAMO_MODULE,
+            private_api.TORCHFT_MODULE,
+            "ray._raylet.Config.initialize",
+            "ray._raylet.AuthenticationTokenLoader.instance",  # reread_ray_settings
+            "ray.actor.ActorHandle._actor_id",  # actor_id
+            "ray.train.v2.api.data_parallel_trainer.DataParallelTrainer._create_default_callbacks",
+            "ray.train.v2.torch.torchft_config._TorchftBackend._maybe_create_lighthouse_actor",
+            # what raydist.driver.train_view takes from state_schema and state_util
+            *(
+                f"ray.train.v2._internal.state.schema.{name}"
+                for name in (
+                    "ActorStatus",
+                    "RunAttemptStatus",
+                    "RunStatus",
+                    "TrainResources",
+                    "TrainRunAttempt",
+                    "TrainWorker",
+                    "BackendConfig",
+                    "CheckpointConfig",
+                    "FailureConfig",
+                    "RunConfig",
+                    "RunSettings",
+                    "ScalingConfig",
+                    "TrainRun",
+                )
+            ),
+            *(
+                f"ray.train.v2._internal.state.util.{name}"
+                for name in ("current_time_ns", "mark_workers_dead", "construct_data_config")
+            ),
+            "ray._private.state.state.get_draining_nodes",  # global_state
+            "ray.core.generated.autoscaler_pb2.DrainNodeReason",
+        }
+    )
     missing = sorted(name for name in wanted if not _resolves(name))
     assert not missing, "not in this Ray or torch:\n" + "\n".join(missing)

@@ -47,8 +47,14 @@ def test_staleness_grows_with_workers_and_with_n_fetch(run_async):
 
 @pytest.mark.parametrize("policy", ["wait", "drop"])
 def test_staleness_bound_holds_by_waiting_or_dropping(run_async, policy):
-    result = run_async(policy, "scaling.num_workers=3", "train.max_steps=30", "async_ps.max_staleness=1",
-                       f"async_ps.on_stale={policy}", "async_ps.num_servers=2")
+    result = run_async(
+        policy,
+        "scaling.num_workers=3",
+        "train.max_steps=30",
+        "async_ps.max_staleness=1",
+        f"async_ps.on_stale={policy}",
+        "async_ps.num_servers=2",
+    )
     assert result["staleness_max"] <= 1
     assert result["steps"] == 90  # the sample budget is spent either way
     if policy == "wait":
@@ -76,15 +82,26 @@ def test_stopped_run_resumes_from_the_servers_checkpoint(run_async, tmp_path):
     assert sorted(config_texts(board)) == [0, 25]
 
     # Another shard count than the checkpoint's: refused as bad input, with one line
-    line = refusal("async", "--set", f"run.storage_path={tmp_path}", "--set", "run.name=resumed",
-                   *(a for o in common for a in ("--set", o)), "--set", "async_ps.num_servers=2")
+    line = refusal(
+        "async",
+        "--set",
+        f"run.storage_path={tmp_path}",
+        "--set",
+        "run.name=resumed",
+        *(a for o in common for a in ("--set", o)),
+        "--set",
+        "async_ps.num_servers=2",
+    )
     assert "holds 1 server shards but async_ps.num_servers=2: keep the shard count or use a new run.name" in line, line
 
 
 @pytest.mark.parametrize(
     "override, names",
-    [("async_ps.n_fetch=0", "async_ps.n_fetch"), ("async_ps.on_stale=later", "async_ps.on_stale"),
-     ("straggler.worker=2", "straggler.worker")],
+    [
+        ("async_ps.n_fetch=0", "async_ps.n_fetch"),
+        ("async_ps.on_stale=later", "async_ps.on_stale"),
+        ("straggler.worker=2", "straggler.worker"),
+    ],
 )
 def test_bad_async_config_is_one_line_and_exit_2(override, names):
     assert names in refusal("async", "--set", override)

@@ -10,18 +10,36 @@ from pathlib import Path
 import pytest
 import torch
 
-from raydist.torchkit.checkpoint import (MANIFEST, RAY_SNAPSHOT, STATE_FILE, Progress, load_state, newest_valid, resume_choice,
-                                rng_state, save_state, set_aside_broken_snapshot, sha256_of, skipped_line, verify)
+from raydist.torchkit.checkpoint import (
+    MANIFEST,
+    RAY_SNAPSHOT,
+    STATE_FILE,
+    Progress,
+    load_state,
+    newest_valid,
+    resume_choice,
+    rng_state,
+    save_state,
+    set_aside_broken_snapshot,
+    sha256_of,
+    skipped_line,
+    verify,
+)
 from raydist.errors import RaydistError
-
 
 
 def _save(directory: Path, step: int) -> Path:
     model = torch.nn.Linear(8, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    save_state(str(directory), model=model, optimizer=opt, scheduler=sched, progress=Progress(step=step),
-               rng_per_rank=[rng_state()])
+    save_state(
+        str(directory),
+        model=model,
+        optimizer=opt,
+        scheduler=sched,
+        progress=Progress(step=step),
+        rng_per_rank=[rng_state()],
+    )
     return directory
 
 
@@ -95,7 +113,9 @@ def test_resume_takes_the_newest_valid_checkpoint_and_names_what_it_skipped_in_o
     assert found == str(tmp_path / "checkpoint_step00000004")
     assert sorted(os.path.basename(p) for p, _ in skipped) == ["checkpoint_step00000006", "checkpoint_step00000008"]
     assert resume_choice(str(tmp_path / "checkpoint_step00000002"), str(tmp_path), STATE_FILE) == (
-        str(tmp_path / "checkpoint_step00000002"), [])  # a valid one Ray names is used as it is
+        str(tmp_path / "checkpoint_step00000002"),
+        [],
+    )  # a valid one Ray names is used as it is
 
 
 def test_a_torn_ray_snapshot_is_moved_aside_and_a_valid_one_is_left(tmp_path):
@@ -126,9 +146,11 @@ def test_ps_save_renames_a_complete_directory_into_place_and_keeps_the_newest_va
     (tmp_path / ".tmp-checkpoint_step00000004-999").mkdir()  # what a killed save leaves
     assert latest_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint_step00000002")
     out = capsys.readouterr().out.splitlines()
-    assert out == ["[raydist] skipped broken checkpoint checkpoint_step00000003 (ps_state.pt has 4 bytes, the manifest "
-                   f"says {json.loads((tmp_path / 'checkpoint_step00000003' / MANIFEST).read_text())['files'][0]['size']}); "
-                   "resuming from checkpoint_step00000002"]
+    assert out == [
+        "[raydist] skipped broken checkpoint checkpoint_step00000003 (ps_state.pt has 4 bytes, the manifest "
+        f"says {json.loads((tmp_path / 'checkpoint_step00000003' / MANIFEST).read_text())['files'][0]['size']}); "
+        "resuming from checkpoint_step00000002"
+    ]
     with pytest.raises(RaydistError, match="is broken"):
         load_params(str(tmp_path / "checkpoint_step00000003"))
     # The resumed session saves step 3 again; the broken newer directory and the leftover go, the valid 2 stays.
@@ -178,12 +200,14 @@ def test_sync_run_resumes_from_the_previous_valid_checkpoint_when_the_latest_and
     resumed = summary(proc)
     assert resumed["resumed_from_step"] == 10
     assert resumed["steps"] == resumed["total_steps"] == 22 and resumed["status"] == "completed"
-    lines = [ln[ln.find("[raydist]"):] for ln in proc.stdout.splitlines()]  # without Ray's "(RayTrainWorker pid=..)"
+    lines = [ln[ln.find("[raydist]") :] for ln in proc.stdout.splitlines()]  # without Ray's "(RayTrainWorker pid=..)"
     aside = [ln for ln in lines if ln.startswith(f"[raydist] {RAY_SNAPSHOT} is truncated")]
     skipped = [ln for ln in lines if ln.startswith("[raydist] skipped broken checkpoint")]
     assert len(aside) == 1 and len(skipped) == 1, proc.stdout[-3000:]  # one line each, from rank 0 of 2
-    assert skipped[0] == ("[raydist] skipped broken checkpoint checkpoint_step00000012 (train_state.pt has "
-                          f"{latest.joinpath(STATE_FILE).stat().st_size} bytes, the manifest says "
-                          f"{json.loads(latest.joinpath(MANIFEST).read_text())['files'][0]['size']}); "
-                          "resuming from checkpoint_step00000010")
+    assert skipped[0] == (
+        "[raydist] skipped broken checkpoint checkpoint_step00000012 (train_state.pt has "
+        f"{latest.joinpath(STATE_FILE).stat().st_size} bytes, the manifest says "
+        f"{json.loads(latest.joinpath(MANIFEST).read_text())['files'][0]['size']}); "
+        "resuming from checkpoint_step00000010"
+    )
     assert verify(resumed["checkpoint"], required=STATE_FILE) is None

@@ -73,7 +73,10 @@ def test_bad_overrides_are_refused_by_name(override, message):
         ("async_ps.max_staleness=-2", "async_ps.max_staleness: must be >= 0, or -1 for unbounded (got -2)"),
         ("straggler.worker=2", "straggler.worker: must be below scaling.num_workers=2 (got 2)"),
         ("run.name=a/b", "run.name: must not contain '/'"),
-        ("compare.strategies=sync,bogus", "compare.strategies: unknown strategy 'bogus' (choose from sync, local_sgd, async, fsdp, heal)"),
+        (
+            "compare.strategies=sync,bogus",
+            "compare.strategies: unknown strategy 'bogus' (choose from sync, local_sgd, async, fsdp, heal)",
+        ),
     ],
 )
 def test_declared_bounds_and_checks_give_one_message(override, message):
@@ -130,7 +133,9 @@ def test_docs_config_references_match_the_dataclasses():
 
     docs = (REPO / "docs" / "configuration.md").read_text()
     assert reference_markdown(Config) in docs and reference_markdown(ClusterConfig) in docs
-    assert refreshed(docs) == docs, "docs/configuration.md's config references are stale: run `raydist config reference --write`"
+    assert refreshed(docs) == docs, (
+        "docs/configuration.md's config references are stale: run `raydist config reference --write`"
+    )
 
 
 def test_reference_leaves_out_what_users_cannot_set():
@@ -146,8 +151,10 @@ def test_worker_count_or_elastic_range(value, expected):
     assert (s.min_workers, s.max_workers, s.elastic) == expected
 
 
-@pytest.mark.parametrize("value, message", [("4-2", "1 <= MIN < MAX"), ("0", "must be >= 1"), ("2-", "range MIN-MAX"),
-                                            ("x", "range MIN-MAX")])
+@pytest.mark.parametrize(
+    "value, message",
+    [("4-2", "1 <= MIN < MAX"), ("0", "must be >= 1"), ("2-", "range MIN-MAX"), ("x", "range MIN-MAX")],
+)
 def test_bad_worker_counts_are_refused(value, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(job_defaults("sync"), [], [f"scaling.num_workers={value}"])

@@ -45,8 +45,14 @@ def under_torchrun(name: str, work: Path) -> dict:
 
 def under_launch(name: str, where: Path, *options: str, extra: tuple[str, ...] = ()) -> subprocess.Popen:
     where.mkdir(exist_ok=True)
-    return subprocess.Popen(harness.launch_argv(name, where, 2, name, *options) + list(extra), cwd=where,
-                            env=env(where), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        harness.launch_argv(name, where, 2, name, *options) + list(extra),
+        cwd=where,
+        env=env(where),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finished(proc: subprocess.Popen) -> dict:

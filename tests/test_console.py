@@ -36,7 +36,9 @@ def test_plain_lines_are_bounded_and_say_step_loss_accuracy_rate_and_eta():
     # the first step, each tenth (100, 200, ..., 1000), and no second line for the last step at close
     assert len(lines) == 11, lines
     assert lines[0].startswith("[raydist] sync: step 1/1000 (0%) loss 1")
-    assert lines[1].startswith("[raydist] sync: step 100/1000 (10%) loss 0.01 test_accuracy 0.525 3200 samples/s ETA 0:18")
+    assert lines[1].startswith(
+        "[raydist] sync: step 100/1000 (10%) loss 0.01 test_accuracy 0.525 3200 samples/s ETA 0:18"
+    )
     assert lines[-1].startswith("[raydist] sync: step 1000/1000 (100%)") and "ETA" not in lines[-1]
 
 
@@ -47,8 +49,10 @@ def test_plain_close_adds_the_final_step_only_when_not_shown_and_nothing_after_a
     bar.update(35, loss=0.5, extra={"staleness": "1.5"})
     bar.update(37)
     bar.close()
-    assert out.getvalue().splitlines()[1:] == ["[raydist] async: step 35/100 (35%) loss 0.5 staleness 1.5",
-                                               "[raydist] async: step 37/100 (37%) loss 0.5 staleness 1.5"]
+    assert out.getvalue().splitlines()[1:] == [
+        "[raydist] async: step 35/100 (35%) loss 0.5 staleness 1.5",
+        "[raydist] async: step 37/100 (37%) loss 0.5 staleness 1.5",
+    ]
     failed = io.StringIO()
     bar = ProgressBar("sync", 100, stream=failed, tty=False, clock=Clock())
     bar.update(1)
@@ -122,10 +126,14 @@ def test_a_restart_gets_one_line_and_a_heal_replacement_none(tmp_path):
     bar = ProgressBar("sync", stream=out, tty=False, clock=Clock())
     tail = MetricsTail(str(path), bar)
     with path.open("a") as f:
-        for record in ({"session_at_step": 0, "total_steps": 100, "world_size": 2}, {"step": 25, "loss": 1.0},
-                       {"session_at_step": 20, "total_steps": 100, "world_size": 2}, {"step": 30, "loss": 1.0},
-                       {"session_at_step": 0, "total_steps": 100, "world_size": 2, "from_peer": True},
-                       {"step": 31, "loss": 1.0}):
+        for record in (
+            {"session_at_step": 0, "total_steps": 100, "world_size": 2},
+            {"step": 25, "loss": 1.0},
+            {"session_at_step": 20, "total_steps": 100, "world_size": 2},
+            {"step": 30, "loss": 1.0},
+            {"session_at_step": 0, "total_steps": 100, "world_size": 2, "from_peer": True},
+            {"step": 31, "loss": 1.0},
+        ):
             f.write(json.dumps(record) + "\n")
     tail.read()
     restarts = [ln for ln in out.getvalue().splitlines() if "restarted" in ln]
@@ -162,13 +170,17 @@ def test_ray_train_info_lines_leave_the_console_but_not_the_log_files():
     try:
         assert console.quiet_ray_train_logs() >= 1
         by_path = logging.getLogger(ctx_module.__file__)  # Ray Train 2.60 names this logger after its file
-        by_path.handle(by_path.makeRecord(by_path.name, logging.INFO, ctx_module.__file__, 1,
-                                          "Reporting training result 1: ...", None, None))
+        by_path.handle(
+            by_path.makeRecord(
+                by_path.name, logging.INFO, ctx_module.__file__, 1, "Reporting training result 1: ...", None, None
+            )
+        )
         logging.getLogger("raydist.something").info("[raydist] ours")
         by_path.warning("a warning stays")
         util = logging.getLogger("ray.train.v2._internal.util")  # a survivor's collective after its peer died
-        util.error("Error in training function:\nTraceback ...\nRuntimeError: [gloo] Read error: Connection reset "
-                   "by peer")
+        util.error(
+            "Error in training function:\nTraceback ...\nRuntimeError: [gloo] Read error: Connection reset by peer"
+        )
         util.error("Error in training function:\nTraceback ...\nValueError: the user's own bug stays")
     finally:
         for logger in (root, ray_logger):

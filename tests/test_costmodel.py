@@ -67,22 +67,54 @@ def _synthetic_points(truth: cm.Fit) -> list[dict]:
     for link in (100, 1000):
         for strategy, every in (("sync", 0), ("local_sgd", 37), ("fsdp", 0)):
             s = cm.Setting(strategy, 4, 100_000, link, nodes=6, checkpoint_every=every)
-            points.append({"strategy": strategy, "workers": 4, "params": 100_000, "link_mbit": link, "nodes": 6,
-                           "checkpoint_every": every, "steps_per_s": cm.steps_per_s(truth, s)})
+            points.append(
+                {
+                    "strategy": strategy,
+                    "workers": 4,
+                    "params": 100_000,
+                    "link_mbit": link,
+                    "nodes": 6,
+                    "checkpoint_every": every,
+                    "steps_per_s": cm.steps_per_s(truth, s),
+                }
+            )
         for servers in (1, 2, 4):
             s = cm.Setting("async", 4, 100_000, link, servers=servers, nodes=6)
-            points.append({"strategy": "async", "workers": 4, "params": 100_000, "link_mbit": link, "nodes": 6,
-                           "servers": servers, "steps_per_s": cm.steps_per_s(truth, s)})
+            points.append(
+                {
+                    "strategy": "async",
+                    "workers": 4,
+                    "params": 100_000,
+                    "link_mbit": link,
+                    "nodes": 6,
+                    "servers": servers,
+                    "steps_per_s": cm.steps_per_s(truth, s),
+                }
+            )
     s = cm.Setting("local_sgd", 4, 100_000, 100, nodes=6)  # no checkpoints
-    points.append({"strategy": "local_sgd", "workers": 4, "params": 100_000, "link_mbit": 100, "nodes": 6,
-                   "steps_per_s": cm.steps_per_s(truth, s)})
+    points.append(
+        {
+            "strategy": "local_sgd",
+            "workers": 4,
+            "params": 100_000,
+            "link_mbit": 100,
+            "nodes": 6,
+            "steps_per_s": cm.steps_per_s(truth, s),
+        }
+    )
     return points
 
 
 def test_the_fit_recovers_the_parameters_that_made_the_points():
     # 100k parameters: at 1 Gbit/s even one shard's link does not bound async (the fit assumes that there).
-    truth = cm.Fit(0.8, {"sync": 0.02, "local_sgd": 0.02, "async": 0.01, "fsdp": 0.03}, 100_000, ps_efficiency=0.7,
-                   checkpoint_s=0.3, per_shard_s=0.002)
+    truth = cm.Fit(
+        0.8,
+        {"sync": 0.02, "local_sgd": 0.02, "async": 0.01, "fsdp": 0.03},
+        100_000,
+        ps_efficiency=0.7,
+        checkpoint_s=0.3,
+        per_shard_s=0.002,
+    )
     fit, checks = cm.validate(_synthetic_points(truth))
     assert fit.efficiency == pytest.approx(0.8) and fit.ps_efficiency == pytest.approx(0.7)
     assert fit.base_s == pytest.approx(truth.base_s) and fit.per_shard_s == pytest.approx(0.002)
@@ -94,8 +126,14 @@ def test_the_fit_recovers_the_parameters_that_made_the_points():
 def test_another_model_is_predicted_from_its_own_sync_run_as_plan_compute_ms_does():
     """A model of another kind (compute not in proportion to parameters): its sync run at the top rate gives its
     compute per step; the others are predicted from it, and are never fitted on."""
-    truth = cm.Fit(0.8, {"sync": 0.02, "local_sgd": 0.02, "async": 0.01, "fsdp": 0.03}, 100_000, ps_efficiency=0.7,
-                   checkpoint_s=0.3, per_shard_s=0.002)
+    truth = cm.Fit(
+        0.8,
+        {"sync": 0.02, "local_sgd": 0.02, "async": 0.01, "fsdp": 0.03},
+        100_000,
+        ps_efficiency=0.7,
+        checkpoint_s=0.3,
+        per_shard_s=0.002,
+    )
     gpt = cm.with_compute(truth, 40_000, 0.05)  # 40k parameters, yet 50 ms a step
     assert cm.base_for(gpt, cm.Setting("sync", 4, 40_000, 100)) == pytest.approx(0.05)
     assert cm.base_for(gpt, cm.Setting("fsdp", 4, 40_000, 100)) == pytest.approx(0.075)  # sync's ratio kept
@@ -103,8 +141,17 @@ def test_another_model_is_predicted_from_its_own_sync_run_as_plan_compute_ms_doe
     for link in (100, 1000):
         for strategy in ("sync", "local_sgd", "fsdp"):
             s = cm.Setting(strategy, 4, 40_000, link, nodes=6)
-            others.append({"strategy": strategy, "workers": 4, "params": 40_000, "link_mbit": link, "nodes": 6,
-                           "model": "gpt", "steps_per_s": cm.steps_per_s(gpt, s)})
+            others.append(
+                {
+                    "strategy": strategy,
+                    "workers": 4,
+                    "params": 40_000,
+                    "link_mbit": link,
+                    "nodes": 6,
+                    "model": "gpt",
+                    "steps_per_s": cm.steps_per_s(gpt, s),
+                }
+            )
     plain = cm.validate(_synthetic_points(truth))
     fit, checks = cm.validate(_synthetic_points(truth) + others)
     assert fit.base_s == pytest.approx(truth.base_s) and fit.fitted_on == plain[0].fitted_on
@@ -115,10 +162,18 @@ def test_another_model_is_predicted_from_its_own_sync_run_as_plan_compute_ms_doe
 
 def test_repeated_runs_of_one_setting_count_once_at_their_mean():
     run = {"strategy": "sync", "workers": 4, "params": 100_000, "link_mbit": 100, "nodes": 6, "steps_per_s": 9.0}
-    merged = cm.usable([run, {**run, "steps_per_s": 11.0}, {**run, "link_mbit": 1000, "steps_per_s": 50.0},
-                        {**run, "straggler": True, "steps_per_s": 2.0}])
+    merged = cm.usable(
+        [
+            run,
+            {**run, "steps_per_s": 11.0},
+            {**run, "link_mbit": 1000, "steps_per_s": 50.0},
+            {**run, "straggler": True, "steps_per_s": 2.0},
+        ]
+    )
     assert [(p["link_mbit"], p["steps_per_s"], p["runs"], p["spread"]) for p in merged] == [
-        (100, 10.0, 2, (9.0, 11.0)), (1000, 50.0, 1, (50.0, 50.0))]
+        (100, 10.0, 2, (9.0, 11.0)),
+        (1000, 50.0, 1, (50.0, 50.0)),
+    ]
 
 
 def test_the_fit_refuses_points_it_cannot_fit():
@@ -135,14 +190,28 @@ def test_plan_on_a_slow_link_prefers_less_communication_and_shards_the_ps():
 
 
 def test_runs_at_another_worker_count_are_held_out_and_predicted():
-    truth = cm.Fit(0.8, {"sync": 0.02, "local_sgd": 0.02, "async": 0.03, "fsdp": 0.05}, 100_000,
-                   ps_efficiency=0.6, checkpoint_s=0.05, per_shard_s=0.004)
+    truth = cm.Fit(
+        0.8,
+        {"sync": 0.02, "local_sgd": 0.02, "async": 0.03, "fsdp": 0.05},
+        100_000,
+        ps_efficiency=0.6,
+        checkpoint_s=0.05,
+        per_shard_s=0.004,
+    )
     others = []
     for workers in (2, 3):
         for strategy in ("sync", "fsdp"):
             s = cm.Setting(strategy, workers, 100_000, 100, nodes=6)
-            others.append({"strategy": strategy, "workers": workers, "params": 100_000, "link_mbit": 100,
-                           "nodes": 6, "steps_per_s": cm.steps_per_s(truth, s)})
+            others.append(
+                {
+                    "strategy": strategy,
+                    "workers": workers,
+                    "params": 100_000,
+                    "link_mbit": 100,
+                    "nodes": 6,
+                    "steps_per_s": cm.steps_per_s(truth, s),
+                }
+            )
     fit, checks = cm.validate(_synthetic_points(truth) + others)
     assert all(", 4 workers," in f for f in fit.fitted_on)  # the most common count is fitted on, the rest checked
     mine = [c for c in checks if ", 4 workers," not in c.point]
@@ -181,13 +250,30 @@ def test_the_shipped_fit_predicts_the_held_out_mlp_runs_within_20_percent_at_its
     assert (reach.min_workers, reach.max_workers) == (2, 4)
     assert reach.max_error == pytest.approx(max(abs(c.error) for c in mlp))
     table = (REPO / "docs" / "costmodel.md").read_text()
-    assert cm.validation_table(checks) in table, "docs/costmodel.md's validation table is stale: paste " \
-        "`raydist plan --validate`"
+    assert cm.validation_table(checks) in table, (
+        "docs/costmodel.md's validation table is stale: paste `raydist plan --validate`"
+    )
 
 
 def test_raydist_plan_prints_a_table_and_json():
-    out = subprocess.run([sys.executable, "-m", "raydist.cli", "plan", "--params", "10M", "--nodes", "8,512",
-                          "--link-mbit", "1000", "--json"], capture_output=True, text=True, cwd=REPO)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "raydist.cli",
+            "plan",
+            "--params",
+            "10M",
+            "--nodes",
+            "8,512",
+            "--link-mbit",
+            "1000",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     if not plan_cmd.DEFAULT_MEASURED.is_file():
         pytest.skip("no measured runs shipped")
     assert out.returncode == 0, out.stderr
@@ -197,9 +283,14 @@ def test_raydist_plan_prints_a_table_and_json():
 
 @pytest.mark.skipif(not plan_cmd.DEFAULT_MEASURED.is_file(), reason="no measured runs shipped")
 def test_the_docs_plan_table_is_what_raydist_plan_prints():
-    out = subprocess.run([sys.executable, "-m", "raydist.cli", "plan", "--params", "25M", "--nodes", "8,64,512",
-                          "--compute-ms", "40"], capture_output=True, text=True, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-m", "raydist.cli", "plan", "--params", "25M", "--nodes", "8,64,512", "--compute-ms", "40"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert out.returncode == 0, out.stderr
     table = "\n".join(line for line in out.stdout.splitlines() if line.startswith("|"))
-    assert table in (REPO / "docs" / "costmodel.md").read_text(), \
+    assert table in (REPO / "docs" / "costmodel.md").read_text(), (
         "docs/costmodel.md's plan table is stale: paste `raydist plan --params 25M --nodes 8,64,512 --compute-ms 40`"
+    )

@@ -38,8 +38,9 @@ TITLE = "[...document.querySelectorAll('*')].filter(e => e.textContent.trim() ==
 
 
 def _get(head, path: str, token: str | None):
-    request = urllib.request.Request(head.dashboard_url + path,
-                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+    request = urllib.request.Request(
+        head.dashboard_url + path, headers={"Authorization": f"Bearer {token}"} if token else {}
+    )
     try:
         with urllib.request.urlopen(request, timeout=20) as r:
             return r.status, r.read().decode()
@@ -69,8 +70,16 @@ def running(head, tmp_path_factory):
     env = clean_env(**head.job_env())  # the head's address, its token and its warm interpreter
     procs = {}
     for strategy in STRATEGIES:
-        args = [sys.executable, str(REPO / "jobs" / f"{strategy}.py"), "--set", f"run.name=dash-{strategy}",
-                "--set", f"run.storage_path={storage}", "--set", "scaling.num_workers=2"]
+        args = [
+            sys.executable,
+            str(REPO / "jobs" / f"{strategy}.py"),
+            "--set",
+            f"run.name=dash-{strategy}",
+            "--set",
+            f"run.storage_path={storage}",
+            "--set",
+            "scaling.num_workers=2",
+        ]
         for override in KEEP_ALIVE[strategy]:
             args += ["--set", override]
         log = open(storage / f"{strategy}.log", "w")
@@ -81,18 +90,26 @@ def running(head, tmp_path_factory):
         while len(runs) < len(STRATEGIES):
             for strategy, proc in procs.items():
                 if proc.poll() is not None:
-                    raise AssertionError(f"{strategy} job ended early (exit {proc.returncode}):\n"
-                                         f"{(storage / f'{strategy}.log').read_text()[-3000:]}")
+                    raise AssertionError(
+                        f"{strategy} job ended early (exit {proc.returncode}):\n"
+                        f"{(storage / f'{strategy}.log').read_text()[-3000:]}"
+                    )
             status, body = _get(head, "/api/train/v2/runs/v1", token)
             if status == 200:
                 for run in json.loads(body)["train_runs"]:
                     workers = run["attempts"][-1]["workers"] if run["attempts"] else []
-                    if (run["name"].startswith("dash-") and run["status"] == "RUNNING" and len(workers) == 2
-                            and all(w["status"] == "ALIVE" for w in workers)):
+                    if (
+                        run["name"].startswith("dash-")
+                        and run["status"] == "RUNNING"
+                        and len(workers) == 2
+                        and all(w["status"] == "ALIVE" for w in workers)
+                    ):
                         runs[run["name"].removeprefix("dash-")] = run
             if time.monotonic() > deadline:
-                raise AssertionError(f"runs not RUNNING with 2 live workers in /api/train/v2/runs/v1 within 300 s: "
-                                     f"HTTP {status} {body[:1500]}\n{head.state()}")
+                raise AssertionError(
+                    f"runs not RUNNING with 2 live workers in /api/train/v2/runs/v1 within 300 s: "
+                    f"HTTP {status} {body[:1500]}\n{head.state()}"
+                )
             time.sleep(1)
         yield runs
     finally:
@@ -143,8 +160,11 @@ def test_the_dashboard_shows_the_run_and_its_workers(head, running, page, strate
     page.wait_for_text(f"run.name=dash-{strategy}", "RUNNING", "Actor Table")  # the job's entrypoint names the run
     # The job page folds its actor table away; open it as a user would, by its title.
     page.evaluate(f"{TITLE}.click()")
-    names = (["RayTrainWorker"] if strategy == "sync" else
-             [f"raydist/dash-async/worker-{k}" for k in (0, 1)] + ["raydist/dash-async/server-0"])
+    names = (
+        ["RayTrainWorker"]
+        if strategy == "sync"
+        else [f"raydist/dash-async/worker-{k}" for k in (0, 1)] + ["raydist/dash-async/server-0"]
+    )
     text = page.wait_for_text(*names, *(str(w["pid"]) for w in workers), timeout=90)
     if strategy == "sync":
         assert text.count("RayTrainWorker") >= 2, text[:3000]

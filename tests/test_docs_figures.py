@@ -20,25 +20,29 @@ def test_the_shaped_links_tables_are_the_stored_runs():
     shaped = load_benchmark("shaped_strategies")
     stored = json.loads((DATA / "shaped_runs.json").read_text())
     text = _doc("benchmarks.md")
-    assert shaped.fanin_table(stored["points"], stored["hosts"]) in text, \
+    assert shaped.fanin_table(stored["points"], stored["hosts"]) in text, (
         "docs/benchmarks.md's fan-in table is stale: paste `python -m benchmarks.shaped_strategies --report`"
-    assert shaped.strategies_table(stored["points"]) in text, \
+    )
+    assert shaped.strategies_table(stored["points"]) in text, (
         "docs/benchmarks.md's time-to-target table is stale: paste `python -m benchmarks.shaped_strategies --report`"
+    )
 
 
 @pytest.mark.parametrize("data", ["more_hosts.json", "three_workers.json"])
 def test_the_cores_against_hosts_tables_are_the_stored_runs(data):
     shaped = load_benchmark("shaped_strategies")
     stored = json.loads((DATA / data).read_text())
-    assert shaped.hosts_table(stored["points"], stored["hosts"]) in _doc("costmodel.md"), \
+    assert shaped.hosts_table(stored["points"], stored["hosts"]) in _doc("costmodel.md"), (
         f"docs/costmodel.md is stale: paste the last table of `python -m benchmarks.shaped_strategies --report docs/data/{data}`"
+    )
 
 
 def test_the_checkpoint_chaos_lines_are_the_stored_run():
     chaos = load_benchmark("checkpoint_chaos")
     stored = json.loads((DATA / "checkpoint_chaos.json").read_text())
-    assert chaos.report(stored) in _doc("checkpoints.md"), \
+    assert chaos.report(stored) in _doc("checkpoints.md"), (
         "docs/checkpoints.md's chaos lines are stale: paste `python -m benchmarks.checkpoint_chaos --report`"
+    )
     assert stored["machine"]["cpus"] and stored["commit"]
 
 
@@ -53,8 +57,9 @@ def test_the_suite_time_readme_and_testing_md_quote_is_the_stored_run():
 
 def test_the_shared_head_lines_are_the_stored_rounds():
     stored = json.loads((DATA / "shared_head.json").read_text())
-    assert load_benchmark("shared_head").report(stored) in _doc("testing.md"), \
+    assert load_benchmark("shared_head").report(stored) in _doc("testing.md"), (
         "docs/testing.md's shared-head lines are stale: paste `python -m benchmarks.shared_head --report`"
+    )
     assert len(stored["rounds"]) >= 3 and stored["machine"]["cpus"] and stored["commit"]
 
 
@@ -62,8 +67,9 @@ def test_the_sync_against_torchrun_tables_and_readmes_make_run_figure_are_the_st
     bench = load_benchmark("sync_vs_torchrun")
     stored = json.loads((DATA / "sync_vs_torchrun.json").read_text())
     for table in bench.report(stored).strip("\n").split("\n\n"):
-        assert table in _doc("benchmarks.md"), \
+        assert table in _doc("benchmarks.md"), (
             "docs/benchmarks.md's start-up tables are stale: paste `python -m benchmarks.sync_vs_torchrun --report`"
+        )
     assert bench.make_run_line(stored) in (REPO / "README.md").read_text()
     assert bench.launch_engine_line(stored) in (REPO / "README.md").read_text()
     assert all(r["again_reported"] for r in stored["rounds"]) and stored["machine"]["cpus"] and stored["commit"]
@@ -72,79 +78,89 @@ def test_the_sync_against_torchrun_tables_and_readmes_make_run_figure_are_the_st
 def test_the_warm_cluster_first_step_table_is_the_stored_rounds():
     bench = load_benchmark("first_step")
     stored = json.loads((DATA / "first_step.json").read_text())
-    assert bench.report(stored).strip("\n") in _doc("benchmarks.md"), \
+    assert bench.report(stored).strip("\n") in _doc("benchmarks.md"), (
         "docs/benchmarks.md's warm-cluster table is stale: paste `python -m benchmarks.first_step --report`"
+    )
     assert stored["machine"]["cpus"] and stored["commit"]
 
 
 def test_the_bring_up_lines_are_the_stored_runs():
     bench = load_benchmark("bringup")
     stored = json.loads((DATA / "bringup.json").read_text())
-    assert bench.report(stored) in _doc("benchmarks.md"), \
+    assert bench.report(stored) in _doc("benchmarks.md"), (
         "docs/benchmarks.md's bring-up lines are stale: paste `python -m benchmarks.bringup --report`"
+    )
     assert stored["machine"]["cpus"] and stored["commit"]
 
 
 def test_the_training_chaos_lines_are_the_stored_runs():
     chaos = load_benchmark("train_chaos")
     stored = json.loads((DATA / "train_chaos.json").read_text())
-    assert chaos.report(stored) in _doc("faults.md"), \
+    assert chaos.report(stored) in _doc("faults.md"), (
         "docs/faults.md's chaos lines are stale: paste `python -m benchmarks.train_chaos --report`"
+    )
     assert chaos.ok(stored) and stored["disturbed"]["kills"] == 5 and stored["commit"]
 
 
 def test_the_heal_against_restart_lines_are_the_stored_runs():
     bench = load_benchmark("heal_vs_restart")
     stored = json.loads((DATA / "heal_vs_restart.json").read_text())
-    assert bench.report(stored) in _doc("faults.md"), \
+    assert bench.report(stored) in _doc("faults.md"), (
         "docs/faults.md's heal against restart lines are stale: paste `python -m benchmarks.heal_vs_restart --report`"
+    )
     assert bench.ok(stored) and stored["kills"] == 2 and len(stored["rounds"]) == 2 and stored["commit"]
 
 
 def test_the_parameter_server_chaos_tables_are_the_stored_runs():
     chaos = load_benchmark("ps_chaos")
     stored = json.loads((DATA / "ps_chaos.json").read_text())
-    assert chaos.report(stored) in _doc("faults.md"), \
+    assert chaos.report(stored) in _doc("faults.md"), (
         "docs/faults.md's parameter-server chaos tables are stale: paste `python -m benchmarks.ps_chaos --report`"
+    )
     assert stored["ok"] and len(stored["kills"]) == 6 and stored["commit"]
 
 
-@pytest.mark.parametrize("bench, data, doc", [
-    ("strategies_compare", "strategies_compare.json", "strategies.md"),
-    ("fsdp_memory", "fsdp_memory.json", "strategies.md"),
-    ("gloo_bytes", "gloo_bytes.json", "strategies.md"),
-    ("gloo_bytes", "gloo_bytes.json", "costmodel.md"),
-    ("metrics_cost", "metrics_cost.json", "observability.md"),
-    ("desync_cost", "desync_cost.json", "faults.md"),
-    ("desync_cost", "desync_cost_large.json", "faults.md"),
-    ("doctor_allreduce", "doctor_allreduce.json", "doctor.md"),
-    ("startup_before_after", "startup_before_after.json", "benchmarks.md"),
-    ("startup_before_after", "lean_trainer.json", "benchmarks.md"),
-    ("startup_before_after", "job_server_preload.json", "benchmarks.md"),
-    ("startup_before_after", "fast_exit.json", "benchmarks.md"),
-    ("startup_before_after", "driver_imports.json", "benchmarks.md"),
-    ("startup_before_after", "warm_before_checks.json", "benchmarks.md"),
-    ("startup_before_after", "driver_without_torch.json", "benchmarks.md"),
-    ("startup_before_after", "ray_deps_preload.json", "benchmarks.md"),
-    ("startup_before_after", "driver_context_without_torch.json", "benchmarks.md"),
-    ("startup_before_after", "worker_setup_without_ray.json", "benchmarks.md"),
-    ("startup_before_after", "dynamo_preload.json", "benchmarks.md"),
-    ("bytecode", "bytecode.json", "testing.md"),
-    ("setup_time", "setup_time.json", "testing.md"),
-])
+@pytest.mark.parametrize(
+    "bench, data, doc",
+    [
+        ("strategies_compare", "strategies_compare.json", "strategies.md"),
+        ("fsdp_memory", "fsdp_memory.json", "strategies.md"),
+        ("gloo_bytes", "gloo_bytes.json", "strategies.md"),
+        ("gloo_bytes", "gloo_bytes.json", "costmodel.md"),
+        ("metrics_cost", "metrics_cost.json", "observability.md"),
+        ("desync_cost", "desync_cost.json", "faults.md"),
+        ("desync_cost", "desync_cost_large.json", "faults.md"),
+        ("doctor_allreduce", "doctor_allreduce.json", "doctor.md"),
+        ("startup_before_after", "startup_before_after.json", "benchmarks.md"),
+        ("startup_before_after", "lean_trainer.json", "benchmarks.md"),
+        ("startup_before_after", "job_server_preload.json", "benchmarks.md"),
+        ("startup_before_after", "fast_exit.json", "benchmarks.md"),
+        ("startup_before_after", "driver_imports.json", "benchmarks.md"),
+        ("startup_before_after", "warm_before_checks.json", "benchmarks.md"),
+        ("startup_before_after", "driver_without_torch.json", "benchmarks.md"),
+        ("startup_before_after", "ray_deps_preload.json", "benchmarks.md"),
+        ("startup_before_after", "driver_context_without_torch.json", "benchmarks.md"),
+        ("startup_before_after", "worker_setup_without_ray.json", "benchmarks.md"),
+        ("startup_before_after", "dynamo_preload.json", "benchmarks.md"),
+        ("bytecode", "bytecode.json", "testing.md"),
+        ("setup_time", "setup_time.json", "testing.md"),
+    ],
+)
 def test_a_benchmarks_stored_report_is_what_the_doc_quotes(bench, data, doc):
     stored = json.loads((DATA / data).read_text())
     text = load_benchmark(bench).report(stored)
-    assert text.strip("\n") in _doc(doc), \
+    assert text.strip("\n") in _doc(doc), (
         f"docs/{doc} is stale: paste `benchmarks/{bench}.py --report docs/data/{data}`"
+    )
     assert stored["machine"]["cpus"] and stored["commit"]
 
 
 def test_the_save_cost_table_is_the_stored_run():
     stored = json.loads((DATA / "save_cost.json").read_text())
-    assert load_benchmark("checkpoint_chaos").save_cost_report(stored).strip("\n") in _doc("checkpoints.md"), \
-        "docs/checkpoints.md's save-cost table is stale: paste `python -m benchmarks.checkpoint_chaos --report " \
+    assert load_benchmark("checkpoint_chaos").save_cost_report(stored).strip("\n") in _doc("checkpoints.md"), (
+        "docs/checkpoints.md's save-cost table is stale: paste `python -m benchmarks.checkpoint_chaos --report "
         "docs/data/save_cost.json`"
+    )
 
 
 def test_the_slurm_resilience_table_is_the_stored_rounds():
@@ -171,6 +187,7 @@ def test_every_stored_result_is_listed_with_its_benchmark_and_names_a_commit():
 
 def test_the_gpu_table_is_the_stored_run():
     stored = json.loads((DATA / "gpu_strategies.json").read_text())
-    assert load_benchmark("gpu_strategies").report(stored) in _doc("gpu.md"), \
+    assert load_benchmark("gpu_strategies").report(stored) in _doc("gpu.md"), (
         "docs/gpu.md is stale: paste `python -m benchmarks.gpu_strategies --report docs/data/gpu_strategies.json`"
+    )
     assert stored["gpu"].startswith("NVIDIA") and "+cu" in stored["machine"]["torch"]

@@ -18,10 +18,20 @@ GiB = 2**30
 
 
 def healthy(node: str = "node01", ip: str = "192.168.20.16", iface: str = "ens1f1", **changes) -> NodeFacts:
-    base = dict(node=node, iface=iface, ip=ip, why="cluster config", operstate="UP", speed_mbps=10000,
-                gloo_ifname=iface, nccl_ifname=f"={iface}", own_address=ip,
-                peer_addresses={"master-node": "192.168.20.15"},
-                shm=Space("/dev/shm", 4 * GiB, 8 * GiB), temp=Space("/tmp", 50 * GiB, 100 * GiB))
+    base = dict(
+        node=node,
+        iface=iface,
+        ip=ip,
+        why="cluster config",
+        operstate="UP",
+        speed_mbps=10000,
+        gloo_ifname=iface,
+        nccl_ifname=f"={iface}",
+        own_address=ip,
+        peer_addresses={"master-node": "192.168.20.15"},
+        shm=Space("/dev/shm", 4 * GiB, 8 * GiB),
+        temp=Space("/tmp", 50 * GiB, 100 * GiB),
+    )
     base.update(changes)
     return NodeFacts(**base)
 
@@ -31,11 +41,16 @@ CHOSEN = {"master-node": "192.168.20.15", "node01": "192.168.20.16"}
 
 # ---- per-node verdicts ----------------------------------------------------------------------------------
 
+
 def test_a_healthy_node_is_ok_on_every_row():
     f = healthy()
-    rows = [checks.check_interface(f, "192.168.20.16"), checks.check_link_speed(f, None), checks.check_socket_env(f),
-            checks.check_hostname(f, CHOSEN), checks.check_space("node01", "/dev/shm", f.shm, checks.SHM_FAIL,
-                                                                 checks.SHM_WARN)]
+    rows = [
+        checks.check_interface(f, "192.168.20.16"),
+        checks.check_link_speed(f, None),
+        checks.check_socket_env(f),
+        checks.check_hostname(f, CHOSEN),
+        checks.check_space("node01", "/dev/shm", f.shm, checks.SHM_FAIL, checks.SHM_WARN),
+    ]
     assert [r.status for r in rows] == [OK] * 5, rows
     assert rows[0].value == "ens1f1 192.168.20.16"
 
@@ -72,23 +87,34 @@ def test_link_speed_unknown_is_not_a_failure_but_a_slower_link_than_expected_is(
     assert checks.check_link_speed(healthy(speed_mbps=100000), 100).status == OK
 
 
-@pytest.mark.parametrize("gloo, nccl, status", [
-    ("ens1f1", "=ens1f1", OK), ("ens1f1", "ens1", OK), ("ens1f1", None, OK), ("ens1f1", "^docker", OK),
-    ("ens1f1", "=ens1f0", FAIL), ("docker0", "=ens1f1", FAIL), (None, None, WARN),
-])
+@pytest.mark.parametrize(
+    "gloo, nccl, status",
+    [
+        ("ens1f1", "=ens1f1", OK),
+        ("ens1f1", "ens1", OK),
+        ("ens1f1", None, OK),
+        ("ens1f1", "^docker", OK),
+        ("ens1f1", "=ens1f0", FAIL),
+        ("docker0", "=ens1f1", FAIL),
+        (None, None, WARN),
+    ],
+)
 def test_socket_env(gloo, nccl, status):
     assert checks.check_socket_env(healthy(gloo_ifname=gloo, nccl_ifname=nccl)).status == status
 
 
 @pytest.mark.parametrize("free, status", [(4 * GiB, OK), (512 * 2**20, WARN), (100 * 2**20, FAIL)])
 def test_shm_space(free, status):
-    assert checks.check_space("n", "/dev/shm", Space("/dev/shm", free, 8 * GiB), checks.SHM_FAIL,
-                              checks.SHM_WARN).status == status
+    assert (
+        checks.check_space("n", "/dev/shm", Space("/dev/shm", free, 8 * GiB), checks.SHM_FAIL, checks.SHM_WARN).status
+        == status
+    )
 
 
 def test_space_errors_fail_and_no_path_gives_no_row():
-    row = checks.check_space("n", "storage", Space("/shared/runs", error="No such file or directory"),
-                             checks.DISK_FAIL, checks.DISK_WARN)
+    row = checks.check_space(
+        "n", "storage", Space("/shared/runs", error="No such file or directory"), checks.DISK_FAIL, checks.DISK_WARN
+    )
     assert row.status == FAIL and "/shared/runs" in row.detail
     assert checks.check_space("n", "storage", None, 1, 2) is None
 
@@ -105,19 +131,25 @@ def test_clock_offset_takes_the_shortest_round_trip_and_subtracts_its_uncertaint
 
 
 def test_reachability_rows_and_who_nobody_reaches():
-    matrix = {"master-node": {"node01": Probe(True, 0.3), "node02": Probe(False, error="no answer")},
-              "node01": {"master-node": Probe(True, 0.2), "node02": Probe(False, error="no answer")},
-              "node02": {"master-node": Probe(False, error="x"), "node01": Probe(False, error="x")}}
+    matrix = {
+        "master-node": {"node01": Probe(True, 0.3), "node02": Probe(False, error="no answer")},
+        "node01": {"master-node": Probe(True, 0.2), "node02": Probe(False, error="no answer")},
+        "node02": {"master-node": Probe(False, error="x"), "node01": Probe(False, error="x")},
+    }
     rows = {n: checks.check_reachability(n, r) for n, r in matrix.items()}
     assert rows["master-node"].status == FAIL and rows["master-node"].value == "1/2 peers"
     assert "node02: no answer" in rows["master-node"].detail
-    assert checks.unreachable_from(matrix) == {"node02": ["master-node", "node01"], "master-node": ["node02"],
-                                               "node01": ["node02"]}
+    assert checks.unreachable_from(matrix) == {
+        "node02": ["master-node", "node01"],
+        "master-node": ["node02"],
+        "node01": ["node02"],
+    }
     ok = checks.check_reachability("a", {"b": Probe(True, 0.5), "c": Probe(True, 1.5)})
     assert ok.status == OK and "1.5 ms (c)" in ok.detail
 
 
 # ---- bandwidth ------------------------------------------------------------------------------------------
+
 
 def test_bus_bandwidth_is_the_ring_all_reduce_traffic_per_link():
     # 3 ranks, 1 GB buffer in 1 s: each link carries 2*(3-1)/3 GB -> 10.67 Gb/s.
@@ -161,6 +193,7 @@ def test_timed_loops_on_a_one_rank_gloo_group(tmp_path):
 
 # ---- facts through faked probes -------------------------------------------------------------------------
 
+
 def fake_resolve(host: str) -> str:
     known = {"node01": "127.0.1.1", "master-node": "192.168.20.15"}
     if host not in known:
@@ -169,24 +202,40 @@ def fake_resolve(host: str) -> str:
 
 
 def fake_probes(**changes) -> facts.Probes:
-    base = dict(choose=lambda w: netif.Choice("ens1f1", "192.168.20.16", "cluster config"),
-                operstate=lambda i: "UP", speed_mbps=lambda i: None,
-                resolve=fake_resolve,
-                space=lambda p: Space(p, GiB, 2 * GiB), environ={"GLOO_SOCKET_IFNAME": "ens1f1"},
-                temp_dir=lambda: "/tmp/raydist-7")
+    base = dict(
+        choose=lambda w: netif.Choice("ens1f1", "192.168.20.16", "cluster config"),
+        operstate=lambda i: "UP",
+        speed_mbps=lambda i: None,
+        resolve=fake_resolve,
+        space=lambda p: Space(p, GiB, 2 * GiB),
+        environ={"GLOO_SOCKET_IFNAME": "ens1f1"},
+        temp_dir=lambda: "/tmp/raydist-7",
+    )
     base.update(changes)
     return facts.Probes(**base)
 
 
-WHERE = facts.Where(node="node01", head="master-node", head_ip="192.168.20.15", workers=("node01",),
-                    configured="ens1f1", peers=("master-node", "node03"), storage_path="/shared")
+WHERE = facts.Where(
+    node="node01",
+    head="master-node",
+    head_ip="192.168.20.15",
+    workers=("node01",),
+    configured="ens1f1",
+    peers=("master-node", "node03"),
+    storage_path="/shared",
+)
 
 
 def test_gather_turns_failed_probes_into_facts():
     f = facts.gather(WHERE, fake_probes())
     assert (f.iface, f.ip, f.own_address, f.gloo_ifname, f.nccl_ifname) == (
-        "ens1f1", "192.168.20.16", "127.0.1.1", "ens1f1", None)
-    assert f.peer_addresses == {"master-node": "192.168.20.15", "node03": None}  
+        "ens1f1",
+        "192.168.20.16",
+        "127.0.1.1",
+        "ens1f1",
+        None,
+    )
+    assert f.peer_addresses == {"master-node": "192.168.20.15", "node03": None}
     assert f.temp.path == "/tmp/raydist-7" and f.storage.path == "/shared" and f.shm.path == "/dev/shm"
     assert checks.NodeFacts.from_dict(facts.as_dict(f)) == f  # survives the trip through Ray
 
@@ -209,6 +258,7 @@ def test_the_head_of_a_single_node_cluster_picks_the_interface_holding_its_addre
 
 # ---- the agent's probe, on loopback ---------------------------------------------------------------------
 
+
 def test_probe_connects_and_names_a_refusal():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -221,11 +271,14 @@ def test_probe_connects_and_names_a_refusal():
 
 # ---- table, exit line, command line ---------------------------------------------------------------------
 
+
 def test_table_and_exit_line_name_the_failing_rows():
-    rows = [checks.Row("node01", "hostname", FAIL, "node01 -> 127.0.1.1", "loopback"),
-            checks.Row("node02", "agent", FAIL, "-", "no answer"),
-            checks.Row("master-node", "interface", OK, "ens1f1 192.168.20.15", ""),
-            checks.Row("all", "all-reduce", WARN, "1 Gb/s", "")]
+    rows = [
+        checks.Row("node01", "hostname", FAIL, "node01 -> 127.0.1.1", "loopback"),
+        checks.Row("node02", "agent", FAIL, "-", "no answer"),
+        checks.Row("master-node", "interface", OK, "ens1f1 192.168.20.15", ""),
+        checks.Row("all", "all-reduce", WARN, "1 Gb/s", ""),
+    ]
     text = report.table(rows)
     assert text.splitlines()[0].split() == ["NODE", "CHECK", "STATUS", "VALUE", "DETAIL"]
     assert "FAIL" in text and len(text.splitlines()) == 5
@@ -234,15 +287,19 @@ def test_table_and_exit_line_name_the_failing_rows():
     assert '"failing": [\n  "node01 hostname",\n  "node02 agent"\n ]' in report.as_json(rows)
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["--bytes", "lots"], "raydist: error: raydist doctor: argument --bytes: --bytes: must be a size"),
-    (["--min-ratio", "2"], "raydist: error: raydist doctor: argument --min-ratio: must be between 0 and 1"),
-    (["--timeout", "0"], "raydist: error: raydist doctor: argument --timeout: must be above 0"),
-    (["--address", "http://10.0.0.1:8265"], "raydist: error: --address: give the GCS address host:port"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--bytes", "lots"], "raydist: error: raydist doctor: argument --bytes: --bytes: must be a size"),
+        (["--min-ratio", "2"], "raydist: error: raydist doctor: argument --min-ratio: must be between 0 and 1"),
+        (["--timeout", "0"], "raydist: error: raydist doctor: argument --timeout: must be above 0"),
+        (["--address", "http://10.0.0.1:8265"], "raydist: error: --address: give the GCS address host:port"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(args, expected):
-    r = subprocess.run([sys.executable, "-m", "raydist.cli", "doctor", *args], capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "raydist.cli", "doctor", *args], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith(expected) and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
@@ -251,6 +308,11 @@ def test_no_cluster_to_find_is_one_line_and_exit_1(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"job_dir: {tmp_path}/jobs\n")
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    r = subprocess.run([sys.executable, "-m", "raydist.cli", "doctor", "--config", str(cfg)], capture_output=True,
-                       text=True, timeout=60, env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "raydist.cli", "doctor", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert r.returncode == 1 and r.stderr.startswith("raydist: error: no running raydist cluster found"), r.stderr

@@ -21,8 +21,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.jobutil import (REPO, SHARED_RAY, clean_env, launched_rank_pid, refusal, run_job, summary,
-                                   tinygpt_job, wait_for_steps)
+from tests.support.jobutil import (
+    REPO,
+    SHARED_RAY,
+    clean_env,
+    launched_rank_pid,
+    refusal,
+    run_job,
+    summary,
+    tinygpt_job,
+    wait_for_steps,
+)
 from raydist.observability.metrics import read_steps
 
 pytestmark = pytest.mark.slow
@@ -34,9 +43,14 @@ def top_workers(temp_dir: Path, run: str, job: subprocess.Popen, timeout: float 
     """`raydist top --once --json` on the job's embedded instance, once both workers show the loop's metrics."""
     deadline = time.monotonic() + timeout
     while True:
-        r = subprocess.run([sys.executable, "-m", "raydist.cli", "top", "--once", "--json", "--temp-dir",
-                            str(temp_dir / "ray")], cwd=REPO, env=clean_env(), capture_output=True, text=True,
-                           timeout=60)
+        r = subprocess.run(
+            [sys.executable, "-m", "raydist.cli", "top", "--once", "--json", "--temp-dir", str(temp_dir / "ray")],
+            cwd=REPO,
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         runs = {x["run"]: x for x in json.loads(r.stdout)["runs"]} if r.returncode == 0 else {}
         workers = runs.get(run, {}).get("processes", [])
         if len(workers) == 2 and all("samples_per_s" in w and "comm_wait_share" in w for w in workers):
@@ -48,8 +62,13 @@ def top_workers(temp_dir: Path, run: str, job: subprocess.Popen, timeout: float 
 
 @pytest.mark.shared_ray
 def test_sync_learns_and_a_stopped_run_resumes_with_identical_losses(tmp_path):
-    common = [f"run.storage_path={tmp_path}", ENGINE, "train.epochs=2", "checkpoint.every_steps=10",
-              "model.dropout=0.2"]  # dropout draws random numbers: resuming must restore each rank's RNG
+    common = [
+        f"run.storage_path={tmp_path}",
+        ENGINE,
+        "train.epochs=2",
+        "checkpoint.every_steps=10",
+        "model.dropout=0.2",
+    ]  # dropout draws random numbers: resuming must restore each rank's RNG
     proc = run_job("sync", *common, "run.name=straight")
     straight = summary(proc)
     assert straight["status"] == "completed" and straight["steps"] == 44 and straight["workers"] == 2
@@ -63,7 +82,9 @@ def test_sync_learns_and_a_stopped_run_resumes_with_identical_losses(tmp_path):
     assert 0 < up["workers"] <= up["ready"] <= up["first_step"] < straight["wall_s"] + 1 and up["connect"] > 0, up
     # checkpoint.keep=2: the newest two, published whole
     assert sorted(p.name for p in (tmp_path / "straight").glob("checkpoint_step*")) == [
-        "checkpoint_step00000040", "checkpoint_step00000044"]
+        "checkpoint_step00000040",
+        "checkpoint_step00000044",
+    ]
     assert (tmp_path / "straight" / "logs" / "rank1.log").exists()
     assert "[raydist] sync: step 44/44 (100%)" in proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
@@ -81,11 +102,15 @@ def test_sync_learns_and_a_stopped_run_resumes_with_identical_losses(tmp_path):
 
 def test_a_killed_rank_restarts_the_group_from_the_checkpoint_and_a_stop_signal_checkpoints(tmp_path):
     temp = Path(tempfile.mkdtemp(prefix="re-", dir="/tmp"))  # short: Ray's socket paths live under it
-    common = [f"run.storage_path={tmp_path}", ENGINE, "train.epochs=60", "checkpoint.every_steps=20",
-              "run.name=chaos"]
-    job = subprocess.Popen([sys.executable, str(REPO / "jobs" / "sync.py"), *sum((["--set", o] for o in common), [])],
-                           cwd=REPO, env=clean_env(TMPDIR=str(temp)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True)
+    common = [f"run.storage_path={tmp_path}", ENGINE, "train.epochs=60", "checkpoint.every_steps=20", "run.name=chaos"]
+    job = subprocess.Popen(
+        [sys.executable, str(REPO / "jobs" / "sync.py"), *sum((["--set", o] for o in common), [])],
+        cwd=REPO,
+        env=clean_env(TMPDIR=str(temp)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         run_dir = tmp_path / "chaos"
         wait_for_steps(run_dir / "metrics.jsonl", 30, job)
@@ -112,8 +137,9 @@ def test_a_killed_rank_restarts_the_group_from_the_checkpoint_and_a_stop_signal_
     from tests.support import sharedray
 
     # The resume is a job like any other: on the shared head, as the marked tests' jobs are.
-    resumed = summary(run_job("sync", *common, f"train.stop_at_step={result['steps'] + 5}",
-                              env=clean_env(**sharedray.job_env())))
+    resumed = summary(
+        run_job("sync", *common, f"train.stop_at_step={result['steps'] + 5}", env=clean_env(**sharedray.job_env()))
+    )
     assert resumed["resumed_from_step"] == result["steps"] and resumed["steps"] == result["steps"] + 5
 
 
@@ -132,8 +158,15 @@ def test_local_sgd_and_fsdp_run_on_the_launch_engine(tmp_path):
 
 @pytest.mark.shared_ray
 def test_a_run_the_workers_end_as_failed_exits_1_with_one_line(tmp_path):
-    proc = run_job("sync", f"run.storage_path={tmp_path}", ENGINE, "train.epochs=2", "faults.inject_desync_rank=1",
-                   "faults.on_desync=stop", "faults.desync_every_steps=5")
+    proc = run_job(
+        "sync",
+        f"run.storage_path={tmp_path}",
+        ENGINE,
+        "train.epochs=2",
+        "faults.inject_desync_rank=1",
+        "faults.on_desync=stop",
+        "faults.desync_every_steps=5",
+    )
     assert proc.returncode == 1, (proc.stdout[-2000:], proc.stderr[-2000:])
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("raydist: error: training failed: desync at step 5: parameters of rank 1 differ"), last

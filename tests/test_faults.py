@@ -64,12 +64,20 @@ def test_a_perturbed_rank_is_named_within_n_steps_and_the_run_fails_without_a_ch
     exits 1 with that one line, and the newest checkpoint is the good one from step 2."""
     from tests.support.jobutil import run_job
 
-    proc = run_job("sync", f"run.storage_path={tmp_path}", "run.name=r", "train.max_steps=12",
-                   "checkpoint.every_steps=2", "faults.desync_every_steps=2", "faults.inject_desync_rank=1",
-                   "faults.inject_desync_step=3")
+    proc = run_job(
+        "sync",
+        f"run.storage_path={tmp_path}",
+        "run.name=r",
+        "train.max_steps=12",
+        "checkpoint.every_steps=2",
+        "faults.desync_every_steps=2",
+        "faults.inject_desync_rank=1",
+        "faults.inject_desync_step=3",
+    )
     lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 1 and lines[-1].startswith("raydist: error: training failed: desync at step 4: "
-                                                         "parameters of rank 1 differ from rank 0's"), proc.stderr[-3000:]
+    assert proc.returncode == 1 and lines[-1].startswith(
+        "raydist: error: training failed: desync at step 4: parameters of rank 1 differ from rank 0's"
+    ), proc.stderr[-3000:]
     assert "no checkpoint written after step 2" in lines[-1]
     assert json.loads((tmp_path / "r" / "failure.json").read_text())["reason"] in lines[-1]
     assert sorted(p.name for p in (tmp_path / "r").glob("checkpoint_step*")) == ["checkpoint_step00000002"]
@@ -83,10 +91,19 @@ def test_restart_on_desync_resumes_from_the_last_checkpoint_and_completes(tmp_pa
     restart from step 2's checkpoint, the perturbation is not repeated, and the run completes."""
     from tests.support.jobutil import run_job, summary
 
-    proc = run_job("local_sgd", f"run.storage_path={tmp_path}", "run.name=r", "train.max_steps=10",
-                   "local_sgd.warmup_sync_steps=10", "checkpoint.every_steps=2", "faults.desync_every_steps=2",
-                   "faults.inject_desync_rank=1", "faults.inject_desync_step=3", "faults.on_desync=restart",
-                   "scaling.max_failures=1")
+    proc = run_job(
+        "local_sgd",
+        f"run.storage_path={tmp_path}",
+        "run.name=r",
+        "train.max_steps=10",
+        "local_sgd.warmup_sync_steps=10",
+        "checkpoint.every_steps=2",
+        "faults.desync_every_steps=2",
+        "faults.inject_desync_rank=1",
+        "faults.inject_desync_step=3",
+        "faults.on_desync=restart",
+        "scaling.max_failures=1",
+    )
     s = summary(proc)
     assert "desync at step 4: parameters of rank 1 differ" in proc.stdout
     assert s["status"] == "completed" and s["steps"] == 10 and s["resumed_from_step"] == 2
@@ -99,9 +116,15 @@ def test_a_stopped_worker_fails_the_run_within_the_bound_naming_its_rank_and_nod
     with one line naming that worker's rank, node and pid, instead of hanging in the next all-reduce."""
     from tests.support.jobutil import job_processes_titled, start_job, wait_for_steps
 
-    proc = start_job("sync", f"run.storage_path={tmp_path}", "run.name=r", "train.max_steps=1000000",
-                     "checkpoint.every_steps=100000", f"faults.hang_timeout_s={HANG_TIMEOUT_S}",
-                     "scaling.max_failures=0")
+    proc = start_job(
+        "sync",
+        f"run.storage_path={tmp_path}",
+        "run.name=r",
+        "train.max_steps=1000000",
+        "checkpoint.every_steps=100000",
+        f"faults.hang_timeout_s={HANG_TIMEOUT_S}",
+        "scaling.max_failures=0",
+    )
     victim = None
     try:
         wait_for_steps(tmp_path / "r" / "metrics.jsonl", 20, proc)
@@ -144,8 +167,9 @@ def test_worker_sigkills_at_random_moments_cost_no_step_and_no_accuracy(tmp_path
     assert hit["status"] == "completed" and hit["steps"] == hit["total_steps"] == calm["total_steps"]
     assert abs(hit["test_accuracy"] - calm["test_accuracy"]) <= 0.01, (hit, calm)
     assert calm["restarts"] == 0 and hit["restarts"] == 2, (hit, calm)  # each kill: one restart from a checkpoint
-    assert not hit["traceback"], \
+    assert not hit["traceback"], (
         f"a restart put a traceback on the console (one line says what happened):\n{hit.get('traceback_context')}"
+    )
 
 
 KILL_THE_CONTROLLER = """
@@ -188,8 +212,14 @@ def test_a_driver_that_lives_on_after_its_controller_was_killed_gets_the_workers
 
     from tests.support.jobutil import REPO, clean_env
 
-    proc = subprocess.run([sys.executable, "-c", KILL_THE_CONTROLLER, str(tmp_path)], cwd=REPO, env=clean_env(),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL_THE_CONTROLLER, str(tmp_path)],
+        cwd=REPO,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0 and "fit failed: RaydistError: training failed" in proc.stderr, proc.stderr[-3000:]
     table = [ln for ln in proc.stdout.splitlines() if ln.startswith("placement group: ")]
     assert table and json.loads(table[-1].split(": ", 1)[1])["state"] == "REMOVED", proc.stdout[-2000:]

@@ -15,10 +15,26 @@ def completed_run(tmp_path, *overrides: str):
     finished.record("sync", cfg)
     ckpt = tmp_path / "r" / "checkpoint_000001"
     ckpt.mkdir()
-    JobSummary(strategy="sync", run_name="r", run_dir=str(tmp_path / "r"), ray="local", workers=2,
-               status="completed", steps=440, total_steps=440, resumed_from_step=None, wall_s=30.0,
-               train_time_s=4.0, test_accuracy=0.96, test_loss=0.1, final_loss=0.1, samples_per_s=1.0,
-               steps_per_s=1.0, checkpoint=str(ckpt), metrics_file="").write()
+    JobSummary(
+        strategy="sync",
+        run_name="r",
+        run_dir=str(tmp_path / "r"),
+        ray="local",
+        workers=2,
+        status="completed",
+        steps=440,
+        total_steps=440,
+        resumed_from_step=None,
+        wall_s=30.0,
+        train_time_s=4.0,
+        test_accuracy=0.96,
+        test_loss=0.1,
+        final_loss=0.1,
+        samples_per_s=1.0,
+        steps_per_s=1.0,
+        checkpoint=str(ckpt),
+        metrics_file="",
+    ).write()
     return cfg, ckpt
 
 

@@ -23,11 +23,25 @@ pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
 
 # Digits in 5 epochs (22 steps each with 2 workers), with dropout (resume must restore each rank's RNG) and
 # gradient accumulation (only the last micro-batch reduce-scatters).
-DIGITS = ["train.epochs=5", "optim.lr=0.02", "model.dropout=0.2", "train.grad_accum=2", "train.batch_size=16",
-          "checkpoint.every_steps=10"]
+DIGITS = [
+    "train.epochs=5",
+    "optim.lr=0.02",
+    "model.dropout=0.2",
+    "train.grad_accum=2",
+    "train.batch_size=16",
+    "checkpoint.every_steps=10",
+]
 # The synthetic task on the small transformer: FSDP's units are its encoder layers (model.fsdp_units).
-SYNTHETIC = ["data.name=synthetic", "data.synthetic_samples=5000", "data.synthetic_features=16", "model.name=transformer",
-             "model.tokens=2", "model.hidden=32", "train.epochs=2", "optim.lr=0.03"]
+SYNTHETIC = [
+    "data.name=synthetic",
+    "data.synthetic_samples=5000",
+    "data.synthetic_features=16",
+    "model.name=transformer",
+    "model.tokens=2",
+    "model.hidden=32",
+    "train.epochs=2",
+    "optim.lr=0.03",
+]
 STOP = 13  # mid-epoch, three steps after a periodic checkpoint
 FULL_MODEL_BYTES = 4 * (64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10)  # the default MLP on digits, float32
 

@@ -46,18 +46,50 @@ def test_a_gpu_run_resumes_at_the_exact_step(tmp_path):
 
 
 def test_a_users_nccl_script_runs_unmodified_under_raydist_launch(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "raydist.cli", "launch", "--workers", "1", "--gpu", "--storage",
-                           str(tmp_path), "--", sys.executable, "examples/ddp_train.py", "--epochs", "1"],
-                          cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "raydist.cli",
+            "launch",
+            "--workers",
+            "1",
+            "--gpu",
+            "--storage",
+            str(tmp_path),
+            "--",
+            sys.executable,
+            "examples/ddp_train.py",
+            "--epochs",
+            "1",
+        ],
+        cwd=REPO,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "checksum" in proc.stdout, proc.stdout[-2000:]
 
 
 def test_more_gpu_workers_than_the_machine_has_are_refused_in_one_line():
     n = torch.cuda.device_count() + 1
-    proc = subprocess.run([sys.executable, str(REPO / "jobs" / "sync.py"), "--set", "scaling.use_gpu=true",
-                           "--set", f"scaling.num_workers={n}"], cwd=REPO, env=clean_env(), capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "jobs" / "sync.py"),
+            "--set",
+            "scaling.use_gpu=true",
+            "--set",
+            f"scaling.num_workers={n}",
+        ],
+        cwd=REPO,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, (proc.returncode, proc.stderr[-2000:])
     assert f"needs {n} GPU(s) but this machine has {n - 1}" in lines[0], lines[0]

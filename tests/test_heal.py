@@ -77,11 +77,14 @@ def test_objects_are_gathered_in_rank_order_over_a_group_that_only_sums():
         assert [e["rank"] for e in every] == [0, 1] and len(every[1]["blob"]) == 310
 
 
-@pytest.mark.parametrize("setting, words", [
-    ("scaling.num_workers=1", "with one worker there is no peer to heal from"),
-    ("scaling.num_workers=2", None),
-    ("scaling.num_workers=2-3", None),
-])
+@pytest.mark.parametrize(
+    "setting, words",
+    [
+        ("scaling.num_workers=1", "with one worker there is no peer to heal from"),
+        ("scaling.num_workers=2", None),
+        ("scaling.num_workers=2-3", None),
+    ],
+)
 def test_where_heal_cannot_run_the_job_runs_as_sync_and_says_why(setting, words):
     from raydist import registry
     from raydist.config import load_config
@@ -105,15 +108,31 @@ def test_without_torchft_heal_falls_back_to_sync(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.shared_ray
 def test_a_single_worker_heal_job_trains_as_sync_after_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "jobs/heal.py", "--set", "scaling.num_workers=1", "--set",
-                           "train.max_steps=20", "--set", f"run.storage_path={tmp_path}"], cwd=REPO, env=clean_env(),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "jobs/heal.py",
+            "--set",
+            "scaling.num_workers=1",
+            "--set",
+            "train.max_steps=20",
+            "--set",
+            f"run.storage_path={tmp_path}",
+        ],
+        cwd=REPO,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["strategy"] == "sync" and summary["status"] == "completed", summary
     said = [ln for ln in proc.stderr.splitlines() if "no peer to heal from" in ln]
-    assert said == ["[raydist] scaling.num_workers=1: with one worker there is no peer to heal from: training with "
-                    "sync, which restarts from checkpoints, instead"], proc.stderr[-3000:]
+    assert said == [
+        "[raydist] scaling.num_workers=1: with one worker there is no peer to heal from: training with "
+        "sync, which restarts from checkpoints, instead"
+    ], proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
 
 
@@ -198,19 +217,44 @@ def test_an_elastic_heal_run_that_loses_a_node_continues_on_the_workers_that_fit
     from ray.cluster_utils import Cluster
 
     # Ray notices the dead node in about 2 s, not 15 (health checks every 0.5 s, 4 missed).
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4}})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 0,
+            "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4},
+        },
+    )
     try:
         nodes = [cluster.add_node(num_cpus=1) for _ in range(3)]
         cluster.wait_for_nodes()
         run_dir = tmp_path / "lost"
         proc = subprocess.Popen(
-            [sys.executable, "jobs/heal.py", *(a for o in ("scaling.num_workers=2-3", f"run.storage_path={tmp_path}",
-             "run.name=lost", "train.epochs=4", "checkpoint.every_steps=20", "scaling.node_loss_timeout_s=20",
-             "scaling.max_failures=4", "straggler.worker=2", "straggler.pause_at_step=26",
-             "straggler.pause_s=60") for a in ("--set", o))],
-            cwd=REPO, env=clean_env(RAY_ADDRESS=cluster.address), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True)
+            [
+                sys.executable,
+                "jobs/heal.py",
+                *(
+                    a
+                    for o in (
+                        "scaling.num_workers=2-3",
+                        f"run.storage_path={tmp_path}",
+                        "run.name=lost",
+                        "train.epochs=4",
+                        "checkpoint.every_steps=20",
+                        "scaling.node_loss_timeout_s=20",
+                        "scaling.max_failures=4",
+                        "straggler.worker=2",
+                        "straggler.pause_at_step=26",
+                        "straggler.pause_s=60",
+                    )
+                    for a in ("--set", o)
+                ),
+            ],
+            cwd=REPO,
+            env=clean_env(RAY_ADDRESS=cluster.address),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         deadline = time.monotonic() + 240
         while not _trained_past(run_dir, 24):  # step 25 written: every rank is at step 26, where rank 2 pauses
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-4000:]
@@ -231,7 +275,7 @@ def test_an_elastic_heal_run_that_loses_a_node_continues_on_the_workers_that_fit
     said = [ln for ln in out.splitlines() if "their replica cannot be replaced in place" in ln]
     assert said and said[0].startswith("[raydist] node(s) died:"), out[-5000:]
     at = out.find("Traceback")
-    assert at < 0, out[max(0, at - 1500):at + 3500]
+    assert at < 0, out[max(0, at - 1500) : at + 3500]
     assert "torchft::lighthouse" not in out, out[-5000:]
     assert (run_dir / "lighthouse.log").exists()  # where torchft's log went instead
     assert "imported Ray for Ray job" in warm_interpreter.read_text()  # the raylets' workers were forked

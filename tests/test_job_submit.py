@@ -25,9 +25,22 @@ def head():
 
 def _submit(head, env, *job_args, timeout=300):
     proc = subprocess.run(
-        [str(VENV_BIN / "ray"), "job", "submit", f"--address={head.dashboard_url}", f"--working-dir={REPO}",
-         "--", "python", "jobs/sync.py", *job_args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
+        [
+            str(VENV_BIN / "ray"),
+            "job",
+            "submit",
+            f"--address={head.dashboard_url}",
+            f"--working-dir={REPO}",
+            "--",
+            "python",
+            "jobs/sync.py",
+            *job_args,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     if "Failed to connect to Ray" in proc.stderr:  # once seen in a suite run only: keep the head's side of it
         proc.stderr += "\n" + head.state()
@@ -52,8 +65,9 @@ def test_submission_without_the_token_is_refused(head):
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "submitted successfully" not in out
     # Ray's client words an HTTP 401 from the head exactly so (ray/_private/authentication/http_token_authentication.py)
-    assert "AuthenticationError: Authentication required: Unauthorized: Missing authentication token" in out, \
-        out[-2000:]
+    assert "AuthenticationError: Authentication required: Unauthorized: Missing authentication token" in out, out[
+        -2000:
+    ]
 
 
 def test_submission_with_a_wrong_token_is_refused(head, tmp_path):
@@ -69,8 +83,10 @@ def test_dashboard_api_needs_the_token(head):
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(f"{head.dashboard_url}/api/jobs/", timeout=10)
     assert err.value.code == 401
-    request = urllib.request.Request(f"{head.dashboard_url}/api/jobs/",
-                                     headers={"Authorization": f"Bearer {Path(head.token_path).read_text().strip()}"})
+    request = urllib.request.Request(
+        f"{head.dashboard_url}/api/jobs/",
+        headers={"Authorization": f"Bearer {Path(head.token_path).read_text().strip()}"},
+    )
     with urllib.request.urlopen(request, timeout=10) as ok:
         assert ok.status == 200
 
@@ -78,9 +94,27 @@ def test_dashboard_api_needs_the_token(head):
 def test_the_python_api_under_ray_job_submit_trains_your_package_on_the_cluster(head, tmp_path):
     """examples/tinygpt uploaded as the working dir: the driver and every worker import the user's package there."""
     proc = subprocess.run(
-        [str(VENV_BIN / "ray"), "job", "submit", f"--address={head.dashboard_url}", f"--working-dir={REPO / 'examples'}",
-         "--", "python", "-m", "tinygpt.fit_api", "--steps", "16", "--storage", str(tmp_path)],
-        cwd=REPO, env=head.client_env(), capture_output=True, text=True, timeout=400)
+        [
+            str(VENV_BIN / "ray"),
+            "job",
+            "submit",
+            f"--address={head.dashboard_url}",
+            f"--working-dir={REPO / 'examples'}",
+            "--",
+            "python",
+            "-m",
+            "tinygpt.fit_api",
+            "--steps",
+            "16",
+            "--storage",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        env=head.client_env(),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     done = [ln for ln in proc.stdout.splitlines() if ln.startswith("completed: 16 steps on ")]

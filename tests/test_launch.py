@@ -47,13 +47,33 @@ def work() -> Path:
     shutil.rmtree(d, ignore_errors=True)
 
 
-def launch(work: Path, name: str, *options: str, script_args: list[str] = (), extra_env: dict | None = None,
-           command: list[str] | None = None, stderr=subprocess.PIPE) -> subprocess.Popen:
+def launch(
+    work: Path,
+    name: str,
+    *options: str,
+    script_args: list[str] = (),
+    extra_env: dict | None = None,
+    command: list[str] | None = None,
+    stderr=subprocess.PIPE,
+) -> subprocess.Popen:
     return subprocess.Popen(
-        [str(BIN / "raydist"), "launch", "--name", name, "--storage", str(work / "runs"), *options, "--",
-         *(command or ["python", str(SCRIPT), *script_args])],
-        cwd=work, env=env(TMPDIR=str(work), **(extra_env or {})), stdout=subprocess.PIPE, stderr=stderr,
-        text=True)
+        [
+            str(BIN / "raydist"),
+            "launch",
+            "--name",
+            name,
+            "--storage",
+            str(work / "runs"),
+            *options,
+            "--",
+            *(command or ["python", str(SCRIPT), *script_args]),
+        ],
+        cwd=work,
+        env=env(TMPDIR=str(work), **(extra_env or {})),
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str]:
@@ -96,17 +116,48 @@ def left_running(marker: str) -> list[str]:
 def torchrun_checksum(work: Path) -> float:
     """The same script, uninterrupted, under torchrun on this machine."""
     out = work / "torchrun.json"
-    r = subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", str(SCRIPT), *EPOCHS,
-                        "--snapshot", str(work / "torchrun-snap.pt"), "--out", str(out)],
-                       cwd=work, env=env(), capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            str(BIN / "torchrun"),
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(SCRIPT),
+            *EPOCHS,
+            "--snapshot",
+            str(work / "torchrun-snap.pt"),
+            "--out",
+            str(out),
+        ],
+        cwd=work,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(out.read_text())["checksum"]
 
 
 def test_a_torchrun_script_trains_unmodified_to_torchruns_checksum(work, torchrun_checksum):
     out = work / "plain.json"
-    rc, stdout, stderr = finish(launch(work, "plain", "--workers", "2", script_args=[
-        *EPOCHS, "--snapshot", str(work / "plain-snap.pt"), "--out", str(out), "--loader-workers", "1"]))
+    rc, stdout, stderr = finish(
+        launch(
+            work,
+            "plain",
+            "--workers",
+            "2",
+            script_args=[
+                *EPOCHS,
+                "--snapshot",
+                str(work / "plain-snap.pt"),
+                "--out",
+                str(out),
+                "--loader-workers",
+                "1",
+            ],
+        )
+    )
     assert rc == 0, stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["checksum"] == torchrun_checksum and result["world_size"] == 2
@@ -129,8 +180,17 @@ def test_a_torchrun_script_trains_unmodified_to_torchruns_checksum(work, torchru
 def test_a_killed_rank_restarts_the_group_which_resumes_from_the_scripts_snapshot(work, torchrun_checksum):
     snap, out = work / "kill-snap.pt", work / "kill.json"
     # warm=true: what is tested is the launcher's restart, not the rank's start (a fresh one imports torch: CPU)
-    proc = launch(work, "kill", "--workers", "2", "--max-restarts", "2", "--set", "warm=true",
-                  script_args=[*EPOCHS, "--step-sleep", "0.03", "--snapshot", str(snap), "--out", str(out)])
+    proc = launch(
+        work,
+        "kill",
+        "--workers",
+        "2",
+        "--max-restarts",
+        "2",
+        "--set",
+        "warm=true",
+        script_args=[*EPOCHS, "--step-sleep", "0.03", "--snapshot", str(snap), "--out", str(out)],
+    )
     wait_for(snap, proc)  # trained 20 steps at least
     os.kill(rank_pid(work, "kill", 1), signal.SIGKILL)
     rc, stdout, stderr = finish(proc)
@@ -140,8 +200,11 @@ def test_a_killed_rank_restarts_the_group_which_resumes_from_the_scripts_snapsho
     assert result["checksum"] == torchrun_checksum  # not a step lost or repeated
     s = summary(work, "kill")
     assert s["restarts"] == 1 and s["status"] == "completed"
-    assert re.fullmatch(r"rank 1 on \S+ \(pid \d+\) was killed by signal 9(: .*)?; restarting every rank "
-                        r"\(1 of at most 2\)", s["failures"][0]), s["failures"]
+    assert re.fullmatch(
+        r"rank 1 on \S+ \(pid \d+\) was killed by signal 9(: .*)?; restarting every rank "
+        r"\(1 of at most 2\)",
+        s["failures"][0],
+    ), s["failures"]
     assert "resumed from" in stdout
     assert rank_pid(work, "kill", 0, start=2)  # start 2 logged
     log = (work / "runs" / "kill" / "logs" / "rank1.log").read_text()
@@ -153,9 +216,19 @@ def test_a_stopped_rank_is_named_with_every_ranks_stack_within_the_bound(work):
     # The bound counts from each rank's start (a rank that hangs in init_process_group is the case users meet most):
     # it must outlast a silent start-up of Python, torch and DDP on 2 loaded cores (6 s once did not).
     snap, bound = work / "hang-snap.pt", 20.0
-    proc = launch(work, "hang", "--workers", "2", "--max-restarts", "0", "--hang-timeout", f"{bound:g}",
-                  "--set", "warm=true",  # the hang rule is tested, not the rank's start (a fresh one imports torch)
-                  script_args=["--epochs", "100", "--step-sleep", "0.05", "--snapshot", str(snap)])
+    proc = launch(
+        work,
+        "hang",
+        "--workers",
+        "2",
+        "--max-restarts",
+        "0",
+        "--hang-timeout",
+        f"{bound:g}",
+        "--set",
+        "warm=true",  # the hang rule is tested, not the rank's start (a fresh one imports torch)
+        script_args=["--epochs", "100", "--step-sleep", "0.05", "--snapshot", str(snap)],
+    )
     wait_for(snap, proc)
     pid = rank_pid(work, "hang", 1)
     os.kill(pid, signal.SIGSTOP)
@@ -165,9 +238,11 @@ def test_a_stopped_rank_is_named_with_every_ranks_stack_within_the_bound(work):
     assert rc == 1, stderr[-3000:]
     line = stderr.strip().splitlines()[-1]
     stacks = work / "runs" / "hang" / "stacks" / "start1"
-    assert re.fullmatch(rf"raydist: error: hang: rank 1 on \S+ \(pid {pid}\) printed nothing and reported no step for "
-                        rf"\d+ s \(hang_timeout_s=20\) \(its process was stopped\); every rank's stack is in {stacks}",
-                        line), line
+    assert re.fullmatch(
+        rf"raydist: error: hang: rank 1 on \S+ \(pid {pid}\) printed nothing and reported no step for "
+        rf"\d+ s \(hang_timeout_s=20\) \(its process was stopped\); every rank's stack is in {stacks}",
+        line,
+    ), line
     # Not before the bound, and once: before a second bound could pass. What comes after the bound (the launcher's
     # poll, the dumps, the shutdown) took 8-9 s on 2 loaded cores, and 9.5 s once with the SLURM tests beside it,
     # so a tighter upper limit tests the machine's load, not the launcher.
@@ -189,8 +264,10 @@ def dashboard_run(stderr, run: str, proc: subprocess.Popen, timeout: float = 120
         url = re.search(r"local Ray dashboard: (http://\S+)", text)
         token = re.search(r"the dashboard's token is in (\S+) ", text)
         if url and token:
-            req = urllib.request.Request(f"{url.group(1)}/api/train/v2/runs/v1", headers={
-                "Authorization": f"Bearer {Path(token.group(1)).read_text().strip()}"})
+            req = urllib.request.Request(
+                f"{url.group(1)}/api/train/v2/runs/v1",
+                headers={"Authorization": f"Bearer {Path(token.group(1)).read_text().strip()}"},
+            )
             try:
                 with urllib.request.urlopen(req, timeout=20) as resp:
                     runs = [r for r in json.loads(resp.read())["train_runs"] if r["name"] == run]
@@ -210,8 +287,13 @@ def top_ranks(work: Path, run: str, proc: subprocess.Popen, timeout: float = 60)
     """`raydist top --once --json` on the run's local Ray instance, once it shows the run's ranks with a step."""
     deadline = time.monotonic() + timeout
     while True:
-        r = subprocess.run([str(BIN / "raydist"), "top", "--once", "--json", "--temp-dir", str(work / "ray")],
-                           env=env(), capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [str(BIN / "raydist"), "top", "--once", "--json", "--temp-dir", str(work / "ray")],
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         runs = {x["run"]: x for x in json.loads(r.stdout)["runs"]} if r.returncode == 0 else {}
         ranks = runs.get(run, {}).get("processes", [])
         if len(ranks) == 2 and all("step" in x and "cpu_share" in x for x in ranks):
@@ -251,8 +333,7 @@ def test_sigterm_reaches_every_rank_which_snapshots_and_a_rerun_resumes(work, to
     from tests.support import sharedray
 
     # The rerun joins the shared head, as `raydist launch` joins a cluster: where it resumes is the script's own.
-    rc, stdout, stderr = finish(launch(work, "term", "--workers", "2", script_args=args,
-                                       extra_env=sharedray.job_env()))
+    rc, stdout, stderr = finish(launch(work, "term", "--workers", "2", script_args=args, extra_env=sharedray.job_env()))
     assert rc == 0, stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["resumed_from"] == int(m.group(1)) and result["checksum"] == torchrun_checksum
@@ -262,11 +343,27 @@ def test_each_rank_sees_one_coherent_launcher_and_none_of_the_ray_start_steps_ta
     seen = work / "env"
     seen.mkdir()
     # As on a SLURM node: the Ray worker inherits the `srun ray start` step's variables.
-    inherited = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "3", "SLURM_STEP_ID": "0",
-                 "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "ray-up", "RANK": "9"}
-    rc, _, stderr = finish(launch(work, "env", "--workers", "3", "--max-restarts", "0", extra_env=inherited,
-                                  command=["python", str(REPO / "tests" / "launch_scripts" / "env_dump.py"),
-                                           str(seen)]))
+    inherited = {
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NTASKS": "3",
+        "SLURM_STEP_ID": "0",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NAME": "ray-up",
+        "RANK": "9",
+    }
+    rc, _, stderr = finish(
+        launch(
+            work,
+            "env",
+            "--workers",
+            "3",
+            "--max-restarts",
+            "0",
+            extra_env=inherited,
+            command=["python", str(REPO / "tests" / "launch_scripts" / "env_dump.py"), str(seen)],
+        )
+    )
     assert rc == 0, stderr[-3000:]
     ranks = [json.loads((seen / f"rank{r}.json").read_text()) for r in range(3)]
     for r, got in enumerate(ranks):
@@ -287,9 +384,17 @@ def test_lightning_fabric_finds_one_launcher_and_trains_under_it(work):
     pytest.importorskip("lightning_fabric")
     seen = work / "fabric"
     seen.mkdir()
-    rc, _, stderr = finish(launch(work, "fabric", "--workers", "2", "--max-restarts", "0",
-                                  command=["python", str(REPO / "tests" / "launch_scripts" / "fabric_env.py"),
-                                           str(seen)]))
+    rc, _, stderr = finish(
+        launch(
+            work,
+            "fabric",
+            "--workers",
+            "2",
+            "--max-restarts",
+            "0",
+            command=["python", str(REPO / "tests" / "launch_scripts" / "fabric_env.py"), str(seen)],
+        )
+    )
     assert rc == 0, stderr[-3000:]
     for r in range(2):
         got = json.loads((seen / f"rank{r}.json").read_text())
@@ -309,8 +414,11 @@ def test_a_script_that_refuses_its_input_is_one_line_exit_2_and_nothing_left_run
     assert rc == 2, stderr[-3000:]
     errors = [ln for ln in stderr.splitlines() if ln.startswith("raydist: error:")]
     assert len(errors) == 1 and stderr.strip().splitlines()[-1] == errors[0]
-    assert re.fullmatch(r"raydist: error: refuses: rank \d on \S+ \(pid \d+\) exited 2: usage: refuses.py --data DIR "
-                        r"\(exit 2: the script refused its input; not restarted\)", errors[0]), errors
+    assert re.fullmatch(
+        r"raydist: error: refuses: rank \d on \S+ \(pid \d+\) exited 2: usage: refuses.py --data DIR "
+        r"\(exit 2: the script refused its input; not restarted\)",
+        errors[0],
+    ), errors
     assert "Traceback" not in stderr
     assert summary(work, "refuses")["restarts"] == 0
     time.sleep(1)
@@ -325,9 +433,18 @@ EDGES = REPO / "tests" / "launch_scripts" / "edges.py"
 def test_a_variable_set_only_in_the_callers_shell_reaches_every_rank_as_under_srun(work):
     seen = work / "caller-env"
     seen.mkdir()
-    rc, _, stderr = finish(launch(work, "caller-env", "--workers", "2", "--env", "FROM_ENV_FLAG=yes",
-                                  extra_env={"CLIENT_EPOCHS": "3", "PYTHONPATH": str(work), "HOSTNAME": "login01"},
-                                  command=["python", str(EDGES), "env", str(seen)]))
+    rc, _, stderr = finish(
+        launch(
+            work,
+            "caller-env",
+            "--workers",
+            "2",
+            "--env",
+            "FROM_ENV_FLAG=yes",
+            extra_env={"CLIENT_EPOCHS": "3", "PYTHONPATH": str(work), "HOSTNAME": "login01"},
+            command=["python", str(EDGES), "env", str(seen)],
+        )
+    )
     assert rc == 0, stderr[-3000:]
     for r in range(2):
         got = json.loads((seen / f"rank{r}.json").read_text())
@@ -339,20 +456,38 @@ def test_a_variable_set_only_in_the_callers_shell_reaches_every_rank_as_under_sr
 
 
 @pytest.mark.shared_ray
-@pytest.mark.parametrize("mode, fault", [
-    ("abort-at-exit", r"rank 1 on \S+ \(pid \d+\) was then killed by signal 6 on its way out"),
-    ("hang-at-exit", r"rank 0 on \S+ \(pid \d+\) then printed nothing and did not exit for 3 s \(exit_timeout_s\); "
-                     r"its stack is in \S+/stacks/start1/exit-rank0\.txt; killed"),
-])
+@pytest.mark.parametrize(
+    "mode, fault",
+    [
+        ("abort-at-exit", r"rank 1 on \S+ \(pid \d+\) was then killed by signal 6 on its way out"),
+        (
+            "hang-at-exit",
+            r"rank 0 on \S+ \(pid \d+\) then printed nothing and did not exit for 3 s \(exit_timeout_s\); "
+            r"its stack is in \S+/stacks/start1/exit-rank0\.txt; killed",
+        ),
+    ],
+)
 def test_a_rank_that_fails_after_its_script_returned_is_one_line_exit_1_and_never_rerun(work, mode, fault):
     name = f"exit-{mode}"
-    rc, stdout, stderr = finish(launch(work, name, "--workers", "2", "--max-restarts", "3",
-                                       "--set", "exit_timeout_s=3", command=["python", str(EDGES), mode, str(work)]))
+    rc, stdout, stderr = finish(
+        launch(
+            work,
+            name,
+            "--workers",
+            "2",
+            "--max-restarts",
+            "3",
+            "--set",
+            "exit_timeout_s=3",
+            command=["python", str(EDGES), mode, str(work)],
+        )
+    )
     assert rc == 1, stderr[-3000:]
     errors = [ln for ln in stderr.splitlines() if ln.startswith("raydist: error:")]
     assert len(errors) == 1 and "Traceback" not in stderr
-    assert re.fullmatch(rf"raydist: error: {name}: every rank's script returned, but {fault}; not restarted",
-                        errors[0]), errors
+    assert re.fullmatch(
+        rf"raydist: error: {name}: every rank's script returned, but {fault}; not restarted", errors[0]
+    ), errors
     s = summary(work, name)
     assert s["status"] == "exit_fault" and s["exit_code"] == 1 and s["restarts"] == 0 and s["failures"] == []
     assert sum(bool(r["exit_fault"]) for r in s["ranks"]) == 1
@@ -362,13 +497,19 @@ def test_a_rank_that_fails_after_its_script_returned_is_one_line_exit_1_and_neve
 
 @pytest.mark.shared_ray
 def test_a_script_decorated_with_record_is_named_by_its_exception_and_line_as_torchrun_does(work):
-    rc, _, stderr = finish(launch(work, "record", "--workers", "2", "--max-restarts", "0",
-                                  command=["python", str(EDGES), "record", str(work)]))
+    rc, _, stderr = finish(
+        launch(
+            work, "record", "--workers", "2", "--max-restarts", "0", command=["python", str(EDGES), "record", str(work)]
+        )
+    )
     assert rc == 1, stderr[-3000:]
     errors = [ln for ln in stderr.splitlines() if ln.startswith("raydist: error:")]
     assert len(errors) == 1, stderr[-3000:]
-    assert re.fullmatch(r"raydist: error: record: rank 1 on \S+ \(pid \d+\) exited 1: ValueError: learning rate 7 is "
-                        rf"out of range \(at {re.escape(str(EDGES))}:\d+\)", errors[0]), errors
+    assert re.fullmatch(
+        r"raydist: error: record: rank 1 on \S+ \(pid \d+\) exited 1: ValueError: learning rate 7 is "
+        rf"out of range \(at {re.escape(str(EDGES))}:\d+\)",
+        errors[0],
+    ), errors
     s = summary(work, "record")
     assert s["error"]["message"] == "ValueError: learning rate 7 is out of range" and s["error"]["rank"] == 1
     assert s["error"]["where"].startswith(f"{EDGES}:")

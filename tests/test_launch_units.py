@@ -34,7 +34,11 @@ def test_ranks_are_blocked_by_node_in_hostname_order():
     # Ray placed process 0 on node02, 1 on master, 2 on node02, 3 on master.
     slots = E.assign_ranks(_places("node02", "master", "node02", "master"))
     assert [(s.rank, s.local_rank, s.node_rank, s.local_world_size) for s in slots] == [
-        (2, 0, 1, 2), (0, 0, 0, 2), (3, 1, 1, 2), (1, 1, 0, 2)]
+        (2, 0, 1, 2),
+        (0, 0, 0, 2),
+        (3, 1, 1, 2),
+        (1, 1, 0, 2),
+    ]
 
 
 def test_tasks_per_node_is_slurms_compressed_list():
@@ -75,10 +79,21 @@ def test_device_local_rank_is_the_ranks_own_gpu():
 
 
 def test_the_ray_start_steps_task_variables_are_never_passed_on():
-    worker = {"SLURM_PROCID": "0", "SLURM_STEP_ID": "4", "SLURM_NTASKS": "3", "SLURM_TASK_PID": "99",
-              "SLURM_JOB_ID": "17", "SLURM_JOB_NAME": "raydist", "SLURMD_NODENAME": "node01",
-              "GLOO_SOCKET_IFNAME": "ens1f0np0", "NCCL_SOCKET_IFNAME": "ens1f0np0", "PATH": "/bin",
-              "RANK": "7", "RAY_RAYLET_PID": "5", "PMI_RANK": "0"}
+    worker = {
+        "SLURM_PROCID": "0",
+        "SLURM_STEP_ID": "4",
+        "SLURM_NTASKS": "3",
+        "SLURM_TASK_PID": "99",
+        "SLURM_JOB_ID": "17",
+        "SLURM_JOB_NAME": "raydist",
+        "SLURMD_NODENAME": "node01",
+        "GLOO_SOCKET_IFNAME": "ens1f0np0",
+        "NCCL_SOCKET_IFNAME": "ens1f0np0",
+        "PATH": "/bin",
+        "RANK": "7",
+        "RAY_RAYLET_PID": "5",
+        "PMI_RANK": "0",
+    }
     slots = E.assign_ranks(_places("node01", "node02"))
     env = E.script_environment(worker, slots[1], _group(slots))
     assert env["SLURM_PROCID"] == env["RANK"] == "1"
@@ -131,8 +146,15 @@ def test_the_loops_states_follow_the_policys_decisions_and_end_with_the_summarys
     assert ends == set(typing.get_args(typing.get_type_hints(LaunchSummary)["status"]))
     assert after(P.Decision(P.Action.STOP, "")) is RunState.STOPPING and RunState.STOPPING.terminal is False
     m = Machine()
-    for state in (RunState.STARTING, RunState.RUNNING, RunState.RESTARTING, RunState.STARTING, RunState.RUNNING,
-                  RunState.STOPPING, RunState.STOPPED):
+    for state in (
+        RunState.STARTING,
+        RunState.RUNNING,
+        RunState.RESTARTING,
+        RunState.STARTING,
+        RunState.RUNNING,
+        RunState.STOPPING,
+        RunState.STOPPED,
+    ):
         m.to(state)
     assert m.state.status == "stopped"
     with pytest.raises(RuntimeError, match="no transition from STOPPED to STARTING"):
@@ -160,14 +182,22 @@ def test_settings_are_checked_like_the_run_config():
     with pytest.raises(ConfigError, match=r"procs_per_node: must divide workers=3 \(got 2\)"):
         load([], ["workers=3", "procs_per_node=2"], ["python", "x.py"])
     cfg = load([], ["workers=2-4", "stop_signal=usr1"], ["python", "-u", "train.py", "--lr", "1"])
-    assert (cfg.elastic, cfg.min_workers, cfg.max_workers, cfg.stop_signal, cfg.name) == \
-        (True, 2, 4, "SIGUSR1", "launch-train")
+    assert (cfg.elastic, cfg.min_workers, cfg.max_workers, cfg.stop_signal, cfg.name) == (
+        True,
+        2,
+        4,
+        "SIGUSR1",
+        "launch-train",
+    )
     assert default_name(["python", "-m", "pkg.train"]) == "launch-train"
 
 
 def test_group_size_and_bundles():
-    nodes = [{"Alive": True, "Resources": {"CPU": 2.0}}, {"Alive": True, "Resources": {"CPU": 1.0}},
-             {"Alive": False, "Resources": {"CPU": 8.0}}]
+    nodes = [
+        {"Alive": True, "Resources": {"CPU": 2.0}},
+        {"Alive": True, "Resources": {"CPU": 1.0}},
+        {"Alive": False, "Resources": {"CPU": 8.0}},
+    ]
     assert capacity(_cfg(), nodes) == 3
     assert capacity(_cfg(procs_per_node=2), nodes) == 2
     assert group_size(_cfg(workers="2-4"), 3) == 3
@@ -218,8 +248,10 @@ def test_the_docs_launch_benchmark_tables_are_the_stored_results():
     for part in stored.values():  # raw rounds, the machine, the commit
         assert part["rounds"] and part["machine"]["cpus"] and len(part["commit"]) >= 40
     text = (repo / "docs" / "benchmarks.md").read_text()
-    block = ("<!-- BEGIN launch benchmark (generated: python -m benchmarks.launch_first_step --table) -->\n\n"
-             f"{markdown(stored)}\n<!-- END launch benchmark -->")
+    block = (
+        "<!-- BEGIN launch benchmark (generated: python -m benchmarks.launch_first_step --table) -->\n\n"
+        f"{markdown(stored)}\n<!-- END launch benchmark -->"
+    )
     assert block in text, "docs/benchmarks.md is stale: paste `python -m benchmarks.launch_first_step --table`"
 
 
@@ -234,8 +266,9 @@ def test_without_py_spy_a_ranks_stack_comes_from_faulthandler(tmp_path, monkeypa
     from raydist.launcher import agent as A
 
     script = tmp_path / "sleeper.py"
-    script.write_text("import time\ndef wait_for_peers():\n    time.sleep(600)\nprint('up', flush=True)\n"
-                      "wait_for_peers()\n")
+    script.write_text(
+        "import time\ndef wait_for_peers():\n    time.sleep(600)\nprint('up', flush=True)\nwait_for_peers()\n"
+    )
     rank = A.RankAgent("units", 0)
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     pid = rank.start([sys.executable, str(script)], {"RANK": "0"}, str(tmp_path), 0, 0)["pid"]
@@ -304,8 +337,10 @@ def test_a_cluster_job_gives_every_worker_the_ray_train_settings_its_servers_imp
     monkeypatch.setenv("RAY_TRAIN_V2_ENABLED", "1")
     monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
     assert warm.for_cluster_job()["env_vars"] == {"RAY_TRAIN_V2_ENABLED": "1"}
-    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR",
-                       json.dumps({"runtime_env": {"env_vars": {"RAY_TRAIN_V2_ENABLED": "1", "A": "b"}}}))
+    monkeypatch.setenv(
+        "RAY_JOB_CONFIG_JSON_ENV_VAR",
+        json.dumps({"runtime_env": {"env_vars": {"RAY_TRAIN_V2_ENABLED": "1", "A": "b"}}}),
+    )
     assert "env_vars" not in warm.for_cluster_job() and "py_executable" in warm.for_cluster_job()
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {"conda": "env"}}))
     assert warm.for_cluster_job() == {}
@@ -315,8 +350,14 @@ def _setup_worker_args(context: dict, language: str = "PYTHON") -> list[str]:
     """What the raylet runs for a worker of a job with a runtime_env, after the interpreter (Ray 2.60)."""
     import json
 
-    return ["/ray/_private/workers/setup_worker.py", "/ray/_private/workers/default_worker.py", "--node-ip-address=x",
-            "--startup-token=3", f"--language={language}", f"--serialized-runtime-env-context={json.dumps(context)}"]
+    return [
+        "/ray/_private/workers/setup_worker.py",
+        "/ray/_private/workers/default_worker.py",
+        "--node-ip-address=x",
+        "--startup-token=3",
+        f"--language={language}",
+        f"--serialized-runtime-env-context={json.dumps(context)}",
+    ]
 
 
 def test_ray_worker_set_up_is_done_without_ray_only_for_raydist_jobs_context(monkeypatch, tmp_path):
@@ -328,17 +369,30 @@ def test_ray_worker_set_up_is_done_without_ray_only_for_raydist_jobs_context(mon
     from raydist.warm import client as warm
     from raydist.warm import worker_exec as warm_exec
 
-    ours = {"command_prefix": [], "env_vars": {"RUST_LOG": "warn", "RAYDIST_T": "1"},
-            "py_executable": warm.py_executable(), "override_worker_entrypoint": None, "java_jars": []}
+    ours = {
+        "command_prefix": [],
+        "env_vars": {"RUST_LOG": "warn", "RAYDIST_T": "1"},
+        "py_executable": warm.py_executable(),
+        "override_worker_entrypoint": None,
+        "java_jars": [],
+    }
     monkeypatch.delenv("RAYDIST_T", raising=False)
     assert warm_exec.setup_worker(_setup_worker_args(ours)) == [
-        "/ray/_private/workers/default_worker.py", "--node-ip-address=x", "--startup-token=3"]
+        "/ray/_private/workers/default_worker.py",
+        "--node-ip-address=x",
+        "--startup-token=3",
+    ]
     assert os.environ["RAYDIST_T"] == "1"
-    for other in ({"py_executable": "/usr/bin/python3"}, {"command_prefix": ["conda", "activate", "x", "&&"]},
-                  {"command_prefix": ["cd", "/tmp", "&&", "cd", "/", "&&"]}, {"command_prefix": ["cd", "/nowhere/x", "&&"]},
-                  {"command_prefix": ["cd", "'/tmp", "&&"]},
-                  {"env_vars": {"PATH": "${PATH}:/opt"}}, {"override_worker_entrypoint": "w.py"},
-                  {"a_later_field": 1}):
+    for other in (
+        {"py_executable": "/usr/bin/python3"},
+        {"command_prefix": ["conda", "activate", "x", "&&"]},
+        {"command_prefix": ["cd", "/tmp", "&&", "cd", "/", "&&"]},
+        {"command_prefix": ["cd", "/nowhere/x", "&&"]},
+        {"command_prefix": ["cd", "'/tmp", "&&"]},
+        {"env_vars": {"PATH": "${PATH}:/opt"}},
+        {"override_worker_entrypoint": "w.py"},
+        {"a_later_field": 1},
+    ):
         assert warm_exec.setup_worker(_setup_worker_args(ours | other)) is None, other
     assert warm_exec.setup_worker(_setup_worker_args(ours, language="JAVA")) is None
     # A job's working_dir (`ray job submit --working-dir`): Ray's plugin gives `cd DIR &&`, DIR quoted for the shell.
@@ -376,27 +430,57 @@ def test_only_rays_own_command_line_runs_through_the_ray_interpreter_module(tmp_
     from raydist.warm import ray_python
 
     wrapped = ray_python.command(tmp_path / "ray-python", ["/venv/bin/ray", "start", "--block"])
-    assert wrapped == [sys.executable, "-m", "raydist.warm.ray_python", str(tmp_path / "ray-python"),
-                       "/venv/bin/ray", "start", "--block"]
+    assert wrapped == [
+        sys.executable,
+        "-m",
+        "raydist.warm.ray_python",
+        str(tmp_path / "ray-python"),
+        "/venv/bin/ray",
+        "start",
+        "--block",
+    ]
     assert ray_python.command(tmp_path / "ray-python", [sys.executable, "-c", "pass"]) == [sys.executable, "-c", "pass"]
 
 
 # ---- the caller's environment (srun's --export), exit faults, torchrun's error file ------------------------------
 
-NODE = {"PATH": "/node/bin", "TMPDIR": "/node/tmp", "GLOO_SOCKET_IFNAME": "ens1f0np0", "HOME": "/root",
-        "RAY_AUTH_TOKEN_PATH": "/node/token", "SLURM_JOB_ID": "17", "SLURM_PROCID": "0",
-        "TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S": "5", "OMP_NUM_THREADS": "1"}
-CALLER = {"PATH": "/venv/bin", "TMPDIR": "/login/tmp", "GLOO_SOCKET_IFNAME": "eth0", "CLIENT_EPOCHS": "3",
-          "NCCL_DEBUG": "INFO", "HOSTNAME": "login01", "PWD": "/home/u", "SLURM_JOB_ID": "99",
-          "SLURM_PROCID": "5", "RANK": "3", "RAY_AUTH_TOKEN_PATH": "/login/token", "OMP_NUM_THREADS": "4",
-          "RAYDIST_RESULT_FILE": "/x"}
+NODE = {
+    "PATH": "/node/bin",
+    "TMPDIR": "/node/tmp",
+    "GLOO_SOCKET_IFNAME": "ens1f0np0",
+    "HOME": "/root",
+    "RAY_AUTH_TOKEN_PATH": "/node/token",
+    "SLURM_JOB_ID": "17",
+    "SLURM_PROCID": "0",
+    "TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S": "5",
+    "OMP_NUM_THREADS": "1",
+}
+CALLER = {
+    "PATH": "/venv/bin",
+    "TMPDIR": "/login/tmp",
+    "GLOO_SOCKET_IFNAME": "eth0",
+    "CLIENT_EPOCHS": "3",
+    "NCCL_DEBUG": "INFO",
+    "HOSTNAME": "login01",
+    "PWD": "/home/u",
+    "SLURM_JOB_ID": "99",
+    "SLURM_PROCID": "5",
+    "RANK": "3",
+    "RAY_AUTH_TOKEN_PATH": "/login/token",
+    "OMP_NUM_THREADS": "4",
+    "RAYDIST_RESULT_FILE": "/x",
+}
 
 
 def _rank_env(export: str = "ALL", env: dict | None = None, node: dict | None = None) -> dict[str, str]:
     slots = E.assign_ranks(_places("node01", "node02"))
     spec = E.Export.parse(export)
-    return E.merged(node or NODE, E.rank_environment(slots[1], _group(slots)), E.exported(CALLER, spec),
-                    E.given(CALLER, spec, env or {}))
+    return E.merged(
+        node or NODE,
+        E.rank_environment(slots[1], _group(slots)),
+        E.exported(CALLER, spec),
+        E.given(CALLER, spec, env or {}),
+    )
 
 
 def test_every_rank_gets_the_callers_environment_and_the_caller_wins_as_under_srun():
@@ -411,8 +495,11 @@ def test_what_describes_the_callers_own_shell_or_the_node_stays_the_nodes():
     env = _rank_env()
     assert "HOSTNAME" not in env and "PWD" not in env and "RAYDIST_RESULT_FILE" not in env
     # The node's interface, temp dir and Ray settings win: the login node's NIC name may not exist on node02.
-    assert (env["GLOO_SOCKET_IFNAME"], env["TMPDIR"], env["RAY_AUTH_TOKEN_PATH"]) == ("ens1f0np0", "/node/tmp",
-                                                                                      "/node/token")
+    assert (env["GLOO_SOCKET_IFNAME"], env["TMPDIR"], env["RAY_AUTH_TOKEN_PATH"]) == (
+        "ens1f0np0",
+        "/node/tmp",
+        "/node/token",
+    )
     assert env["SLURM_JOB_ID"] == "17"  # the allocation's, from the node
     assert "TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S" not in env  # raydist's own setting for its Ray Train workers
     # Where the node has no interface of its own (no raydist bring-up), the caller's is passed on, as srun does.
@@ -430,13 +517,16 @@ def test_export_none_names_and_env_values_as_sruns_export_spells_them():
     assert E.Export.parse("all") == E.Export() and E.Export.parse("none") == E.Export(all=False)
 
 
-@pytest.mark.parametrize("override, message", [
-    ("export=ALL,RANK=3", "RANK is set by raydist launch for each rank"),
-    ("export=FOO,NONE", "NONE may only come first"),
-    ("export=1BAD", "'1BAD' is not an environment variable name"),
-    ("env.WORLD_SIZE=8", "WORLD_SIZE is set by raydist launch"),
-    ("env.MASTER_PORT=1", "MASTER_PORT is set by raydist launch"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("export=ALL,RANK=3", "RANK is set by raydist launch for each rank"),
+        ("export=FOO,NONE", "NONE may only come first"),
+        ("export=1BAD", "'1BAD' is not an environment variable name"),
+        ("env.WORLD_SIZE=8", "WORLD_SIZE is set by raydist launch"),
+        ("env.MASTER_PORT=1", "MASTER_PORT is set by raydist launch"),
+    ],
+)
 def test_the_export_and_env_settings_refuse_what_a_rank_cannot_be_given(override, message):
     with pytest.raises(ConfigError, match=message):
         load([], [override], ["python", "x.py"])
@@ -464,11 +554,13 @@ def test_an_exit_fault_is_a_crash_or_a_silence_after_the_script_returned():
 
 
 def test_an_exit_fault_finishes_the_run_with_exit_1_and_is_never_restarted():
-    d = P.decide(P.Event(P.Kind.EXIT_FAULT, detail="rank 1 on n (pid 4) was then killed by signal 6"), 0,
-                 _cfg(max_restarts=3))
+    d = P.decide(
+        P.Event(P.Kind.EXIT_FAULT, detail="rank 1 on n (pid 4) was then killed by signal 6"), 0, _cfg(max_restarts=3)
+    )
     assert d.action == P.Action.FINISHED_FAULTY and d.exit_code == 1
-    assert d.reason == ("every rank's script returned, but rank 1 on n (pid 4) was then killed by signal 6; "
-                        "not restarted")
+    assert d.reason == (
+        "every rank's script returned, but rank 1 on n (pid 4) was then killed by signal 6; not restarted"
+    )
 
 
 def test_batch_mode_does_not_requeue_a_run_that_finished_with_an_exit_fault():
@@ -484,11 +576,21 @@ def test_torchruns_error_file_names_the_exception_and_where_it_was_raised(tmp_pa
     from raydist.launcher.errorfile import describe, read_error_file
 
     path = tmp_path / "error.json"
-    stack = ('Traceback (most recent call last):\n  File "/lib/errors/__init__.py", line 357, in wrapper\n'
-             '    return f(*args, **kwargs)\n  File "/work/train.py", line 42, in main\n'
-             '    raise ValueError("lr 7 is out of range")\nValueError: lr 7 is out of range\n')
-    path.write_text(json.dumps({"message": {"message": "ValueError: lr 7 is out of range",
-                                            "extraInfo": {"py_callstack": stack, "timestamp": "1"}}}))
+    stack = (
+        'Traceback (most recent call last):\n  File "/lib/errors/__init__.py", line 357, in wrapper\n'
+        '    return f(*args, **kwargs)\n  File "/work/train.py", line 42, in main\n'
+        '    raise ValueError("lr 7 is out of range")\nValueError: lr 7 is out of range\n'
+    )
+    path.write_text(
+        json.dumps(
+            {
+                "message": {
+                    "message": "ValueError: lr 7 is out of range",
+                    "extraInfo": {"py_callstack": stack, "timestamp": "1"},
+                }
+            }
+        )
+    )
     error = read_error_file(str(path))
     assert error == {"message": "ValueError: lr 7 is out of range", "where": "/work/train.py:42"}
     assert describe(error) == "ValueError: lr 7 is out of range (at /work/train.py:42)"
@@ -508,6 +610,8 @@ def test_the_docs_exit_fault_table_is_the_stored_result():
     stored = json.loads((repo / "docs" / "data" / "exit_faults.json").read_text())
     assert len(stored["commit"]) == 40 and stored["counts"]["srun"]["runs"] >= 20
     text = (repo / "docs" / "benchmarks.md").read_text()
-    block = ("<!-- BEGIN exit faults (generated: python -m benchmarks.exit_faults --table) -->\n\n"
-             f"{report(stored)}\n<!-- END exit faults -->")
+    block = (
+        "<!-- BEGIN exit faults (generated: python -m benchmarks.exit_faults --table) -->\n\n"
+        f"{report(stored)}\n<!-- END exit faults -->"
+    )
     assert block in text, "docs/benchmarks.md is stale: paste `python -m benchmarks.exit_faults --table`"

@@ -59,7 +59,9 @@ def test_ring_exchange_completes_and_mixes_with_the_left_neighbour(world_size):
     ctx = _context()
     results = ctx.Queue()
     alpha, port = 0.3, _free_port()
-    procs = [ctx.Process(target=_averaging_worker, args=(r, world_size, port, alpha, results)) for r in range(world_size)]
+    procs = [
+        ctx.Process(target=_averaging_worker, args=(r, world_size, port, alpha, results)) for r in range(world_size)
+    ]
     for p in procs:
         p.start()
     got = {}
@@ -80,9 +82,14 @@ def test_ring_exchange_completes_and_mixes_with_the_left_neighbour(world_size):
     assert all(p.exitcode == 0 for p in procs)
 
 
-@pytest.mark.parametrize("override, names", [("local_sgd.averaging=star", "local_sgd.averaging"),
-                                             ("local_sgd.alpha=0", "local_sgd.alpha"),
-                                             ("local_sgd.sync_every=0", "local_sgd.sync_every")])
+@pytest.mark.parametrize(
+    "override, names",
+    [
+        ("local_sgd.averaging=star", "local_sgd.averaging"),
+        ("local_sgd.alpha=0", "local_sgd.alpha"),
+        ("local_sgd.sync_every=0", "local_sgd.sync_every"),
+    ],
+)
 def test_bad_local_sgd_config_is_one_line_and_exit_2(override, names):
     assert names in refusal("local_sgd", "--set", override)
 
@@ -96,8 +103,14 @@ def test_stopped_local_sgd_run_resumes_with_identical_losses(tmp_path):
     from tests.support.jobutil import run_job, summary
     from raydist.observability.metrics import read_steps
 
-    common = [f"run.storage_path={tmp_path}", "train.epochs=2", "checkpoint.every_steps=10", "model.dropout=0.2",
-              "local_sgd.sync_every=4", "local_sgd.averaging=ring"]
+    common = [
+        f"run.storage_path={tmp_path}",
+        "train.epochs=2",
+        "checkpoint.every_steps=10",
+        "model.dropout=0.2",
+        "local_sgd.sync_every=4",
+        "local_sgd.averaging=ring",
+    ]
     straight = summary(run_job("local_sgd", *common, "run.name=straight"))
     stopped = summary(run_job("local_sgd", *common, "run.name=resumed", "train.stop_at_step=13"))
     assert stopped["steps"] == 13 and stopped["status"] == "stopped"  # one step past the sync point at 12
@@ -113,8 +126,9 @@ def test_stopped_local_sgd_run_resumes_with_identical_losses(tmp_path):
     assert resumed["test_accuracy"] == straight["test_accuracy"]
 
     # With one worker (an elastic run that lost a node), the run goes on from rank 0's replica file.
-    shrunk = summary(run_job("local_sgd", *common[:1], "train.epochs=3", *common[2:], "run.name=resumed",
-                             "scaling.num_workers=1"))
+    shrunk = summary(
+        run_job("local_sgd", *common[:1], "train.epochs=3", *common[2:], "run.name=resumed", "scaling.num_workers=1")
+    )
     assert shrunk["resumed_from_step"] == 44 and shrunk["status"] == "completed" and shrunk["workers"] == 1
     # An epoch is 44 steps on one worker (the per-worker batch is kept): epoch 3 runs steps 89-132.
     assert shrunk["steps"] == shrunk["total_steps"] == 132 and shrunk["test_accuracy"] >= 0.8

@@ -82,9 +82,22 @@ def test_a_real_run_keeps_its_token_private_and_leaves_home_ray_alone(tmp_path):
     err_path = tmp_path / "stderr"
     with open(err_path, "w") as err:
         proc = subprocess.Popen(
-            [sys.executable, str(REPO / "jobs" / "sync.py"), "--set", f"run.storage_path={tmp_path / 'runs'}",
-             "--set", "train.max_steps=200", "--set", "checkpoint.every_steps=100"],
-            cwd=REPO, env=clean_env(HOME=str(home), TMPDIR=str(tmp)), stdout=subprocess.PIPE, stderr=err, text=True)
+            [
+                sys.executable,
+                str(REPO / "jobs" / "sync.py"),
+                "--set",
+                f"run.storage_path={tmp_path / 'runs'}",
+                "--set",
+                "train.max_steps=200",
+                "--set",
+                "checkpoint.every_steps=100",
+            ],
+            cwd=REPO,
+            env=clean_env(HOME=str(home), TMPDIR=str(tmp)),
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
     try:
         out = []
         token_path = None
@@ -97,8 +110,12 @@ def test_a_real_run_keeps_its_token_private_and_leaves_home_ray_alone(tmp_path):
         assert token_path.parent.parent == tmp and _mode(token_path) == 0o600 and _mode(token_path.parent) == 0o700
         token = token_path.read_text()
         # Ray copies the token nowhere else: no other file under HOME or TMPDIR (Ray's session dir is there) holds it.
-        holders = [p for root in (home, tmp) for p in root.rglob("*")
-                   if p.is_file() and not p.is_socket() and token.encode() in _read(p)]
+        holders = [
+            p
+            for root in (home, tmp)
+            for p in root.rglob("*")
+            if p.is_file() and not p.is_socket() and token.encode() in _read(p)
+        ]
         assert holders == [token_path]
         url = re.search(r"dashboard at \S*?(http://127\.0\.0\.1:\d+)", err_path.read_text())
         assert url, err_path.read_text()[-3000:]

@@ -107,8 +107,9 @@ def test_top_keeps_a_worker_that_died_on_its_runs_list_as_gone():
 
 def test_top_refuses_bad_input_and_a_missing_cluster_in_one_line(tmp_path):
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "raydist.cli", "top", *args], cwd=REPO, capture_output=True,
-                              text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "raydist.cli", "top", *args], cwd=REPO, capture_output=True, text=True, timeout=60
+        )
 
     bad = run("--once", "--address", "127.0.0.1:1")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--address" in bad.stderr, bad.stderr
@@ -172,7 +173,9 @@ def test_the_exporter_sends_rates_and_wait_shares_at_most_once_a_second(monkeypa
 def test_prometheus_config_discovers_a_clusters_nodes_through_its_dashboard_with_the_token():
     from raydist.observability.prometheus import scrape_config
 
-    cfg = json.loads(scrape_config(dashboard_url="http://10.0.0.1:8265/", token_file="/tok", interval_s=2).split("\n", 1)[1])
+    cfg = json.loads(
+        scrape_config(dashboard_url="http://10.0.0.1:8265/", token_file="/tok", interval_s=2).split("\n", 1)[1]
+    )
     sd = cfg["scrape_configs"][0]["http_sd_configs"][0]
     assert sd["url"] == "http://10.0.0.1:8265/api/prometheus/sd"
     assert sd["authorization"] == {"type": "Bearer", "credentials_file": "/tok"}

@@ -70,8 +70,10 @@ def test_a_stopped_shard_and_a_stopped_worker_are_replaced_within_the_bound(tmp_
     stopped: list[int] = []
     try:
         for n, role in enumerate(["server", "worker"]):
-            job.wait_until("a checkpoint after the last start",
-                           lambda: job.newest_checkpoint() > max([int(m["step"] or 0) for m in job.restarts()] or [0]))
+            job.wait_until(
+                "a checkpoint after the last start",
+                lambda: job.newest_checkpoint() > max([int(m["step"] or 0) for m in job.restarts()] or [0]),
+            )
             victim = job.wait_until(f"a {role}", lambda: job.titled(role))[0]
             os.kill(victim, signal.SIGSTOP)
             stopped.append(victim)
@@ -100,10 +102,12 @@ def _alive_actor_pid(name: str) -> int | None:
     from raydist.cluster.dashboard_client import get_json
 
     head = sharedray.head()
-    query = urllib.parse.urlencode({"filter_keys": "name", "filter_predicates": "=", "filter_values": name,
-                                    "detail": "true", "limit": 100})
-    answer = get_json(f"{head.dashboard_url}/api/v0/actors?{query}", Path(head.token_path).read_text().strip(),
-                      timeout=20)
+    query = urllib.parse.urlencode(
+        {"filter_keys": "name", "filter_predicates": "=", "filter_values": name, "detail": "true", "limit": 100}
+    )
+    answer = get_json(
+        f"{head.dashboard_url}/api/v0/actors?{query}", Path(head.token_path).read_text().strip(), timeout=20
+    )
     pids = [a["pid"] for a in answer["data"]["result"]["result"] if a["state"] == "ALIVE" and a.get("pid")]
     return pids[0] if pids else None
 

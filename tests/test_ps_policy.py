@@ -28,8 +28,9 @@ def test_a_dead_or_hung_actor_is_restarted_within_max_failures(outcome):
 def test_one_failure_more_than_max_failures_fails_the_run_with_one_line():
     decision = decide(died(), restarts=0, max_failures=0)
     assert decision.kind is Kind.RAISE and decision.restarts == 0
-    assert decision.reason == (f"training failed: {DEATH} at step 76: failure 1, more than "
-                               "scaling.max_failures=0 allows")
+    assert decision.reason == (
+        f"training failed: {DEATH} at step 76: failure 1, more than scaling.max_failures=0 allows"
+    )
     assert decide(died(), restarts=3, max_failures=3).kind is Kind.RAISE
 
 
@@ -55,7 +56,8 @@ def test_restarts_count_up_to_the_limit_then_the_run_fails():
 
 def test_the_event_names_the_actor_and_the_step():
     assert Event(Outcome.HUNG, 54, "server shard 0 stopped answering (no answer for 5 s)").describe() == (
-        "server shard 0 stopped answering (no answer for 5 s) at step 54")
+        "server shard 0 stopped answering (no answer for 5 s) at step 54"
+    )
 
 
 def test_the_driver_s_states_move_only_as_the_table_says():
@@ -63,8 +65,15 @@ def test_the_driver_s_states_move_only_as_the_table_says():
 
     life = Lifecycle()
     # A first start that dies, a restart that trains to the end: each decision names the next state.
-    for state in (S.SCHEDULING, S.RUNNING, AFTER[Kind.RESTART], S.SCHEDULING, S.RUNNING, S.FINISHING,
-                  AFTER[Kind.CONTINUE]):
+    for state in (
+        S.SCHEDULING,
+        S.RUNNING,
+        AFTER[Kind.RESTART],
+        S.SCHEDULING,
+        S.RUNNING,
+        S.FINISHING,
+        AFTER[Kind.CONTINUE],
+    ):
         assert life.to(state) is state
     with pytest.raises(RuntimeError, match="no move from finished to running"):
         life.to(S.RUNNING)

@@ -46,8 +46,9 @@ def test_a_training_failure_is_one_line_and_exit_1(tmp_path):
 
     # A failure inside the workers: rank 0 cannot open its metrics log, which is in the way as a directory.
     (tmp_path / "broken" / "metrics.jsonl").mkdir(parents=True)
-    proc = run_job("sync", f"run.storage_path={tmp_path}", "run.name=broken", "train.max_steps=4",
-                   "scaling.max_failures=0")
+    proc = run_job(
+        "sync", f"run.storage_path={tmp_path}", "run.name=broken", "train.max_steps=4", "scaling.max_failures=0"
+    )
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("raydist: error:")]
     assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-3000:]
     assert "training failed" in lines[0] and "metrics.jsonl" in lines[0], lines
@@ -87,7 +88,7 @@ def test_every_part_a_registry_entry_names_is_where_it_says(name):
     assert all(p.startswith("raydist.strategies.") for p in parts if p), "a strategy's parts live in its folder"
 
 
-NEW_STRATEGY = '''
+NEW_STRATEGY = """
 import dataclasses, sys, types
 from raydist import registry
 from raydist.typedconfig import opt
@@ -116,7 +117,7 @@ assert "toy" in SHARED_SECTIONS
 assert "`toy.rounds`" in reference_markdown(type(cfg))
 assert "`toy_rounds_done`" in fields_markdown() and JobSummary.__dataclass_fields__["toy_rounds_done"]
 print("ok")
-'''
+"""
 
 
 def test_a_new_strategy_needs_only_its_folder_and_one_registry_entry():

@@ -16,8 +16,9 @@ class FakeClock:
         return self.now
 
 
-def run_loop(cadence: Cadence, total: int, *, per_epoch: int = 10 ** 9, sync_every: int = 1, start: int = 0,
-             step_s: float = 0.01) -> dict[str, list[int]]:
+def run_loop(
+    cadence: Cadence, total: int, *, per_epoch: int = 10**9, sync_every: int = 1, start: int = 0, step_s: float = 0.01
+) -> dict[str, list[int]]:
     """Steps start+1..total as the training loop takes them: the schedule asked only at sync points (every
     `sync_every` steps and the last), each due acted on and recorded. Returns the steps each thing happened at."""
     clock = FakeClock()

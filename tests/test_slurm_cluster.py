@@ -32,8 +32,12 @@ TIMINGS: dict[str, float] = {}
 def test_each_host_picks_the_interface_that_routes_to_the_head(slurm_cluster):
     # No interface map: the choice comes from each host's routing table (a docker0 decoy is up on every host).
     cfg = rayup.write_config(slurm_cluster, "auto", interfaces={})
-    r = slurm_cluster.run("master-node", "srun --nodes=3 --ntasks-per-node=1 raydist slurm iface --head master-node",
-                          env=slurm_cluster.env(RAYDIST_CLUSTER_CONFIG=str(cfg)), check=True)
+    r = slurm_cluster.run(
+        "master-node",
+        "srun --nodes=3 --ntasks-per-node=1 raydist slurm iface --head master-node",
+        env=slurm_cluster.env(RAYDIST_CLUSTER_CONFIG=str(cfg)),
+        check=True,
+    )
     got = {line.split()[0]: line.split()[1] for line in r.stdout.splitlines()}
     assert got == EXPECTED_IFACES, r.stdout
 
@@ -55,8 +59,13 @@ def test_wrong_interface_name_fails_bring_up_fast_naming_the_node(slurm_cluster)
 
 def test_unreachable_head_fails_bring_up_naming_node_and_interface(slurm_cluster):
     # docker0 exists on node02 but leads nowhere: the worker must say so at bring-up, not hang in training.
-    cfg = rayup.write_config(slurm_cluster, "unreachable", interfaces={**EXPECTED_IFACES, "node02": "docker0"},
-                             timeouts={"ready": 60, "head_reachable": 4, "teardown": 10}, **rayup.NO_TORCH)
+    cfg = rayup.write_config(
+        slurm_cluster,
+        "unreachable",
+        interfaces={**EXPECTED_IFACES, "node02": "docker0"},
+        timeouts={"ready": 60, "head_reachable": 4, "teardown": 10},
+        **rayup.NO_TORCH,
+    )
     job = rayup.submit(slurm_cluster, cfg)
     state = slurm_cluster.wait_job(job.job_id, timeout=60)
     assert state == "FAILED", job.text()
@@ -110,13 +119,15 @@ def test_token_and_dashboard_are_locked_down(slurm_cluster, ray_up):
 
 def test_dashboard_api_lists_three_alive_nodes_only_with_the_token(slurm_cluster, ray_up):
     env = ray_up.env()
-    probe = ("import json,os,sys,urllib.request as u,urllib.error as e\n"
-             "url=os.environ['RAY_ADDRESS']+'/api/v0/nodes'\n"
-             "tok=open(os.environ['RAY_AUTH_TOKEN_PATH']).read().strip()\n"
-             "try:\n    u.urlopen(url,timeout=10); print('open')\n"
-             "except e.HTTPError as x: print(x.code)\n"
-             "d=json.load(u.urlopen(u.Request(url,headers={'Authorization':'Bearer '+tok}),timeout=10))\n"
-             "print(json.dumps(sorted(n['state'] for n in d['data']['result']['result'])))")
+    probe = (
+        "import json,os,sys,urllib.request as u,urllib.error as e\n"
+        "url=os.environ['RAY_ADDRESS']+'/api/v0/nodes'\n"
+        "tok=open(os.environ['RAY_AUTH_TOKEN_PATH']).read().strip()\n"
+        "try:\n    u.urlopen(url,timeout=10); print('open')\n"
+        "except e.HTTPError as x: print(x.code)\n"
+        "d=json.load(u.urlopen(u.Request(url,headers={'Authorization':'Bearer '+tok}),timeout=10))\n"
+        "print(json.dumps(sorted(n['state'] for n in d['data']['result']['result'])))"
+    )
     r = slurm_cluster.run("node02", ["python3", "-c", probe], env=env, check=True)
     refused, states = r.stdout.split(None, 1)
     assert refused == "401"
@@ -126,8 +137,12 @@ def test_dashboard_api_lists_three_alive_nodes_only_with_the_token(slurm_cluster
 def _doctor(cluster, ray_up, *args: str, timeout: float = 120):
     """`raydist doctor` from master-node after `eval "$(raydist env)"`, with a tiny bandwidth test: it must stay cheap."""
     t = time.monotonic()
-    r = cluster.run("master-node", ["raydist", "doctor", "--bytes", "256KiB", "--iters", "2", *args],
-                    env=ray_up.env(), timeout=timeout)
+    r = cluster.run(
+        "master-node",
+        ["raydist", "doctor", "--bytes", "256KiB", "--iters", "2", *args],
+        env=ray_up.env(),
+        timeout=timeout,
+    )
     return r, time.monotonic() - t
 
 
@@ -204,16 +219,26 @@ def test_sync_ddp_job_trains_one_worker_per_host_over_gloo(slurm_cluster, ray_up
         f"ray job submit --working-dir . -- python jobs/sync.py --verbose --set scaling.num_workers=3 "
         f"--set run.storage_path={slurm_cluster.shared}/runs --set run.name=slurm-e2e --set train.epochs=20 "
         f"--set scaling.warm_python=true",
-        env=ray_up.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        env=ray_up.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     top_seen: dict[int, dict] = {}  # rank -> the worker's row, from `raydist top --once --json --job` on node01
     while proc.poll() is None and time.monotonic() - t < 240:
         peak[0] = max(peak[0], rayup.memory_mib(slurm_cluster))
-        r = slurm_cluster.run("node01", ["raydist", "top", "--once", "--json", "--job", str(ray_up.job_id)],
-                              env=ray_up.env(), timeout=60)
+        r = slurm_cluster.run(
+            "node01", ["raydist", "top", "--once", "--json", "--job", str(ray_up.job_id)], env=ray_up.env(), timeout=60
+        )
         if r.returncode == 0:
             for run in json.loads(r.stdout)["runs"]:
-                top_seen.update({p["rank"]: p for p in run["processes"] if run["run"] == "slurm-e2e"
-                                 and p["role"] == "worker" and p.get("step")})
+                top_seen.update(
+                    {
+                        p["rank"]: p
+                        for p in run["processes"]
+                        if run["run"] == "slurm-e2e" and p["role"] == "worker" and p.get("step")
+                    }
+                )
         time.sleep(1)
     out = proc.communicate(timeout=60)[0]
     TIMINGS["train_job_s"] = time.monotonic() - t
@@ -243,21 +268,30 @@ def test_a_second_job_on_the_same_nodes_skips_busy_ports_and_stops_alone_at_its_
     # Somebody else holds the GCS port of the block the next job id maps to: the job must move on.
     next_id = ray_up.job_id + 1
     natural = next(ports.candidate_blocks(next_id, p["base"], p["end"], p["block"]))
-    squatter = slurm_cluster.popen("master-node", ["python3", "-c", "import socket,sys; s=socket.socket(); "
-                                   f"s.bind(('0.0.0.0', {natural.start})); s.listen(); sys.stdin.read()"],
-                                   stdin=subprocess.PIPE)
+    squatter = slurm_cluster.popen(
+        "master-node",
+        [
+            "python3",
+            "-c",
+            f"import socket,sys; s=socket.socket(); s.bind(('0.0.0.0', {natural.start})); s.listen(); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+    )
     try:
         job = rayup.submit(slurm_cluster, rayup.write_config(slurm_cluster, "second", **rayup.NO_TORCH))
         TIMINGS["second_job_sbatch_to_ready_s"] = job.wait_for("Ray cluster ready", timeout=150)
         TIMINGS["memory_two_idle_clusters_mib"] = rayup.memory_mib(slurm_cluster)
         mine, other = ray_up.env(), job.env()
-        assert mine["RAY_ADDRESS"] != other["RAY_ADDRESS"] and mine["RAY_AUTH_TOKEN_PATH"] != other["RAY_AUTH_TOKEN_PATH"]
+        assert (
+            mine["RAY_ADDRESS"] != other["RAY_ADDRESS"] and mine["RAY_AUTH_TOKEN_PATH"] != other["RAY_AUTH_TOKEN_PATH"]
+        )
         assert Path(mine["RAY_AUTH_TOKEN_PATH"]).read_text() != Path(other["RAY_AUTH_TOKEN_PATH"]).read_text()
         for host in slurm_cluster.hosts:  # each its own temp dir on every node
             tmp = slurm_cluster.host_dir(host) / "tmp"
             assert (tmp / f"raydist-{ray_up.job_id}").is_dir() and (tmp / f"raydist-{job.job_id}").is_dir(), host
-        crossed = slurm_cluster.run("master-node", ["ray", "job", "list"],
-                                    env={**other, "RAY_AUTH_TOKEN_PATH": mine["RAY_AUTH_TOKEN_PATH"]})
+        crossed = slurm_cluster.run(
+            "master-node", ["ray", "job", "list"], env={**other, "RAY_AUTH_TOKEN_PATH": mine["RAY_AUTH_TOKEN_PATH"]}
+        )
         assert crossed.returncode != 0 and "Authentication failed" in crossed.stdout + crossed.stderr
         assert job.job_id == next_id
         assert f":{natural.port('dashboard')}" not in other["RAY_ADDRESS"], other["RAY_ADDRESS"]
@@ -285,11 +319,37 @@ def test_your_own_script_runs_under_ray_job_submit_one_rank_per_host_on_its_inte
     test above: the cluster a second job on the same nodes came and went beside trains on all three hosts."""
     storage = slurm_cluster.shared / "runs"
     r = slurm_cluster.run(
-        "master-node", ["ray", "job", "submit", "--working-dir", ".", "--", "raydist", "launch", "--workers", "3",
-                        "--set", "warm=true",
-                        "--name", "submitted", "--storage", str(storage), "--output", "all", "--", "python",
-                        "examples/ddp_train.py", "--epochs", "1", "--snapshot", str(slurm_cluster.shared / "sub.pt")],
-        env=ray_up.env(), timeout=300)
+        "master-node",
+        [
+            "ray",
+            "job",
+            "submit",
+            "--working-dir",
+            ".",
+            "--",
+            "raydist",
+            "launch",
+            "--workers",
+            "3",
+            "--set",
+            "warm=true",
+            "--name",
+            "submitted",
+            "--storage",
+            str(storage),
+            "--output",
+            "all",
+            "--",
+            "python",
+            "examples/ddp_train.py",
+            "--epochs",
+            "1",
+            "--snapshot",
+            str(slurm_cluster.shared / "sub.pt"),
+        ],
+        env=ray_up.env(),
+        timeout=300,
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     summary = json.loads((storage / "submitted" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["workers"] == 3
@@ -306,9 +366,25 @@ def test_a_variable_set_only_in_the_callers_shell_reaches_the_rank_on_every_host
     seen, storage = slurm_cluster.shared / "caller-env", slurm_cluster.shared / "runs"
     seen.mkdir(exist_ok=True)
     r = slurm_cluster.run(
-        "node01", ["raydist", "launch", "--workers", "3", "--name", "caller-env", "--storage", str(storage), "--",
-                   "python", "tests/launch_scripts/edges.py", "env", str(seen)],
-        env=ray_up.env(CLIENT_EPOCHS="3", GLOO_SOCKET_IFNAME="ens1f1"), timeout=300)
+        "node01",
+        [
+            "raydist",
+            "launch",
+            "--workers",
+            "3",
+            "--name",
+            "caller-env",
+            "--storage",
+            str(storage),
+            "--",
+            "python",
+            "tests/launch_scripts/edges.py",
+            "env",
+            str(seen),
+        ],
+        env=ray_up.env(CLIENT_EPOCHS="3", GLOO_SOCKET_IFNAME="ens1f1"),
+        timeout=300,
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     got = [json.loads((seen / f"rank{rank}.json").read_text()) for rank in range(3)]
     assert [g["CLIENT_EPOCHS"] for g in got] == ["3"] * 3 and [g["RANK"] for g in got] == ["0", "1", "2"]
@@ -316,8 +392,9 @@ def test_a_variable_set_only_in_the_callers_shell_reaches_the_rank_on_every_host
     assert {(g["host"], g["GLOO_SOCKET_IFNAME"]) for g in got} == set(EXPECTED_IFACES.items())
 
 
-def test_plain_ddp_reading_sruns_variables_ends_alike_under_srun_and_raydist_launch_on_three_hosts(slurm_cluster,
-                                                                                                   ray_up):
+def test_plain_ddp_reading_sruns_variables_ends_alike_under_srun_and_raydist_launch_on_three_hosts(
+    slurm_cluster, ray_up
+):
     """tests/conformance/ddp_slurm.py, as users' sbatch scripts run it (srun, each host picking its interface in a
     `case`) and under `raydist launch` from a login shell: the same steps, loss and parameters."""
     from tests.conformance import harness
@@ -325,11 +402,16 @@ def test_plain_ddp_reading_sruns_variables_ends_alike_under_srun_and_raydist_lau
     work = slurm_cluster.shared / "conformance"
     work.mkdir(exist_ok=True)
     hosts = list(slurm_cluster.hosts.values())
-    r = slurm_cluster.run("master-node", harness.srun_argv("ddp_slurm", work, ray_up.job_id, hosts, 19559),
-                          env=slurm_cluster.env(), timeout=300)
+    r = slurm_cluster.run(
+        "master-node",
+        harness.srun_argv("ddp_slurm", work, ray_up.job_id, hosts, 19559),
+        env=slurm_cluster.env(),
+        timeout=300,
+    )
     under_srun = harness.finished(r.returncode, r.stdout + r.stderr)
-    r = slurm_cluster.run("node01", harness.launch_argv("ddp_slurm", work, 3, "conformance-ddp"), env=ray_up.env(),
-                          timeout=300)
+    r = slurm_cluster.run(
+        "node01", harness.launch_argv("ddp_slurm", work, 3, "conformance-ddp"), env=ray_up.env(), timeout=300
+    )
     under_launch = harness.finished(r.returncode, r.stdout + r.stderr)
     assert under_srun["world"] == 3 and harness.same(under_launch, under_srun), (under_launch, under_srun)
     assert under_launch["env"] == under_srun["env"] == {"read": "SLURM_PROCID"}
@@ -357,10 +439,19 @@ def _reconfigure(cluster, conf_text: str) -> None:
 def _stubborn(cluster, host: str, job_id: int) -> subprocess.Popen:
     """A process of job `job_id` on `host` (it carries the job's tag) that ignores SIGTERM, as a worker stuck in a
     collective may: the node's clean-up gives it timeouts.teardown / 2 before SIGKILL. Ends when its stdin closes."""
-    p = cluster.popen(host, ["python3", "-c", "import signal,sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                                              "print('ready', flush=True); sys.stdin.read()"],
-                      env=cluster.env(**{teardown.TAG_ENV: teardown.job_tag(job_id, host)}),
-                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    p = cluster.popen(
+        host,
+        [
+            "python3",
+            "-c",
+            "import signal,sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('ready', flush=True); sys.stdin.read()",
+        ],
+        env=cluster.env(**{teardown.TAG_ENV: teardown.job_tag(job_id, host)}),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert p.stdout.readline().strip() == "ready"
     return p
 
@@ -378,8 +469,12 @@ def test_a_job_whose_clean_up_slurm_killed_is_swept_by_the_next_job_and_no_live_
         # KillWait 5 s (slurmd's least) under a teardown that needs 15 s for the stubborn process: SLURM SIGKILLs
         # each node's clean-up, and `raydist slurm down` while it waits for the node step (srun: KillWait + 2 s).
         _reconfigure(c, re.sub(r"(?m)^KillWait=\d+$", "KillWait=5", original))
-        a = rayup.submit(c, rayup.write_config(c, "killed", timeouts={"ready": 120, "head_reachable": 30,
-                                                                     "teardown": 30}, **rayup.NO_TORCH))
+        a = rayup.submit(
+            c,
+            rayup.write_config(
+                c, "killed", timeouts={"ready": 120, "head_reachable": 30, "teardown": 30}, **rayup.NO_TORCH
+            ),
+        )
         jobs.append(a.job_id)
         took["a_sbatch_to_ready_s"] = a.wait_for("Ray cluster ready", timeout=150)
         stubborn = [_stubborn(c, host, a.job_id) for host in c.hosts]
@@ -389,8 +484,9 @@ def test_a_job_whose_clean_up_slurm_killed_is_swept_by_the_next_job_and_no_live_
         took["a_scancel_to_idle_s"] = time.monotonic() - t
         # The reported problem, reproduced: SLURM SIGKILLed every node's clean-up and `raydist slurm down`.
         a_temp = {h: c.host_dir(h) / "tmp" / f"raydist-{a.job_id}" for h in c.hosts}
-        assert all(p.is_dir() for p in a_temp.values()) and (a.job_dir / "token").exists(), \
+        assert all(p.is_dir() for p in a_temp.values()) and (a.job_dir / "token").exists(), (
             f"the clean-up was not killed: {a.text()[-3000:]}"
+        )
         _reconfigure(c, original)
         for p in stubborn:
             p.stdin.close()
@@ -417,8 +513,11 @@ def test_a_job_whose_clean_up_slurm_killed_is_swept_by_the_next_job_and_no_live_
         text = b.text()
         for host, path in a_temp.items():
             assert not path.exists(), host
-            assert re.search(rf"raydist: {host}: removed leftovers of ended job\(s\) [0-9, ]*\b{a.job_id}\b.*"
-                             rf"/tmp/raydist-{a.job_id}\b", text), text
+            assert re.search(
+                rf"raydist: {host}: removed leftovers of ended job\(s\) [0-9, ]*\b{a.job_id}\b.*"
+                rf"/tmp/raydist-{a.job_id}\b",
+                text,
+            ), text
         assert not a.job_dir.exists() and f"{a.job_dir}" in text
         assert all(p.exists() for p in planted), [str(p) for p in planted if not p.exists()]
         for host in c.hosts:

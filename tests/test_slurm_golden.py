@@ -40,18 +40,28 @@ BASE_ENV = {
 
 
 def plan(**changes) -> Plan:
-    fields = dict(job_id=JOB, nodes=NODES, head="gpu-head", head_ip=HEAD_IP, head_iface="ib0",
-                  head_why="cluster config", block_start=BLOCK.start, block_size=BLOCK.size,
-                  dashboard_host=HEAD_IP, temp_dir=f"/tmp/raydist-{JOB}",
-                  token_path=f"/home/ana/.raydist/slurm/{JOB}/token", object_store_memory=None,
-                  login_host="login1", config_source="cluster/cluster.yaml")
+    fields = dict(
+        job_id=JOB,
+        nodes=NODES,
+        head="gpu-head",
+        head_ip=HEAD_IP,
+        head_iface="ib0",
+        head_why="cluster config",
+        block_start=BLOCK.start,
+        block_size=BLOCK.size,
+        dashboard_host=HEAD_IP,
+        temp_dir=f"/tmp/raydist-{JOB}",
+        token_path=f"/home/ana/.raydist/slurm/{JOB}/token",
+        object_store_memory=None,
+        login_host="login1",
+        config_source="cluster/cluster.yaml",
+    )
     fields.update(changes)
     return Plan(**fields)
 
 
 def alloc(node: str, cpus: int, gpus: int) -> Allocation:
-    return Allocation(job_id=JOB, nodes=NODES, this_node=node, cpus=cpus, gpus=gpus, submit_host="login1",
-                      user="ana")
+    return Allocation(job_id=JOB, nodes=NODES, this_node=node, cpus=cpus, gpus=gpus, submit_host="login1", user="ana")
 
 
 def start_case(title: str, p: Plan, node: str, choice: netif.Choice, block: ports.PortBlock, a: Allocation) -> str:
@@ -63,24 +73,55 @@ def start_case(title: str, p: Plan, node: str, choice: netif.Choice, block: port
 
 def render_start_head() -> str:
     head = netif.Choice("ib0", HEAD_IP, "cluster config")
-    return "\n\n".join([
-        start_case("head, CPUs only: Ray's default object store, the dashboard on the cluster address",
-                   plan(), "gpu-head", head, BLOCK, alloc("gpu-head", cpus=16, gpus=0)),
-        start_case("head with 4 GPUs, a 2 GiB object store and the dashboard on every address",
-                   plan(object_store_memory=2 * 2**30, dashboard_host="0.0.0.0"), "gpu-head", head, BLOCK,
-                   alloc("gpu-head", cpus=32, gpus=4)),
-    ]) + "\n"
+    return (
+        "\n\n".join(
+            [
+                start_case(
+                    "head, CPUs only: Ray's default object store, the dashboard on the cluster address",
+                    plan(),
+                    "gpu-head",
+                    head,
+                    BLOCK,
+                    alloc("gpu-head", cpus=16, gpus=0),
+                ),
+                start_case(
+                    "head with 4 GPUs, a 2 GiB object store and the dashboard on every address",
+                    plan(object_store_memory=2 * 2**30, dashboard_host="0.0.0.0"),
+                    "gpu-head",
+                    head,
+                    BLOCK,
+                    alloc("gpu-head", cpus=32, gpus=4),
+                ),
+            ]
+        )
+        + "\n"
+    )
 
 
 def render_start_worker() -> str:
-    return "\n\n".join([
-        start_case("worker, CPUs only, on the interface of its route to the head, in the head's block",
-                   plan(), "gpu01", netif.Choice("eth1", "10.20.0.11", "route to gpu-head"), BLOCK,
-                   alloc("gpu01", cpus=16, gpus=0)),
-        start_case("worker with 8 GPUs and a 2 GiB object store, in a block of its own",
-                   plan(object_store_memory=2 * 2**30), "gpu02", netif.Choice("ib0", "10.20.0.12", "cluster config"),
-                   WORKER_BLOCK, alloc("gpu02", cpus=64, gpus=8)),
-    ]) + "\n"
+    return (
+        "\n\n".join(
+            [
+                start_case(
+                    "worker, CPUs only, on the interface of its route to the head, in the head's block",
+                    plan(),
+                    "gpu01",
+                    netif.Choice("eth1", "10.20.0.11", "route to gpu-head"),
+                    BLOCK,
+                    alloc("gpu01", cpus=16, gpus=0),
+                ),
+                start_case(
+                    "worker with 8 GPUs and a 2 GiB object store, in a block of its own",
+                    plan(object_store_memory=2 * 2**30),
+                    "gpu02",
+                    netif.Choice("ib0", "10.20.0.12", "cluster config"),
+                    WORKER_BLOCK,
+                    alloc("gpu02", cpus=64, gpus=8),
+                ),
+            ]
+        )
+        + "\n"
+    )
 
 
 def env_case(title: str, p: Plan, node: str, iface: str, base: dict[str, str]) -> str:
@@ -89,13 +130,28 @@ def env_case(title: str, p: Plan, node: str, iface: str, base: dict[str, str]) -
 
 
 def render_environment() -> str:
-    return "\n\n".join([
-        env_case("head on ib0; the shell's RAY_ADDRESS, RAY_AUTH_TOKEN and RAY_API_SERVER_ADDRESS are dropped",
-                 plan(), "gpu-head", "ib0", BASE_ENV),
-        env_case("worker on eth1; the user's own RAY_metrics_report_interval_ms is kept",
-                 plan(), "gpu01", "eth1", {**BASE_ENV, "RAY_metrics_report_interval_ms": "10000"}),
-        env_case("worker from an empty environment", plan(), "gpu02", "ib0", {}),
-    ]) + "\n"
+    return (
+        "\n\n".join(
+            [
+                env_case(
+                    "head on ib0; the shell's RAY_ADDRESS, RAY_AUTH_TOKEN and RAY_API_SERVER_ADDRESS are dropped",
+                    plan(),
+                    "gpu-head",
+                    "ib0",
+                    BASE_ENV,
+                ),
+                env_case(
+                    "worker on eth1; the user's own RAY_metrics_report_interval_ms is kept",
+                    plan(),
+                    "gpu01",
+                    "eth1",
+                    {**BASE_ENV, "RAY_metrics_report_interval_ms": "10000"},
+                ),
+                env_case("worker from an empty environment", plan(), "gpu02", "ib0", {}),
+            ]
+        )
+        + "\n"
+    )
 
 
 CASES = {
@@ -117,10 +173,19 @@ def test_rendering_matches_the_golden_file(name):
         pytest.fail(f"{path} is missing: run with {UPDATE_ENV}=1 to write it")
     want = path.read_text()
     if got != want:
-        diff = "".join(difflib.unified_diff(want.splitlines(keepends=True), got.splitlines(keepends=True),
-                                            fromfile=f"{path} (golden)", tofile=f"{name} (rendered now)"))
-        pytest.fail(f"the rendering differs from {path}; if the change is intended, rewrite it with "
-                    f"{UPDATE_ENV}=1 and review the file's diff:\n{diff}", pytrace=False)
+        diff = "".join(
+            difflib.unified_diff(
+                want.splitlines(keepends=True),
+                got.splitlines(keepends=True),
+                fromfile=f"{path} (golden)",
+                tofile=f"{name} (rendered now)",
+            )
+        )
+        pytest.fail(
+            f"the rendering differs from {path}; if the change is intended, rewrite it with "
+            f"{UPDATE_ENV}=1 and review the file's diff:\n{diff}",
+            pytrace=False,
+        )
 
 
 def test_the_renderings_do_not_depend_on_this_process_environment(monkeypatch):

@@ -26,8 +26,9 @@ ARGS = ["--epochs", "3", "--batch-size", "32"]
 def _wait_for(path: Path, job: rayup.RayUpJob, timeout: float = 240) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
-        assert time.monotonic() < deadline and job.cluster.job_state(job.job_id) in ("PENDING", "RUNNING"), \
-            job.text()[-4000:]
+        assert time.monotonic() < deadline and job.cluster.job_state(job.job_id) in ("PENDING", "RUNNING"), job.text()[
+            -4000:
+        ]
         time.sleep(0.2)
 
 
@@ -49,9 +50,16 @@ def test_the_srun_script_and_raydist_launch_in_batch_mode_warned_and_requeued_en
     slurm_cluster.wait_idle(60)
     before = shared / "before.json"
     out = slurm_cluster.shared / "before-%j.out"
-    job_id = slurm_cluster.sbatch(f"--output={out}", "examples/srun_before.sbatch", *ARGS,
-                                  "--snapshot", str(shared / "before.pt"), "--out", str(before),
-                                  env=slurm_cluster.env())
+    job_id = slurm_cluster.sbatch(
+        f"--output={out}",
+        "examples/srun_before.sbatch",
+        *ARGS,
+        "--snapshot",
+        str(shared / "before.pt"),
+        "--out",
+        str(before),
+        env=slurm_cluster.env(),
+    )
     state = slurm_cluster.wait_job(job_id, timeout=240)
     text = Path(str(out).replace("%j", str(job_id))).read_text()
     assert state == "COMPLETED", f"{state}\n{text[-3000:]}"
@@ -61,9 +69,26 @@ def test_the_srun_script_and_raydist_launch_in_batch_mode_warned_and_requeued_en
     # After: batch mode, the time-limit warning once the script has written its first snapshot.
     slurm_cluster.wait_idle(60)
     snap, after, storage = shared / "after.pt", shared / "after.json", slurm_cluster.shared / "runs"
-    command = ("raydist", "launch", "--workers", "3", "--name", "batch-launch", "--storage", str(storage), "--",
-               "python", "examples/ddp_train.py", *ARGS, "--step-sleep", "0.1", "--snapshot", str(snap),
-               "--out", str(after))
+    command = (
+        "raydist",
+        "launch",
+        "--workers",
+        "3",
+        "--name",
+        "batch-launch",
+        "--storage",
+        str(storage),
+        "--",
+        "python",
+        "examples/ddp_train.py",
+        *ARGS,
+        "--step-sleep",
+        "0.1",
+        "--snapshot",
+        str(snap),
+        "--out",
+        str(after),
+    )
     job = rayup.submit(slurm_cluster, rayup.write_config(slurm_cluster, "batch-launch"), command=command)
     _wait_for(snap, job)
     ranks = _status_ranks(slurm_cluster, job)  # `raydist status` lists the script's ranks on their nodes
@@ -86,7 +111,10 @@ def test_the_srun_script_and_raydist_launch_in_batch_mode_warned_and_requeued_en
     summary = json.loads((storage / "batch-launch" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["ray"] != "local"
     assert [(r["rank"], r["node"], r["iface"]) for r in summary["ranks"]] == [
-        (0, "master-node", "ens1f1"), (1, "node01", "ens1f1"), (2, "node02", "ens1f0np0")]
+        (0, "master-node", "ens1f1"),
+        (1, "node01", "ens1f1"),
+        (2, "node02", "ens1f0np0"),
+    ]
     text = job.text()
     assert "command exited 0 (run completed); command completed" in text
     # Both starts' ranks, before and after the requeue, were fresh interpreters, as srun starts them (the default).

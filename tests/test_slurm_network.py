@@ -18,8 +18,9 @@ TOOL = "tests/support/cluster/throughput.py"
 def _goodput(cluster, receiver: str, senders: list[str], mbytes: int, port: int = 5601) -> float:
     """Mbit/s the receiver took in from all senders together."""
     ip = cluster.hosts[receiver].ip
-    rx = cluster.popen(receiver, ["python3", TOOL, "recv", str(port), str(len(senders))], stdout=subprocess.PIPE,
-                       text=True)
+    rx = cluster.popen(
+        receiver, ["python3", TOOL, "recv", str(port), str(len(senders))], stdout=subprocess.PIPE, text=True
+    )
     tx = []
     try:
         assert rx.stdout.readline().strip() == "listening"
@@ -42,8 +43,10 @@ def test_a_shaped_link_carries_its_rate_and_fan_in_shares_the_receivers_link(slu
     finally:
         c.shape(None)
     free = _goodput(c, "node02", ["node01"], mbytes=100)
-    print(f"\nshaped links at {RATE_MBIT} Mbit/s: one sender {one:.0f}, two senders into one host {two:.0f} together, "
-          f"unshaped {free:.0f} Mbit/s")
+    print(
+        f"\nshaped links at {RATE_MBIT} Mbit/s: one sender {one:.0f}, two senders into one host {two:.0f} together, "
+        f"unshaped {free:.0f} Mbit/s"
+    )
     # TCP goodput under a token bucket counted in wire bytes: a little under the rate, never over it by much.
     assert 0.85 * RATE_MBIT <= one <= 1.05 * RATE_MBIT, one
     assert 0.85 * RATE_MBIT <= two <= 1.05 * RATE_MBIT, two  # the receiver's link is the bottleneck

@@ -19,8 +19,14 @@ import time
 import pytest
 
 from tests.support.cluster import rayup
-from tests.support.cluster.resilience import (lose_a_node_mid_run, release_after_requeue, submit_sync, trained_past,
-                                              wait_text, warn_and_resume)
+from tests.support.cluster.resilience import (
+    lose_a_node_mid_run,
+    release_after_requeue,
+    submit_sync,
+    trained_past,
+    wait_text,
+    warn_and_resume,
+)
 from raydist.observability.metrics import read_steps
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
@@ -42,14 +48,17 @@ def test_sync_batch_job_checkpoints_at_the_warning_requeues_and_resumes_with_ide
     name, straight_name = "batch-sync", "straight"
     # Two workers (on two nodes, one each): their all-reduce is one addition, so losses match to the bit; with three,
     # DDP's rebuilt gradient buckets change the summation order at a session's first step (docs/checkpoints.md).
-    sync = (f"python jobs/sync.py --set scaling.num_workers=2 --set train.epochs={EPOCHS} --set model.dropout=0.2 "
-            f"--set run.storage_path={storage}")
+    sync = (
+        f"python jobs/sync.py --set scaling.num_workers=2 --set train.epochs={EPOCHS} --set model.dropout=0.2 "
+        f"--set run.storage_path={storage}"
+    )
     slow = "--set straggler.worker=0 --set straggler.slowdown=4"  # only sleeps: the numbers stay the same
     # The same run uninterrupted first, on the same hosts (gloo sums over this network exactly as in the run we
     # interrupt; a run on one machine differs in the last bits). After the requeue it is complete: it only reports.
     command = ["bash", "-c", f"{sync} --set run.name={straight_name} && {sync} {slow} --set run.name={name}"]
-    warned = warn_and_resume(slurm_cluster, name, command, storage / name,
-                             after=str(storage / straight_name / "summary.json"), nodes=2)
+    warned = warn_and_resume(
+        slurm_cluster, name, command, storage / name, after=str(storage / straight_name / "summary.json"), nodes=2
+    )
     job, stopped_at = warned.job, warned.stopped_at
     MEASURED[f"{name}_warning_to_checkpoint_s"] = warned.warning_to_checkpoint_s
     text = job.text()
@@ -78,8 +87,10 @@ def test_a_failing_batch_job_stops_requeueing_at_the_cap_with_one_line(slurm_clu
     release_after_requeue(job)
     assert slurm_cluster.wait_job(job.job_id, timeout=200) == "FAILED", job.text()[-4000:]
     lines = [ln for ln in job.text().splitlines() if "requeue" in ln]
-    assert lines[-1].endswith("command exited 3; not requeueing after a failure (exit 3): the job was requeued 1 "
-                              "times already (requeue.max_requeues=1)"), lines
+    assert lines[-1].endswith(
+        "command exited 3; not requeueing after a failure (exit 3): the job was requeued 1 "
+        "times already (requeue.max_requeues=1)"
+    ), lines
     assert "ExitCode=3:0" in slurm_cluster.run("master-node", ["scontrol", "show", "job", str(job.job_id)]).stdout
 
 
@@ -88,14 +99,15 @@ def test_a_refused_requeue_ends_the_job_with_one_line_and_nothing_left(slurm_clu
     config asks for is refused by scontrol; the job fails with one line that quotes SLURM's reason, and Ray is
     down on every node."""
     slurm_cluster.wait_idle(60)
-    cfg = rayup.write_config(slurm_cluster, "norequeue", requeue={"max_requeues": 1, "on_failure": True},
-                             **rayup.NO_TORCH)
-    job = rayup.submit(slurm_cluster, cfg, "--no-requeue", nodes=1,
-                       command=("python", "-c", "import sys; sys.exit(3)"))
+    cfg = rayup.write_config(
+        slurm_cluster, "norequeue", requeue={"max_requeues": 1, "on_failure": True}, **rayup.NO_TORCH
+    )
+    job = rayup.submit(slurm_cluster, cfg, "--no-requeue", nodes=1, command=("python", "-c", "import sys; sys.exit(3)"))
     assert slurm_cluster.wait_job(job.job_id, timeout=200) == "FAILED", job.text()[-4000:]
     errors = [ln for ln in job.text().splitlines() if ln.startswith("raydist: error:")]
-    assert len(errors) == 1 and errors[0].startswith(f"raydist: error: scontrol requeue {job.job_id} failed: "), \
+    assert len(errors) == 1 and errors[0].startswith(f"raydist: error: scontrol requeue {job.job_id} failed: "), (
         job.text()[-4000:]
+    )
     assert "Traceback" not in job.text()
     assert rayup.wait_no_leftovers(slurm_cluster, job.job_id) == {}
 
@@ -109,8 +121,10 @@ def test_a_fixed_size_run_that_loses_a_node_mid_run_fails_within_its_bound_namin
     # one line (`ray job submit` prints the job's log, and on failure its tail once more)
     errors = sorted({ln for ln in lost.output.splitlines() if ln.startswith("raydist: error:")})
     assert lost.returncode == 1 and len(errors) == 1, lost.output[-4000:]
-    assert errors[0].startswith("raydist: error: training failed: 3 workers no longer fit the cluster after "
-                                "node(s) died: node02 (192.168.20.17)"), errors
+    assert errors[0].startswith(
+        "raydist: error: training failed: 3 workers no longer fit the cluster after "
+        "node(s) died: node02 (192.168.20.17)"
+    ), errors
     assert "scaling.node_loss_timeout_s=15" in errors[0] and "scaling.num_workers=2-3" in errors[0]
     MEASURED["fixed_midrun_node_loss_fail_s"] = lost.kill_to_exit_s
     print(f"fixed-size run, node lost mid-run: exit {lost.kill_to_exit_s:.1f} s after the kill")
@@ -129,9 +143,18 @@ def cluster_losing_node02(slurm_cluster):
 
 def test_elastic_run_continues_on_fewer_workers_when_a_node_dies(slurm_cluster, cluster_losing_node02):
     job = cluster_losing_node02
-    proc = submit_sync(slurm_cluster, job, "scaling.num_workers=2-3", f"run.storage_path={slurm_cluster.shared}/runs",
-                   "run.name=elastic", "train.epochs=6", "checkpoint.every_steps=20", "scaling.node_loss_timeout_s=20",
-                   "straggler.worker=0", "straggler.slowdown=3")
+    proc = submit_sync(
+        slurm_cluster,
+        job,
+        "scaling.num_workers=2-3",
+        f"run.storage_path={slurm_cluster.shared}/runs",
+        "run.name=elastic",
+        "train.epochs=6",
+        "checkpoint.every_steps=20",
+        "scaling.node_loss_timeout_s=20",
+        "straggler.worker=0",
+        "straggler.slowdown=3",
+    )
     deadline = time.monotonic() + 240
     while not trained_past(slurm_cluster.shared / "runs" / "elastic", 20):  # past the first checkpoint
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-4000:]
@@ -149,8 +172,14 @@ def test_elastic_run_continues_on_fewer_workers_when_a_node_dies(slurm_cluster, 
 
 def test_fixed_size_run_fails_within_its_bound_naming_the_dead_node(slurm_cluster, cluster_losing_node02):
     t = time.monotonic()
-    proc = submit_sync(slurm_cluster, cluster_losing_node02, "scaling.num_workers=3", "scaling.node_loss_timeout_s=15",
-                   f"run.storage_path={slurm_cluster.shared}/runs", "run.name=fixed")
+    proc = submit_sync(
+        slurm_cluster,
+        cluster_losing_node02,
+        "scaling.num_workers=3",
+        "scaling.node_loss_timeout_s=15",
+        f"run.storage_path={slurm_cluster.shared}/runs",
+        "run.name=fixed",
+    )
     out = proc.communicate(timeout=300)[0]
     took = time.monotonic() - t
     errors = [ln for ln in out.splitlines() if ln.startswith("raydist: error:")]
@@ -165,23 +194,40 @@ def test_fixed_size_run_fails_within_its_bound_naming_the_dead_node(slurm_cluste
 def _training_worker_pids(cluster, host: str, job_id: int) -> list[str]:
     """PIDs on `host` of job `job_id`'s Ray Train workers (Ray titles them 'ray::RayTrainWorker...')."""
     pids = rayup.tagged_pids(cluster, host, job_id)
-    probe = ("import sys\nfor p in sys.argv[1:]:\n    try: cmd = open(f'/proc/{p}/cmdline', 'rb').read()\n"
-             "    except OSError: continue\n    if cmd.startswith(b'ray::RayTrainWorker'): print(p)")
+    probe = (
+        "import sys\nfor p in sys.argv[1:]:\n    try: cmd = open(f'/proc/{p}/cmdline', 'rb').read()\n"
+        "    except OSError: continue\n    if cmd.startswith(b'ray::RayTrainWorker'): print(p)"
+    )
     return cluster.run(host, ["python3", "-c", probe, *pids], check=True).stdout.split() if pids else []
 
 
-def test_heal_replaces_a_killed_training_process_on_one_node_while_the_others_train(slurm_cluster,
-                                                                                    cluster_losing_node02):
+def test_heal_replaces_a_killed_training_process_on_one_node_while_the_others_train(
+    slurm_cluster, cluster_losing_node02
+):
     """jobs/heal.py over the cluster's nodes, each on its own interface: one node's training process SIGKILLed
     mid-run (a worker node's, when one holds a worker); the other goes on, Ray Train replaces it, the replacement
     takes the state from its peer, and the run completes without a restart. Two workers: node02's Ray may be gone
     by now (the tests above kill it)."""
     job = cluster_losing_node02
     runs = slurm_cluster.shared / "runs"
-    sets = " ".join(f"--set {o}" for o in ("scaling.num_workers=2", f"run.storage_path={runs}", "run.name=healed",
-                                             "train.epochs=10", "checkpoint.every_steps=20"))
-    proc = slurm_cluster.popen("master-node", f"ray job submit --working-dir . -- python jobs/heal.py {sets}",
-                               env=job.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sets = " ".join(
+        f"--set {o}"
+        for o in (
+            "scaling.num_workers=2",
+            f"run.storage_path={runs}",
+            "run.name=healed",
+            "train.epochs=10",
+            "checkpoint.every_steps=20",
+        )
+    )
+    proc = slurm_cluster.popen(
+        "master-node",
+        f"ray job submit --working-dir . -- python jobs/heal.py {sets}",
+        env=job.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 240
     while not trained_past(runs / "healed", 25):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-4000:]
@@ -200,7 +246,8 @@ def test_heal_replaces_a_killed_training_process_on_one_node_while_the_others_tr
 
 
 def test_interactive_cluster_stops_submitted_runs_at_the_warning_and_names_their_resume_command(
-        slurm_cluster, cluster_losing_node02):
+    slurm_cluster, cluster_losing_node02
+):
     """An async PS run (its driver grants no step past the warning's) submitted with `ray job submit`: the warning
     stops it with a checkpoint and the job's log names the command that resumes it. The whole requeue of an async
     batch job (servers and budget carried over) is benchmarks' (benchmarks/slurm_resilience.py); the sync batch
@@ -209,10 +256,15 @@ def test_interactive_cluster_stops_submitted_runs_at_the_warning_and_names_their
     # the server shards reserve no CPU.)
     job = cluster_losing_node02
     storage = slurm_cluster.shared / "runs"
-    r = slurm_cluster.run("master-node", "ray job submit --no-wait --working-dir . -- python jobs/async.py "
-                          f"--set run.storage_path={storage} --set run.name=interactive --set train.epochs=60 "
-                          "--set scaling.num_workers=2 --set async_ps.num_servers=2 "
-                          "--set straggler.worker=0 --set straggler.slowdown=4", env=job.env(), check=True)
+    r = slurm_cluster.run(
+        "master-node",
+        "ray job submit --no-wait --working-dir . -- python jobs/async.py "
+        f"--set run.storage_path={storage} --set run.name=interactive --set train.epochs=60 "
+        "--set scaling.num_workers=2 --set async_ps.num_servers=2 "
+        "--set straggler.worker=0 --set straggler.slowdown=4",
+        env=job.env(),
+        check=True,
+    )
     submission = re.search(r"raysubmit_\w+", r.stdout).group(0)
     deadline = time.monotonic() + 150
     while not trained_past(storage / "interactive", 0):

@@ -27,14 +27,18 @@ REPO = Path(__file__).resolve().parents[1]
 
 # ---- node lists ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("hostlist, expected", [
-    ("master-node", ["master-node"]),
-    ("master-node,node[01-02]", ["master-node", "node01", "node02"]),
-    ("node[08-10]", ["node08", "node09", "node10"]),
-    ("gpu[1-2,5]", ["gpu1", "gpu2", "gpu5"]),
-    ("rack[1-2]-n[0-1]", ["rack1-n0", "rack1-n1", "rack2-n0", "rack2-n1"]),
-    ("a,b,a", ["a", "b"]),
-])
+
+@pytest.mark.parametrize(
+    "hostlist, expected",
+    [
+        ("master-node", ["master-node"]),
+        ("master-node,node[01-02]", ["master-node", "node01", "node02"]),
+        ("node[08-10]", ["node08", "node09", "node10"]),
+        ("gpu[1-2,5]", ["gpu1", "gpu2", "gpu5"]),
+        ("rack[1-2]-n[0-1]", ["rack1-n0", "rack1-n1", "rack2-n0", "rack2-n1"]),
+        ("a,b,a", ["a", "b"]),
+    ],
+)
 def test_expand_hostlist(hostlist, expected):
     assert expand_hostlist(hostlist) == expected
 
@@ -55,11 +59,23 @@ def test_resources_come_from_the_allocation_not_the_machine():
 
 
 def test_allocation_from_slurm_environment():
-    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "master-node,node[01-02]", "SLURMD_NODENAME": "node01",
-           "SLURM_CPUS_PER_TASK": "2", "SLURM_SUBMIT_HOST": "login1", "SLURM_JOB_USER": "ana"}
+    env = {
+        "SLURM_JOB_ID": "42",
+        "SLURM_JOB_NODELIST": "master-node,node[01-02]",
+        "SLURMD_NODENAME": "node01",
+        "SLURM_CPUS_PER_TASK": "2",
+        "SLURM_SUBMIT_HOST": "login1",
+        "SLURM_JOB_USER": "ana",
+    }
     a = Allocation.from_env(env, expand=expand_hostlist)
     assert (a.job_id, a.head, a.workers, a.this_node, a.cpus, a.gpus) == (
-        42, "master-node", ("node01", "node02"), "node01", 2, 0)
+        42,
+        "master-node",
+        ("node01", "node02"),
+        "node01",
+        2,
+        0,
+    )
     with pytest.raises(RaydistError, match="not inside a SLURM job"):
         Allocation.from_env({}, expand=expand_hostlist)
 
@@ -95,14 +111,26 @@ ADDRS = {
 
 
 def test_ip_json_parsing():
-    data = [{"ifname": "lo", "addr_info": [{"family": "inet", "local": "127.0.0.1", "prefixlen": 8},
-                                           {"family": "inet6", "local": "::1", "prefixlen": 128}]},
-            {"ifname": "ens1f1", "addr_info": [{"family": "inet", "local": "192.168.20.15", "prefixlen": 24}]},
-            {"ifname": "ib0"}]
-    assert netif.parse_ip_addr_json(data) == {"lo": [ipaddress.IPv4Interface("127.0.0.1/8")],
-                                              "ens1f1": [ipaddress.IPv4Interface("192.168.20.15/24")], "ib0": []}
-    assert netif.parse_route_get_json([{"dst": "192.168.20.15", "dev": "ens1f0np0", "prefsrc": "192.168.20.17"}]
-                                      ) == ("ens1f0np0", "192.168.20.17")
+    data = [
+        {
+            "ifname": "lo",
+            "addr_info": [
+                {"family": "inet", "local": "127.0.0.1", "prefixlen": 8},
+                {"family": "inet6", "local": "::1", "prefixlen": 128},
+            ],
+        },
+        {"ifname": "ens1f1", "addr_info": [{"family": "inet", "local": "192.168.20.15", "prefixlen": 24}]},
+        {"ifname": "ib0"},
+    ]
+    assert netif.parse_ip_addr_json(data) == {
+        "lo": [ipaddress.IPv4Interface("127.0.0.1/8")],
+        "ens1f1": [ipaddress.IPv4Interface("192.168.20.15/24")],
+        "ib0": [],
+    }
+    assert netif.parse_route_get_json([{"dst": "192.168.20.15", "dev": "ens1f0np0", "prefsrc": "192.168.20.17"}]) == (
+        "ens1f0np0",
+        "192.168.20.17",
+    )
     assert netif.parse_route_get_json([]) is None
 
 
@@ -136,6 +164,7 @@ def test_a_loopback_head_address_is_refused_on_this_machine():
 
 
 # ---- ports ------------------------------------------------------------------------------------------------
+
 
 def test_port_blocks_derive_from_the_job_id_and_wrap_around():
     first = [b.start for b in ports.candidate_blocks(7, 20000, 20999, 100)]
@@ -174,6 +203,7 @@ def test_port_is_free_sees_a_listening_socket():
 
 # ---- cluster config -----------------------------------------------------------------------------------
 
+
 def test_shipped_cluster_config_loads_with_the_seeds_interfaces():
     cfg = settings.load(str(REPO / "cluster" / "cluster.yaml"))
     assert cfg.interfaces == {"master-node": "ens1f1", "node01": "ens1f1", "node02": "ens1f0np0"}
@@ -181,27 +211,35 @@ def test_shipped_cluster_config_loads_with_the_seeds_interfaces():
 
 
 def test_config_expands_hostlists_and_sizes():
-    cfg = settings.from_dict({"interfaces": {"gpu[01-03]": "ib0"}, "object_store_memory": "512MiB",
-                              "ports": {"base": 30000, "end": 30999, "block": 100}})
+    cfg = settings.from_dict(
+        {
+            "interfaces": {"gpu[01-03]": "ib0"},
+            "object_store_memory": "512MiB",
+            "ports": {"base": 30000, "end": 30999, "block": 100},
+        }
+    )
     assert cfg.interface_for("gpu02") == "ib0" and cfg.interface_for("cpu1") is None
     assert cfg.object_store_memory == 512 * 2**20 and cfg.ports.block == 100
     assert cfg.temp_path(9) == Path("/tmp/raydist-9")
 
 
-@pytest.mark.parametrize("data, message", [
-    ({"interface": {}}, "unknown key 'interface' \\(did you mean 'interfaces'"),
-    ({"interfaces": {"n1": "a b"}}, "not an interface name"),
-    ({"object_store_memory": "lots"}, "must be a size"),
-    ({"object_store_memory": "1MB"}, "at least 75MiB"),
-    ({"dashboard_host": "everywhere"}, "dashboard_host"),
-    ({"ports": {"base": 50000, "end": 40000}}, "base < end"),
-    ({"ports": {"blok": 4}}, "unknown key 'ports.blok'"),
-    ({"timeouts": {"ready": -1}}, "timeouts.ready: must be > 0"),
-    ({"temp_dir": "tmp"}, "absolute"),
-    ({"ports": {"block": 4}}, "ports.block: must be >= 18 \\(got 4\\)"),
-    ({"ports": {"base": 30000, "end": 30009}}, "ports.block: must be at most the size of the range"),
-    ({"source": "me"}, "unknown key 'source'"),  # set by the loader, not the user
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"interface": {}}, "unknown key 'interface' \\(did you mean 'interfaces'"),
+        ({"interfaces": {"n1": "a b"}}, "not an interface name"),
+        ({"object_store_memory": "lots"}, "must be a size"),
+        ({"object_store_memory": "1MB"}, "at least 75MiB"),
+        ({"dashboard_host": "everywhere"}, "dashboard_host"),
+        ({"ports": {"base": 50000, "end": 40000}}, "base < end"),
+        ({"ports": {"blok": 4}}, "unknown key 'ports.blok'"),
+        ({"timeouts": {"ready": -1}}, "timeouts.ready: must be > 0"),
+        ({"temp_dir": "tmp"}, "absolute"),
+        ({"ports": {"block": 4}}, "ports.block: must be >= 18 \\(got 4\\)"),
+        ({"ports": {"base": 30000, "end": 30009}}, "ports.block: must be at most the size of the range"),
+        ({"source": "me"}, "unknown key 'source'"),  # set by the loader, not the user
+    ],
+)
 def test_config_errors_are_one_line(data, message):
     with pytest.raises(ConfigError, match=message) as e:
         settings.from_dict(data)
@@ -229,11 +267,24 @@ def test_cluster_config_takes_overrides_like_the_run_config(tmp_path):
 
 # ---- job dir, connection file ---------------------------------------------------------------------------
 
+
 def _plan(tmp_path: Path, **kw) -> Plan:
-    base = dict(job_id=42, nodes=("master-node", "node01"), head="master-node", head_ip="127.0.0.1",
-                head_iface="lo", head_why="test", block_start=20000, block_size=400, dashboard_host="127.0.0.1",
-                temp_dir=str(tmp_path / "raydist-42"), token_path=str(tmp_path / "job" / "token"),
-                object_store_memory=None, login_host="login1", config_source="test")
+    base = dict(
+        job_id=42,
+        nodes=("master-node", "node01"),
+        head="master-node",
+        head_ip="127.0.0.1",
+        head_iface="lo",
+        head_why="test",
+        block_start=20000,
+        block_size=400,
+        dashboard_host="127.0.0.1",
+        temp_dir=str(tmp_path / "raydist-42"),
+        token_path=str(tmp_path / "job" / "token"),
+        object_store_memory=None,
+        login_host="login1",
+        config_source="test",
+    )
     base.update(kw)
     return Plan(**base)
 
@@ -298,6 +349,7 @@ def test_connection_lookup(tmp_path, monkeypatch):
 
 # ---- readiness ------------------------------------------------------------------------------------------
 
+
 def _job_dir(tmp_path: Path, **plan_kw) -> JobDir:
     jd = JobDir(tmp_path / "job")
     jd.create()
@@ -312,12 +364,18 @@ def _job_dir(tmp_path: Path, **plan_kw) -> JobDir:
 def test_missing_nodes_are_described_by_what_is_known_of_them():
     text = readiness.describe_missing(
         ["master-node", "node01", "node02"],
-        {"master-node": {"state": "started", "pid": 5}, "node01": {"state": "waiting", "iface": "ens1f1",
-                                                                  "ip": "1.2.3.4"}},
-        head="master-node", dashboard_up=False)
-    assert text == ("master-node: started (ray start pid 5), dashboard not answering; "
-                    "node01: waiting for the head from ens1f1 (1.2.3.4); "
-                    "node02: not started (no srun task reported from it)")
+        {
+            "master-node": {"state": "started", "pid": 5},
+            "node01": {"state": "waiting", "iface": "ens1f1", "ip": "1.2.3.4"},
+        },
+        head="master-node",
+        dashboard_up=False,
+    )
+    assert text == (
+        "master-node: started (ray start pid 5), dashboard not answering; "
+        "node01: waiting for the head from ens1f1 (1.2.3.4); "
+        "node02: not started (no srun task reported from it)"
+    )
 
 
 def test_a_failed_node_ends_the_wait_at_once(tmp_path):
@@ -348,12 +406,15 @@ def test_the_wait_stops_when_the_node_step_ends(tmp_path):
 
 # ---- teardown ---------------------------------------------------------------------------------------------
 
+
 def test_teardown_stops_only_processes_carrying_the_job_tag(tmp_path):
     tag = teardown.job_tag(4242, "unit-test-node")
     env = dict(os.environ, **{teardown.TAG_ENV: tag})
     mine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                             env=dict(env, **{teardown.TAG_ENV: teardown.job_tag(4243, "unit-test-node")}))
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        env=dict(env, **{teardown.TAG_ENV: teardown.job_tag(4243, "unit-test-node")}),
+    )
     try:
         temp = tmp_path / "raydist-4242"
         temp.mkdir()
@@ -376,12 +437,24 @@ def test_teardown_refuses_a_temp_dir_that_is_not_the_jobs(tmp_path):
 
 # ---- sweeping what killed jobs left behind ----------------------------------------------------------------
 
-@pytest.mark.parametrize("name, kind, job", [
-    ("raydist-41", sweep.TEMP, 41), ("raydist-041", sweep.TEMP, None), ("raydist-41.old", sweep.TEMP, None),
-    ("raydist-", sweep.TEMP, None), ("raydist-x", sweep.TEMP, None), ("ray", sweep.TEMP, None),
-    ("41", sweep.TEMP, None), ("41", sweep.JOB, 41), ("041", sweep.JOB, None), ("41_2", sweep.JOB, None),
-    ("raydist-41", sweep.JOB, None), ("0", sweep.JOB, None),
-])
+
+@pytest.mark.parametrize(
+    "name, kind, job",
+    [
+        ("raydist-41", sweep.TEMP, 41),
+        ("raydist-041", sweep.TEMP, None),
+        ("raydist-41.old", sweep.TEMP, None),
+        ("raydist-", sweep.TEMP, None),
+        ("raydist-x", sweep.TEMP, None),
+        ("ray", sweep.TEMP, None),
+        ("41", sweep.TEMP, None),
+        ("41", sweep.JOB, 41),
+        ("041", sweep.JOB, None),
+        ("41_2", sweep.JOB, None),
+        ("raydist-41", sweep.JOB, None),
+        ("0", sweep.JOB, None),
+    ],
+)
 def test_only_names_raydist_gives_carry_a_job_id(name, kind, job):
     assert sweep.job_of(name, kind) == job
 
@@ -397,14 +470,26 @@ def _entry(name: str, kind: str = sweep.TEMP, ours: bool = True, marked: bool = 
 
 
 def test_the_sweep_removes_only_our_entries_of_jobs_slurm_no_longer_runs():
-    entries = [_entry("raydist-5"), _entry("raydist-6"), _entry("raydist-7"), _entry("raydist-8", ours=False),
-               _entry("raydist-x"), _entry("5", sweep.JOB), _entry("9", sweep.JOB, marked=False),
-               _entry("6", sweep.JOB), _entry("notes", sweep.JOB)]
+    entries = [
+        _entry("raydist-5"),
+        _entry("raydist-6"),
+        _entry("raydist-7"),
+        _entry("raydist-8", ours=False),
+        _entry("raydist-x"),
+        _entry("5", sweep.JOB),
+        _entry("9", sweep.JOB, marked=False),
+        _entry("6", sweep.JOB),
+        _entry("notes", sweep.JOB),
+    ]
     gone = sweep.to_remove(entries, live={6, 7}, current_job=7)
     assert [e.path.name for e in gone] == ["raydist-5", "5"]
     # The current job is never swept, even when SLURM's answer omitted it; live jobs never are.
-    assert [e.path.name for e in sweep.to_remove(entries, live=set(), current_job=7)] == ["raydist-5", "raydist-6",
-                                                                                         "5", "6"]
+    assert [e.path.name for e in sweep.to_remove(entries, live=set(), current_job=7)] == [
+        "raydist-5",
+        "raydist-6",
+        "5",
+        "6",
+    ]
     assert sweep.to_remove(entries, live={5, 6, 7, 8, 9}) == []
     assert [e.job_id for e in sweep.candidates(entries, current_job=7)] == [5, 6, 5, 6]
 
@@ -467,8 +552,10 @@ def test_a_leftover_that_cannot_be_removed_is_named_in_the_same_line(tmp_path, m
 
     monkeypatch.setattr(sweep.shutil, "rmtree", rmtree)
     line = sweep.sweep([(tmp_path / "tmp", sweep.TEMP)], 7, "node01", ask=lambda ids, current: {7})
-    assert line == (f"node01: removed leftovers of ended job(s) 5, 6: none; could not remove {made['raydist-5']} "
-                    f"(Permission denied), {made['raydist-6']} (Permission denied)")
+    assert line == (
+        f"node01: removed leftovers of ended job(s) 5, 6: none; could not remove {made['raydist-5']} "
+        f"(Permission denied), {made['raydist-6']} (Permission denied)"
+    )
 
 
 def test_entries_of_another_user_are_never_candidates(tmp_path):
@@ -481,7 +568,7 @@ def test_entries_of_another_user_are_never_candidates(tmp_path):
 def _fake_squeue(tmp_path: Path, monkeypatch, script: str) -> Path:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "squeue").write_text(f"#!/bin/bash\necho \"$@\" > {tmp_path}/args; env > {tmp_path}/env\n{script}\n")
+    (bin_dir / "squeue").write_text(f'#!/bin/bash\necho "$@" > {tmp_path}/args; env > {tmp_path}/env\n{script}\n')
     os.chmod(bin_dir / "squeue", 0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("SQUEUE_STATES", "R")  # would hide pending and suspended jobs
@@ -497,11 +584,16 @@ def test_asking_slurm_lists_the_current_job_too_and_distrusts_an_answer_without_
         sweep.ask_slurm([5], current_job=8)
 
 
-@pytest.mark.parametrize("script, message", [
-    ("echo 'slurm_load_jobs error: Unable to contact slurm controller' >&2; exit 1",
-     "squeue exited 1: slurm_load_jobs error: Unable to contact slurm controller"),
-    ("sleep 5", "squeue did not answer within 0s"),
-])
+@pytest.mark.parametrize(
+    "script, message",
+    [
+        (
+            "echo 'slurm_load_jobs error: Unable to contact slurm controller' >&2; exit 1",
+            "squeue exited 1: slurm_load_jobs error: Unable to contact slurm controller",
+        ),
+        ("sleep 5", "squeue did not answer within 0s"),
+    ],
+)
 def test_a_failing_squeue_is_one_line(tmp_path, monkeypatch, script, message):
     _fake_squeue(tmp_path, monkeypatch, script)
     with pytest.raises(sweep.SlurmUnavailable) as e:
@@ -528,10 +620,16 @@ def test_the_jobs_temp_dir_is_0700_whatever_the_umask_and_never_a_strangers(tmp_
 
 # ---- command line and the sbatch script -------------------------------------------------------------------
 
+
 def _raydist(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RAY", "RAYDIST_"))}
-    return subprocess.run([sys.executable, "-m", "raydist.cli", *args], capture_output=True, text=True,
-                          env={**clean, **(env or {})}, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "raydist.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**clean, **(env or {})},
+        cwd=REPO,
+    )
 
 
 def test_cli_errors_are_one_line(tmp_path):
@@ -548,8 +646,9 @@ def test_cli_errors_are_one_line(tmp_path):
     assert r.returncode == 1 and "no running raydist cluster" in r.stderr
     for args in (["slurm", "run"], ["slurm", "run", "--"]):  # batch mode with nothing to run: bad input
         r = _raydist(*args)
-        assert r.returncode == 2 and r.stderr.strip() == ("raydist: error: raydist slurm run: give the command to run, "
-                                                          "e.g. -- python jobs/sync.py"), r.stderr
+        assert r.returncode == 2 and r.stderr.strip() == (
+            "raydist: error: raydist slurm run: give the command to run, e.g. -- python jobs/sync.py"
+        ), r.stderr
 
 
 def test_env_prints_export_lines_from_the_connection_file(tmp_path):
@@ -574,15 +673,38 @@ def test_sbatch_script_is_thin_and_valid_bash():
 # ---- batch mode: the requeue rule and SLURM's time-left format ---------------------------------------------
 
 
-@pytest.mark.parametrize("outcome, restarts, requeue, why", [
-    (dict(exit_code=0, signal="time_limit", status="stopped"), 0, True, "requeueing after the time limit (1 of at most 3)"),
-    (dict(exit_code=0, signal="time_limit", status=None), 2, True, "requeueing after the time limit (3 of at most 3)"),
-    (dict(exit_code=0, signal="time_limit", status="stopped"), 3, False, "requeued 3 times already (requeue.max_requeues=3)"),
-    (dict(exit_code=0, signal="time_limit", status="completed"), 0, False, "the run had completed"),
-    (dict(exit_code=0, signal="preemption", status="stopped"), 0, False, "PreemptMode=REQUEUE requeues the job itself"),
-    (dict(exit_code=0), 0, False, "command completed"),
-    (dict(exit_code=1), 0, False, "requeue.on_failure is off"),
-])
+@pytest.mark.parametrize(
+    "outcome, restarts, requeue, why",
+    [
+        (
+            dict(exit_code=0, signal="time_limit", status="stopped"),
+            0,
+            True,
+            "requeueing after the time limit (1 of at most 3)",
+        ),
+        (
+            dict(exit_code=0, signal="time_limit", status=None),
+            2,
+            True,
+            "requeueing after the time limit (3 of at most 3)",
+        ),
+        (
+            dict(exit_code=0, signal="time_limit", status="stopped"),
+            3,
+            False,
+            "requeued 3 times already (requeue.max_requeues=3)",
+        ),
+        (dict(exit_code=0, signal="time_limit", status="completed"), 0, False, "the run had completed"),
+        (
+            dict(exit_code=0, signal="preemption", status="stopped"),
+            0,
+            False,
+            "PreemptMode=REQUEUE requeues the job itself",
+        ),
+        (dict(exit_code=0), 0, False, "command completed"),
+        (dict(exit_code=1), 0, False, "requeue.on_failure is off"),
+    ],
+)
 def test_requeue_decision(outcome, restarts, requeue, why):
     from raydist.slurm.batch import Outcome, decide
     from raydist.slurm.settings import Requeue
@@ -598,12 +720,24 @@ def test_failures_requeue_only_when_asked_and_only_up_to_the_cap():
     cfg = Requeue(max_requeues=2, on_failure=True)
     assert decide(Outcome(exit_code=1), 1, cfg).requeue
     last = decide(Outcome(exit_code=1), 2, cfg)
-    assert not last.requeue and last.why == ("not requeueing after a failure (exit 1): the job was requeued 2 times "
-                                             "already (requeue.max_requeues=2)")
+    assert not last.requeue and last.why == (
+        "not requeueing after a failure (exit 1): the job was requeued 2 times already (requeue.max_requeues=2)"
+    )
 
 
-@pytest.mark.parametrize("text, seconds", [("45", 45), ("12:03", 723), ("1:02:03", 3723), ("2-01:02:03", 176523),
-                                           ("UNLIMITED", None), ("INVALID", None), ("", None), ("1:x", None)])
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("45", 45),
+        ("12:03", 723),
+        ("1:02:03", 3723),
+        ("2-01:02:03", 176523),
+        ("UNLIMITED", None),
+        ("INVALID", None),
+        ("", None),
+        ("1:x", None),
+    ],
+)
 def test_squeue_time_left(text, seconds):
     from raydist.slurm.batch import parse_time_left
 
@@ -634,14 +768,26 @@ def _node_job(tmp_path: Path) -> tuple[JobDir, int]:
     jd = JobDir(tmp_path / "jobs" / str(job))
     jd.create()
     jd.write_token()
-    jd.write_plan(_plan(tmp_path, job_id=job, nodes=("node-a",), head="node-a",
-                        temp_dir=str(tmp_path / "tmp" / f"raydist-{job}"), token_path=str(jd.token)))
+    jd.write_plan(
+        _plan(
+            tmp_path,
+            job_id=job,
+            nodes=("node-a",),
+            head="node-a",
+            temp_dir=str(tmp_path / "tmp" / f"raydist-{job}"),
+            token_path=str(jd.token),
+        )
+    )
     return jd, job
 
 
 def _start_node(tmp_path: Path, job: int, fake_ray: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", _NODE_DRIVER, str(tmp_path), str(job), fake_ray],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", _NODE_DRIVER, str(tmp_path), str(job), fake_ray],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_started(jd: JobDir, node: subprocess.Popen, timeout: float = 30) -> dict:
@@ -662,17 +808,24 @@ def test_a_ray_start_that_exits_by_itself_fails_the_node_with_its_log_tail(tmp_p
     record = jd.records()["node-a"]
     assert record["state"] == "failed" and record["error"] == "node-a: ray start exited with status 3: gcs died"
     log_path = tmp_path / "tmp" / f"raydist-{job}" / "ray-start.log"
-    assert f"raydist: error: node-a: ray start exited with status 3; last lines of {log_path}:\n" \
-           "first line\ngcs died" in err
+    assert (
+        f"raydist: error: node-a: ray start exited with status 3; last lines of {log_path}:\n"
+        "first line\ngcs died" in err
+    )
     assert "node-a: head on lo 127.0.0.1 (test), 1 CPU, 0 GPU, ports 20000-" in out
     assert f"removed {log_path.parent}" in out and not log_path.parent.exists()
 
 
-@pytest.mark.parametrize("fake_ray, sigkilled", [
-    ("import time; time.sleep(60)", False),  # ends on the SIGTERM run_node passes on
-    ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)",
-     True),  # ignores it: killed after half the teardown budget
-])
+@pytest.mark.parametrize(
+    "fake_ray, sigkilled",
+    [
+        ("import time; time.sleep(60)", False),  # ends on the SIGTERM run_node passes on
+        (
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)",
+            True,
+        ),  # ignores it: killed after half the teardown budget
+    ],
+)
 def test_a_stopped_step_stops_ray_cleans_up_and_exits_0(tmp_path, fake_ray, sigkilled):
     jd, job = _node_job(tmp_path)
     node = _start_node(tmp_path, job, fake_ray)
@@ -695,8 +848,10 @@ def test_a_stopped_step_stops_ray_cleans_up_and_exits_0(tmp_path, fake_ray, sigk
 def test_ray_start_runs_once_more_only_after_rays_raylet_registration_timeout():
     from raydist.slurm.bringup import start_again
 
-    timed_out = ("... Exception: The current node timed out during startup. This could happen because some of "
-                 "the raylet failed to startup or the GCS has become overloaded.")
+    timed_out = (
+        "... Exception: The current node timed out during startup. This could happen because some of "
+        "the raylet failed to startup or the GCS has become overloaded."
+    )
     assert start_again(1, timed_out, attempt=0, requested=False)
     assert not start_again(1, timed_out, attempt=1, requested=False)  # once more, not for ever
     assert not start_again(1, timed_out, attempt=0, requested=True)  # the job is ending: no new start

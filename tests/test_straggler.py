@@ -22,8 +22,13 @@ def test_only_the_named_worker_sleeps_in_proportion_to_its_own_step_time():
 def test_a_3x_straggler_holds_sync_ddp_back_but_not_the_async_ps(tmp_path):
     # Read from what the runs did, not from their speed: on a machine shared with other tests, samples/s ratios
     # between runs measure the other tests (a side-by-side speed comparison is benchmarks/ and compare's job).
-    common = [f"run.storage_path={tmp_path}", "scaling.num_workers=3", "train.epochs=10", "straggler.worker=2",
-              "straggler.slowdown=3"]
+    common = [
+        f"run.storage_path={tmp_path}",
+        "scaling.num_workers=3",
+        "train.epochs=10",
+        "straggler.worker=2",
+        "straggler.slowdown=3",
+    ]
     sync = summary(run_job("sync", *common, "run.name=sync-slow"))
     # Lockstep: the two fast workers spend the straggler's extra time waiting for it at every step.
     assert min(sync["wait_s_per_worker"][:2]) > 2 * sync["wait_s_per_worker"][2], sync

@@ -45,7 +45,9 @@ def test_two_workers_reach_the_accuracy_threshold_on_digits(tmp_path):
     board = read_board(tmp_path / "acc")
     for tag in ("train/loss", "train/grad_norm", "train/lr", "train/step_time_s"):
         assert scalar_steps(board, tag) == list(range(1, 441)), tag
-    assert scalar_steps(board, "eval/test_accuracy") == scalar_steps(board, "eval/test_loss") == list(range(22, 441, 22))
+    assert (
+        scalar_steps(board, "eval/test_accuracy") == scalar_steps(board, "eval/test_loss") == list(range(22, 441, 22))
+    )
     assert board.Scalars("eval/test_accuracy")[-1].value == pytest.approx(result["test_accuracy"])
     assert board.Scalars("train/samples_per_s") and scalar_steps(board, "run/world_size") == [0]
     assert list(config_texts(board)) == [0] and "    name: acc\n" in config_texts(board)[0]
@@ -61,9 +63,14 @@ def test_two_workers_reach_the_accuracy_threshold_on_digits(tmp_path):
 
 @pytest.mark.shared_ray
 def test_stopped_run_resumes_at_the_next_step_with_identical_losses(tmp_path):
-    common = [f"run.storage_path={tmp_path}", "train.epochs=2", "checkpoint.every_steps=10",
-              "model.dropout=0.2",  # dropout draws random numbers: resuming must restore each rank's RNG
-              "train.grad_accum=2", "train.batch_size=16"]
+    common = [
+        f"run.storage_path={tmp_path}",
+        "train.epochs=2",
+        "checkpoint.every_steps=10",
+        "model.dropout=0.2",  # dropout draws random numbers: resuming must restore each rank's RNG
+        "train.grad_accum=2",
+        "train.batch_size=16",
+    ]
     loud = run_job("sync", *common, "run.name=straight", "run.verbose=true")  # as --verbose does
     straight = summary(loud)
     # run.verbose brings Ray Train's lines and rank 0's per-report metrics back
@@ -71,7 +78,9 @@ def test_stopped_run_resumes_at_the_next_step_with_identical_losses(tmp_path):
     assert "Checkpoint successfully created" in loud.stdout + loud.stderr
     assert "[raydist] step 44 epoch 1 loss " in loud.stdout
     # The interrupted leg uploads its checkpoints in the background; the resumed leg must still find them.
-    stopped = summary(run_job("sync", *common, "run.name=resumed", "train.stop_at_step=13", "checkpoint.async_upload=true"))
+    stopped = summary(
+        run_job("sync", *common, "run.name=resumed", "train.stop_at_step=13", "checkpoint.async_upload=true")
+    )
     assert stopped["steps"] == 13  # mid-epoch: 22 steps per epoch
     assert stopped["status"] == "stopped" and stopped["stop_reason"] == "train.stop_at_step=13"
     resumed = summary(run_job("sync", *common, "run.name=resumed"))
@@ -106,9 +115,12 @@ def test_stopped_run_resumes_at_the_next_step_with_identical_losses(tmp_path):
 def test_the_driver_starts_the_autoscaling_coordinator_that_ray_train_waits_for():
     # raydist.engines.raytrain.start_autoscaling_coordinator goes through Ray's own get-or-create and says nothing when it
     # cannot: a Ray release that renames it would lose the speed-up silently (docs/benchmarks.md). This fails instead.
-    code = ("import ray; ray.init(num_cpus=1, include_dashboard=False, logging_level='ERROR');"
-            "from raydist.engines.raytrain import start_autoscaling_coordinator; start_autoscaling_coordinator();"
-            "ray.get_actor('AutoscalingCoordinator', namespace='AutoscalingCoordinator'); print('started')")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=clean_env(), capture_output=True, text=True,
-                          timeout=120)
+    code = (
+        "import ray; ray.init(num_cpus=1, include_dashboard=False, logging_level='ERROR');"
+        "from raydist.engines.raytrain import start_autoscaling_coordinator; start_autoscaling_coordinator();"
+        "ray.get_actor('AutoscalingCoordinator', namespace='AutoscalingCoordinator'); print('started')"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("started"), proc.stderr[-2000:]

@@ -17,11 +17,21 @@ def _config(tmp_path: Path, *overrides: str) -> Config:
 
 def _session(cfg: Config, start: int, end: int, loss: float, evals: tuple[int, ...] = ()) -> None:
     log = RunLog(cfg, enabled=True, start_step=start)
-    log.write({"session_at_step": start, "total_steps": 20, "world_size": 2, "samples_per_step": 64,
-               "strategy": "sync"})
+    log.write(
+        {"session_at_step": start, "total_steps": 20, "world_size": 2, "samples_per_step": 64, "strategy": "sync"}
+    )
     for step in range(start + 1, end + 1):
-        log.write({"step": step, "epoch": 0, "loss": loss, "grad_norm": 1.0, "lr": 0.1, "step_time_s": 0.01,
-                   "time_s": 0.5 * step})
+        log.write(
+            {
+                "step": step,
+                "epoch": 0,
+                "loss": loss,
+                "grad_norm": 1.0,
+                "lr": 0.1,
+                "step_time_s": 0.01,
+                "time_s": 0.5 * step,
+            }
+        )
         if step in evals:
             log.write({"eval_at_step": step, "time_s": 0.5 * step, "test_loss": loss, "test_accuracy": 0.5})
     log.close()

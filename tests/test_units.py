@@ -39,8 +39,9 @@ def test_checkpoint_round_trip_restores_rng_and_progress(tmp_path):
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     state = rng_state()
     expected = torch.rand(4)
-    save_state(str(tmp_path), model=model, optimizer=opt, scheduler=sched, progress=Progress(7, 1, 3),
-               rng_per_rank=[state])
+    save_state(
+        str(tmp_path), model=model, optimizer=opt, scheduler=sched, progress=Progress(7, 1, 3), rng_per_rank=[state]
+    )
     loaded = load_state(str(tmp_path))
     assert loaded["progress"] == Progress(7, 1, 3)
     set_rng_state(loaded["rng_per_rank"][0])
@@ -63,21 +64,42 @@ def test_model_params_builds_that_model_and_is_refused_for_other_models():
     from raydist.torchkit.data import load_splits
     from raydist.torchkit.models import build_model
 
-    cfg = load_config(None, [], ["data.name=synthetic", "data.synthetic_features=32", "data.synthetic_samples=100",
-                                 "model.params=2000000", "model.depth=3"])
+    cfg = load_config(
+        None,
+        [],
+        [
+            "data.name=synthetic",
+            "data.synthetic_features=32",
+            "data.synthetic_samples=100",
+            "model.params=2000000",
+            "model.depth=3",
+        ],
+    )
     model = build_model(cfg.model, load_splits(cfg.data))
     assert abs(sum(p.numel() for p in model.parameters()) / 2_000_000 - 1) < 0.01
     with pytest.raises(ConfigError, match="model.params: sizes the mlp and the transformer only"):
         load_config(None, [], ["model.name=cnn", "model.params=1000000"])
 
 
-@pytest.mark.parametrize("overrides", [
-    [], ["model.name=simple"], ["model.name=cnn"], ["model.name=transformer", "model.hidden=32", "model.depth=1"],
-    ["model.params=300000", "model.depth=3"],
-    ["data.name=synthetic", "data.synthetic_features=48", "data.synthetic_classes=5", "data.synthetic_samples=200"],
-    ["data.name=synthetic", "data.synthetic_features=64", "data.synthetic_samples=200", "model.name=transformer",
-     "model.params=200000", "model.heads=2"],
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["model.name=simple"],
+        ["model.name=cnn"],
+        ["model.name=transformer", "model.hidden=32", "model.depth=1"],
+        ["model.params=300000", "model.depth=3"],
+        ["data.name=synthetic", "data.synthetic_features=48", "data.synthetic_classes=5", "data.synthetic_samples=200"],
+        [
+            "data.name=synthetic",
+            "data.synthetic_features=64",
+            "data.synthetic_samples=200",
+            "model.name=transformer",
+            "model.params=200000",
+            "model.heads=2",
+        ],
+    ],
+)
 def test_the_drivers_count_of_a_builtin_model_is_the_built_models(overrides):
     """The driver's checks size a built-in model without torch (raydist.torchkit.model_size, from the data's numpy
     arrays): the same count as the model built from the loaded splits."""
@@ -91,8 +113,11 @@ def test_the_drivers_count_of_a_builtin_model_is_the_built_models(overrides):
     splits = load_splits(cfg.data)
     built = sum(p.numel() for p in build_model(cfg.model, splits).parameters())
     assert builtin_params(cfg.model, arrays.num_features, arrays.num_classes, arrays.image_shape) == built
-    assert (arrays.num_train, arrays.num_features, arrays.num_classes) == (len(splits.train), splits.num_features,
-                                                                           splits.num_classes)
+    assert (arrays.num_train, arrays.num_features, arrays.num_classes) == (
+        len(splits.train),
+        splits.num_features,
+        splits.num_classes,
+    )
 
 
 @pytest.mark.parametrize("params", [1_000_000, 10_000_000])
@@ -102,8 +127,18 @@ def test_the_transformer_is_sized_by_params_and_counted_exactly(params):
     from raydist.torchkit.model_size import transformer_params
     from raydist.torchkit.models import build_model
 
-    cfg = load_config(None, [], ["data.name=synthetic", "data.synthetic_features=64", "data.synthetic_samples=100",
-                                 "model.name=transformer", f"model.params={params}", "model.depth=4"])
+    cfg = load_config(
+        None,
+        [],
+        [
+            "data.name=synthetic",
+            "data.synthetic_features=64",
+            "data.synthetic_samples=100",
+            "model.name=transformer",
+            f"model.params={params}",
+            "model.depth=4",
+        ],
+    )
     model = build_model(cfg.model, load_splits(cfg.data))
     count = sum(p.numel() for p in model.parameters())
     assert count == transformer_params(64, 2, 8, model.head.in_features, 4)
@@ -124,7 +159,7 @@ def test_the_transformer_learns_digits_from_their_rows():
     for _ in range(3):
         for i in range(0, len(x), 32):
             opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x[i:i + 32]), y[i:i + 32]).backward()
+            torch.nn.functional.cross_entropy(model(x[i : i + 32]), y[i : i + 32]).backward()
             opt.step()
     model.eval()
     xt, yt = data.test.tensors
@@ -171,23 +206,40 @@ def test_train_startup_split_reads_the_raylet_and_controller_logs(tmp_path):
     (tmp_path / "logs" / "train").mkdir(parents=True)
     started = "[2026-11-24 04:03:{} I 2512 2512] (raylet) worker_pool.cc:564: Started worker process with pid {}\n"
     (tmp_path / "logs" / "raylet.out").write_text(
-        started.format("32,309", 2609) + started.format("32,311", 2610) + started.format("33,555", 2681))
-    messages = [("36,088", "No checkpoint manager snapshot found."),
-                ("37,385", "PlacementGroupCleaner launched for run_id=x"),
-                ("38,841", "[State Transition] INITIALIZING -> SCHEDULING."),
-                ("40,846", "[Worker Group Initialization] 2 worker actors created in 1.97s."),
-                ("43,299", "[Worker Group Initialization] Train context initialized on workers in 2.44s."),
-                ("44,088", "[State Transition] SCHEDULING -> RUNNING.")]
-    (tmp_path / "logs" / "train" / "ray-train-sys-controller-61ae.log").write_text("".join(
-        json.dumps({"asctime": f"2026-11-24 04:03:{t}", "message": m}) + "\n" for t, m in messages))
+        started.format("32,309", 2609) + started.format("32,311", 2610) + started.format("33,555", 2681)
+    )
+    messages = [
+        ("36,088", "No checkpoint manager snapshot found."),
+        ("37,385", "PlacementGroupCleaner launched for run_id=x"),
+        ("38,841", "[State Transition] INITIALIZING -> SCHEDULING."),
+        ("40,846", "[Worker Group Initialization] 2 worker actors created in 1.97s."),
+        ("43,299", "[Worker Group Initialization] Train context initialized on workers in 2.44s."),
+        ("44,088", "[State Transition] SCHEDULING -> RUNNING."),
+    ]
+    (tmp_path / "logs" / "train" / "ray-train-sys-controller-61ae.log").write_text(
+        "".join(json.dumps({"asctime": f"2026-11-24 04:03:{t}", "message": m}) + "\n" for t, m in messages)
+    )
     got = split(str(tmp_path))
-    assert got == pytest.approx({"controller process starts": 1.246, "controller set-up": 2.533, "state actor": 1.297,
-                                 "placement-group cleaner": 1.456, "worker actors": 1.97,
-                                 "train context and synchronization actor": 2.44,
-                                 "process group, callbacks, launch": 0.789}, abs=1e-3)
+    assert got == pytest.approx(
+        {
+            "controller process starts": 1.246,
+            "controller set-up": 2.533,
+            "state actor": 1.297,
+            "placement-group cleaner": 1.456,
+            "worker actors": 1.97,
+            "train context and synchronization actor": 2.44,
+            "process group, callbacks, launch": 0.789,
+        },
+        abs=1e-3,
+    )
     # raydist's runs start no placement-group cleaner (raydist.engines.raytrain_trainer): the state actor's step runs on
-    (tmp_path / "logs" / "train" / "ray-train-sys-controller-61ae.log").write_text("".join(
-        json.dumps({"asctime": f"2026-11-24 04:03:{t}", "message": m}) + "\n" for t, m in messages if "Cleaner" not in m))
+    (tmp_path / "logs" / "train" / "ray-train-sys-controller-61ae.log").write_text(
+        "".join(
+            json.dumps({"asctime": f"2026-11-24 04:03:{t}", "message": m}) + "\n"
+            for t, m in messages
+            if "Cleaner" not in m
+        )
+    )
     got = split(str(tmp_path))
     assert "placement-group cleaner" not in got and got["state actor"] == pytest.approx(2.753, abs=1e-3), got
 

@@ -90,8 +90,14 @@ DRIVER = textwrap.dedent("""
 def _drive(mode: str) -> dict:
     with tempfile.TemporaryDirectory() as d:
         result = os.path.join(d, "result.json")
-        proc = subprocess.run([sys.executable, "-c", DRIVER, mode, result], cwd=REPO, env=clean_env(),
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-c", DRIVER, mode, result],
+            cwd=REPO,
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0 and os.path.exists(result), (proc.stdout[-2000:], proc.stderr[-3000:])
         with open(result) as f:
             return json.load(f) | {"stderr": proc.stderr}

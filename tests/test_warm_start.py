@@ -48,8 +48,9 @@ def server(tmp_path_factory):
     here = tmp_path_factory.mktemp("warm")
     sock = here / "warm.sock"
     log = open(here / "server.log", "wb")
-    proc = subprocess.Popen([sys.executable, warm_server.__file__, str(sock)], stdout=log, stderr=subprocess.STDOUT,
-                            env=node_env())
+    proc = subprocess.Popen(
+        [sys.executable, warm_server.__file__, str(sock)], stdout=log, stderr=subprocess.STDOUT, env=node_env()
+    )
     deadline = time.monotonic() + 60
     while not sock.exists():
         assert proc.poll() is None and time.monotonic() < deadline, (here / "server.log").read_text()
@@ -135,7 +136,9 @@ def test_lightning_fabric_forked_warm_finds_its_launcher_and_trains(agent, serve
     for slot in slots:
         ranks.append(agent())
         env = {**_env(), **E.rank_environment(slot, group)}
-        started = ranks[-1].start([sys.executable, str(script), str(tmp_path)], env, str(tmp_path), slot.rank, 0, warm=True)
+        started = ranks[-1].start(
+            [sys.executable, str(script), str(tmp_path)], env, str(tmp_path), slot.rank, 0, warm=True
+        )
         assert started["warm"], started
     for a in ranks:
         lines, code = _run_to_end(a, timeout=120)
@@ -152,7 +155,8 @@ def test_python_dash_m_and_the_pythonpath_are_honoured(agent, server, tmp_path):
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "helper.py").write_text("WHO = 'helper'\n")
     (tmp_path / "pkg" / "main.py").write_text(
-        "import sys, helper\nprint(helper.WHO, sys.argv, sys.path[0], sorted(n for n in globals() if n[0] != '_'))\n")
+        "import sys, helper\nprint(helper.WHO, sys.argv, sys.path[0], sorted(n for n in globals() if n[0] != '_'))\n"
+    )
     a = agent()
     env = _env(PYTHONPATH=str(tmp_path / "lib"))
     assert a.start([sys.executable, "-m", "pkg.main", "--flag"], env, str(tmp_path), 1, 0, warm=True)["warm"]
@@ -178,12 +182,15 @@ def test_signals_reach_a_forked_rank_and_it_dies_with_its_agent(agent, server):
     a.send("SIGTERM")
     assert _run_to_end(a)[1] == -signal.SIGTERM
     # An agent killed outright (its node's Ray lost): the rank it started must not outlive it.
-    probe = ("import os, sys, time\nfrom raydist.launcher.agent import RankAgent\n"
-             "a = RankAgent('warm-test', 9)\n"
-             f"s = a.start([sys.executable, 'train.py', 'sleep'], {{'PATH': os.environ['PATH']}}, {str(server[2])!r}, 0, 0, warm=True)\n"
-             "print(s['pid'], s['warm'], flush=True)\ntime.sleep(120)\n")
-    agent_proc = subprocess.Popen([sys.executable, "-c", probe], stdout=subprocess.PIPE, text=True,
-                                  env={**os.environ, WARM_ENV: str(server[1])})
+    probe = (
+        "import os, sys, time\nfrom raydist.launcher.agent import RankAgent\n"
+        "a = RankAgent('warm-test', 9)\n"
+        f"s = a.start([sys.executable, 'train.py', 'sleep'], {{'PATH': os.environ['PATH']}}, {str(server[2])!r}, 0, 0, warm=True)\n"
+        "print(s['pid'], s['warm'], flush=True)\ntime.sleep(120)\n"
+    )
+    agent_proc = subprocess.Popen(
+        [sys.executable, "-c", probe], stdout=subprocess.PIPE, text=True, env={**os.environ, WARM_ENV: str(server[1])}
+    )
     pid, warm = agent_proc.stdout.readline().split()
     assert warm == "True"
     agent_proc.kill()
@@ -199,7 +206,9 @@ def test_a_hung_forked_rank_prints_its_stack_on_sigabrt(agent, server, monkeypat
     from raydist.launcher import agent as A
 
     a = agent()
-    assert a.start([sys.executable, "train.py", "sleep"], _env(PYTHONFAULTHANDLER="1"), str(server[2]), 1, 0, warm=True)["warm"]
+    assert a.start(
+        [sys.executable, "train.py", "sleep"], _env(PYTHONFAULTHANDLER="1"), str(server[2]), 1, 0, warm=True
+    )["warm"]
     time.sleep(1.5)
     monkeypatch.setattr(A.shutil, "which", lambda _: None)
     monkeypatch.setattr(A.sys, "executable", str(server[2] / "no-bin" / "python"))  # no py-spy beside it either
@@ -215,12 +224,15 @@ def _state(pid: str) -> str:
         return "X"
 
 
-@pytest.mark.parametrize("argv, env, why", [
-    (["/usr/bin/env", "python3", "train.py"], {}, "not this node's Python"),
-    ([sys.executable, "-c", "print(1)"], {}, "interpreter options"),
-    ([sys.executable, "-X", "dev", "train.py"], {}, "interpreter options"),
-    ([sys.executable, "train.py"], {"PYTHONHASHSEED": "7"}, "PYTHONHASHSEED differs"),
-])
+@pytest.mark.parametrize(
+    "argv, env, why",
+    [
+        (["/usr/bin/env", "python3", "train.py"], {}, "not this node's Python"),
+        ([sys.executable, "-c", "print(1)"], {}, "interpreter options"),
+        ([sys.executable, "-X", "dev", "train.py"], {}, "interpreter options"),
+        ([sys.executable, "train.py"], {"PYTHONHASHSEED": "7"}, "PYTHONHASHSEED differs"),
+    ],
+)
 def test_what_a_fork_cannot_reproduce_starts_cold(agent, server, argv, env, why):
     a = agent()
     started = a.start(argv, _env(**env), str(server[2]), 1, 0, warm=True)
@@ -263,8 +275,14 @@ def test_a_forked_rank_builds_ddp_without_importing_torchs_compiler_front_end_ag
     a = agent()
     assert a.start([sys.executable, "ddp.py"], _env(), str(tmp_path), 1, 0, warm=True)["warm"]
     lines, code = _run_to_end(a)
-    cold = subprocess.run([sys.executable, "ddp.py"], cwd=tmp_path, capture_output=True, text=True,
-                          env={**_env(), "PYTHONPATH": ""}, timeout=120)
+    cold = subprocess.run(
+        [sys.executable, "ddp.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**_env(), "PYTHONPATH": ""},
+        timeout=120,
+    )
     assert code == cold.returncode == 0, (lines, cold.stderr[-2000:])
     warm_line, cold_line = lines[-1].split(), cold.stdout.split()
     assert warm_line[:2] == ["True", "0"] and cold_line[0] == "False" and int(cold_line[1]) > 100, (lines, cold.stdout)
@@ -273,7 +291,9 @@ def test_a_forked_rank_builds_ddp_without_importing_torchs_compiler_front_end_ag
 
 def test_a_rank_with_another_setting_of_torchs_compiler_starts_cold(agent, server, tmp_path):
     a = agent()
-    started = a.start([sys.executable, "train.py"], _env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path)), str(server[2]), 1, 0, warm=True)
+    started = a.start(
+        [sys.executable, "train.py"], _env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path)), str(server[2]), 1, 0, warm=True
+    )
     assert not started["warm"] and "TORCHINDUCTOR_CACHE_DIR differs" in started["cold_why"], started
     assert _run_to_end(a)[1] == 3
 
@@ -322,8 +342,9 @@ def test_a_malformed_request_is_declined_and_the_server_serves_on(agent, server,
 
 def test_sigterm_ends_the_server_only_once_its_ranks_have_ended(server, tmp_path):
     sock = tmp_path / "w.sock"
-    proc = subprocess.Popen([sys.executable, warm_server.__file__, str(sock)], stdout=subprocess.DEVNULL,
-                            env=node_env())
+    proc = subprocess.Popen(
+        [sys.executable, warm_server.__file__, str(sock)], stdout=subprocess.DEVNULL, env=node_env()
+    )
     try:
         deadline = time.monotonic() + 60
         while not sock.exists():

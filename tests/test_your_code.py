@@ -27,8 +27,9 @@ def test_compare_trains_your_model_side_by_side(tmp_path):
     factories among the shared settings): two strategies show it, heal among them, which only this test trains on
     your model. Every other strategy trains it above chance in test_your_model_resumes_at_the_exact_step, and
     compare's own tests (tests/support/comparerun.py) run three strategies side by side on digits."""
-    out = summary(job("compare", tmp_path, "compare.strategies=sync,heal", f"compare.output_dir={tmp_path / 'cmp'}",
-                      timeout=900))
+    out = summary(
+        job("compare", tmp_path, "compare.strategies=sync,heal", f"compare.output_dir={tmp_path / 'cmp'}", timeout=900)
+    )
     results = json.loads((tmp_path / "cmp" / "results.json").read_text())["strategies"]
     assert list(results) == ["sync", "heal"]
     for name, r in results.items():
@@ -65,27 +66,65 @@ print(json.dumps(summary.to_dict()))
 """
 # What depends on timing (final_loss too: the mean over the steps since the last report, which comes by the clock)
 # or on the run's name; everything else must be equal: the same steps, the same test loss and accuracy.
-TIMING = {"wall_s", "train_time_s", "samples_per_s", "steps_per_s", "startup_s", "wait_s_per_worker",
-          "peak_memory_bytes_per_worker", "final_loss", "run_name", "run_dir", "checkpoint", "metrics_file"}
+TIMING = {
+    "wall_s",
+    "train_time_s",
+    "samples_per_s",
+    "steps_per_s",
+    "startup_s",
+    "wait_s_per_worker",
+    "peak_memory_bytes_per_worker",
+    "final_loss",
+    "run_name",
+    "run_dir",
+    "checkpoint",
+    "metrics_file",
+}
 
 
 @pytest.mark.slow
 @pytest.mark.shared_ray
 def test_the_python_api_returns_what_the_job_script_returns(tmp_path):
     by_script = summary(job("local_sgd", tmp_path, "run.name=script"))
-    proc = subprocess.run([sys.executable, "-c", API_RUN, str(tmp_path)], cwd=EXAMPLES, env=clean_env(),
-                          capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(
+        [sys.executable, "-c", API_RUN, str(tmp_path)],
+        cwd=EXAMPLES,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     by_api = summary(proc)
     assert by_api["run_name"] == "api" and by_api["status"] == "completed" and by_api["test_loss"] is not None
-    assert {k: v for k, v in by_api.items() if k not in TIMING} == {k: v for k, v in by_script.items() if k not in TIMING}
+    assert {k: v for k, v in by_api.items() if k not in TIMING} == {
+        k: v for k, v in by_script.items() if k not in TIMING
+    }
 
 
 @pytest.mark.slow
 @pytest.mark.shared_ray  # its ranks forked by the head's warm interpreter, as on a cluster; test_launch's run embedded
 def test_the_example_script_runs_unmodified_under_raydist_launch(tmp_path):
-    proc = subprocess.run([str(REPO / ".venv" / "bin" / "raydist"), "launch", "--workers", "2", "--storage",
-                           str(tmp_path), "--", sys.executable, "-m", "tinygpt.train", "--steps", "60"],
-                          cwd=EXAMPLES, env=clean_env(), capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(
+        [
+            str(REPO / ".venv" / "bin" / "raydist"),
+            "launch",
+            "--workers",
+            "2",
+            "--storage",
+            str(tmp_path),
+            "--",
+            sys.executable,
+            "-m",
+            "tinygpt.train",
+            "--steps",
+            "60",
+        ],
+        cwd=EXAMPLES,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     done = [ln for ln in proc.stdout.splitlines() if "test next-token accuracy" in ln]
     assert done and float(done[-1].rsplit(" ", 1)[1]) > 1 / 64, proc.stdout[-2000:]
@@ -126,10 +165,28 @@ def mse(output, target):
 @pytest.mark.shared_ray
 def test_a_regression_with_its_own_loss_trains_and_reports_no_accuracy(tmp_path):
     (tmp_path / "regress.py").write_text(REGRESSION)
-    args = [sys.executable, "-m", "raydist.job", "sync", "--set", "model.factory=regress:make_model",
-            "--set", "data.factory=regress:make_datasets", "--set", "train.loss=regress:mse",
-            "--set", "train.max_steps=100", "--set", "optim.lr=0.1", "--set", "schedule.name=constant",
-            "--set", "schedule.warmup_steps=0", "--set", f"run.storage_path={tmp_path / 'runs'}"]
+    args = [
+        sys.executable,
+        "-m",
+        "raydist.job",
+        "sync",
+        "--set",
+        "model.factory=regress:make_model",
+        "--set",
+        "data.factory=regress:make_datasets",
+        "--set",
+        "train.loss=regress:mse",
+        "--set",
+        "train.max_steps=100",
+        "--set",
+        "optim.lr=0.1",
+        "--set",
+        "schedule.name=constant",
+        "--set",
+        "schedule.warmup_steps=0",
+        "--set",
+        f"run.storage_path={tmp_path / 'runs'}",
+    ]
     s = summary(subprocess.run(args, cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=400))
     assert s["status"] == "completed" and s["test_accuracy"] is None and s["run_name"] == "sync-regress"
     assert s["test_loss"] < 1.0, s["test_loss"]  # the variance of y is 14.25: it learned the linear map

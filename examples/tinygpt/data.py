@@ -32,8 +32,17 @@ class SyntheticTokens(Dataset):
         return self.inputs[i], self.targets[i]
 
 
-def make_datasets(samples: int = 4096, test_samples: int = 512, vocab: int = 64, context: int = 32, rules: int = 4,
-                  noise: float = 0.05, seed: int = 0) -> tuple[SyntheticTokens, SyntheticTokens]:
+def make_datasets(
+    samples: int = 4096,
+    test_samples: int = 512,
+    vocab: int = 64,
+    context: int = 32,
+    rules: int = 4,
+    noise: float = 0.05,
+    seed: int = 0,
+) -> tuple[SyntheticTokens, SyntheticTokens]:
     """data.factory: (train, test), every argument a key of data.args; the same rules, other sequences."""
-    return (SyntheticTokens(samples, vocab, context, rules, noise, seed, part=0),
-            SyntheticTokens(test_samples, vocab, context, rules, noise, seed, part=1))
+    return (
+        SyntheticTokens(samples, vocab, context, rules, noise, seed, part=0),
+        SyntheticTokens(test_samples, vocab, context, rules, noise, seed, part=1),
+    )

@@ -19,11 +19,15 @@ if __name__ == "__main__":
     args = parser.parse_args()
     summary = raydist.fit(
         "local_sgd",
-        model=make_model, model_args={"width": 64, "layers": 2},
-        data=make_datasets, data_args={"samples": 4096},
+        model=make_model,
+        model_args={"width": 64, "layers": 2},
+        data=make_datasets,
+        data_args={"samples": 4096},
         train={"max_steps": args.steps, "batch_size": 32},
         local_sgd={"sync_every": 4},
         run={"storage_path": args.storage},
     )
-    print(f"{summary.status}: {summary.steps} steps on {summary.ray}, test next-token accuracy "
-          f"{summary.test_accuracy:.3f}, {summary.wall_s:.1f} s; {summary.run_dir}")
+    print(
+        f"{summary.status}: {summary.steps} steps on {summary.ray}, test next-token accuracy "
+        f"{summary.test_accuracy:.3f}, {summary.wall_s:.1f} s; {summary.run_dir}"
+    )

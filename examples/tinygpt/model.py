@@ -1,6 +1,6 @@
 """TinyGPT: token and position embeddings, pre-norm causal self-attention blocks, a linear head over the vocabulary.
 
-    raydist config show --set model.factory=tinygpt.model:make_model --set data.factory=tinygpt.data:make_datasets
+raydist config show --set model.factory=tinygpt.model:make_model --set data.factory=tinygpt.data:make_datasets
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ class Block(nn.Module):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
         self.attn = nn.MultiheadAttention(width, heads, dropout=dropout, batch_first=True)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width), nn.Dropout(dropout))
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width), nn.Dropout(dropout)
+        )
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         h = self.ln1(x)
@@ -43,7 +45,8 @@ class TinyGPT(nn.Module):
         return self.head(self.ln(x))
 
 
-def make_model(vocab: int = 64, context: int = 32, width: int = 64, layers: int = 2, heads: int = 4,
-               dropout: float = 0.0) -> TinyGPT:
+def make_model(
+    vocab: int = 64, context: int = 32, width: int = 64, layers: int = 2, heads: int = 4, dropout: float = 0.0
+) -> TinyGPT:
     """model.factory: every argument is a key of model.args."""
     return TinyGPT(vocab, context, width, layers, heads, dropout)

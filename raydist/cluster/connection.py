@@ -67,11 +67,13 @@ class Connection:
         }
 
     def render(self) -> str:
-        head = (f"# raydist: Ray cluster of SLURM job {self.job_id} on {','.join(self.nodes)} "
-                f"(written {time.strftime('%Y-%m-%d %H:%M:%S')})\n"
-                f"# Submit from a shell:  eval \"$(raydist env --job {self.job_id})\"; ray job submit -- python ...\n"
-                f"# From a laptop: run RAYDIST_TUNNEL's command, then use RAY_ADDRESS=http://localhost:"
-                f"{self.dashboard_port} with a copy of the token.\n")
+        head = (
+            f"# raydist: Ray cluster of SLURM job {self.job_id} on {','.join(self.nodes)} "
+            f"(written {time.strftime('%Y-%m-%d %H:%M:%S')})\n"
+            f'# Submit from a shell:  eval "$(raydist env --job {self.job_id})"; ray job submit -- python ...\n'
+            f"# From a laptop: run RAYDIST_TUNNEL's command, then use RAY_ADDRESS=http://localhost:"
+            f"{self.dashboard_port} with a copy of the token.\n"
+        )
         return head + "".join(f"{k}={shlex.quote(v)}\n" for k, v in self.variables().items())
 
     def write(self, path: Path) -> None:
@@ -110,11 +112,18 @@ def read(path: Path) -> Connection:
         raise RaydistError(f"cannot read connection file {path}: {e.strerror}") from None
     try:
         return Connection(
-            job_id=int(v["RAYDIST_SLURM_JOB_ID"]), head=v["RAYDIST_HEAD"], nodes=tuple(v["RAYDIST_NODES"].split(",")),
-            head_ip=v["RAYDIST_HEAD_IP"], gcs_port=int(v["RAYDIST_GCS_PORT"]),
-            dashboard_host=v["RAYDIST_DASHBOARD_HOST"], dashboard_port=int(v["RAYDIST_DASHBOARD_PORT"]),
-            client_port=int(v["RAYDIST_CLIENT_PORT"]), token_path=v["RAY_AUTH_TOKEN_PATH"],
-            login_host=v.get("RAYDIST_LOGIN_HOST", ""), user=v.get("RAYDIST_USER", ""))
+            job_id=int(v["RAYDIST_SLURM_JOB_ID"]),
+            head=v["RAYDIST_HEAD"],
+            nodes=tuple(v["RAYDIST_NODES"].split(",")),
+            head_ip=v["RAYDIST_HEAD_IP"],
+            gcs_port=int(v["RAYDIST_GCS_PORT"]),
+            dashboard_host=v["RAYDIST_DASHBOARD_HOST"],
+            dashboard_port=int(v["RAYDIST_DASHBOARD_PORT"]),
+            client_port=int(v["RAYDIST_CLIENT_PORT"]),
+            token_path=v["RAY_AUTH_TOKEN_PATH"],
+            login_host=v.get("RAYDIST_LOGIN_HOST", ""),
+            user=v.get("RAYDIST_USER", ""),
+        )
     except (KeyError, ValueError) as e:
         raise RaydistError(f"connection file {path} is incomplete or damaged ({e})") from None
 
@@ -128,8 +137,10 @@ def find(job_root: Path, job_id: int | None = None, explicit: str | None = None)
     if job_id is not None:
         path = job_root / str(job_id) / "connection.env"
         if not path.is_file():
-            raise RaydistError(f"no connection file for job {job_id} at {path}: the job is not running, "
-                               f"not ready yet, or uses another job_dir")
+            raise RaydistError(
+                f"no connection file for job {job_id} at {path}: the job is not running, "
+                f"not ready yet, or uses another job_dir"
+            )
         return path
     found = sorted(job_root.glob("*/connection.env"), key=lambda p: p.stat().st_mtime)
     if not found:

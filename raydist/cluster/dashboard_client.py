@@ -35,9 +35,17 @@ def parse_nodes(payload: dict) -> list[NodeInfo]:
     for r in rows:
         labels = r.get("labels") or {}
         res = r.get("resources_total") or {}
-        out.append(NodeInfo(hostname=labels.get(HOST_LABEL, r.get("node_name", "?")), ip=r.get("node_ip", "?"),
-                            iface=labels.get(IFACE_LABEL, "?"), cpus=res.get("CPU", 0.0), gpus=res.get("GPU", 0.0),
-                            alive=r.get("state") == "ALIVE", is_head=bool(r.get("is_head_node"))))
+        out.append(
+            NodeInfo(
+                hostname=labels.get(HOST_LABEL, r.get("node_name", "?")),
+                ip=r.get("node_ip", "?"),
+                iface=labels.get(IFACE_LABEL, "?"),
+                cpus=res.get("CPU", 0.0),
+                gpus=res.get("GPU", 0.0),
+                alive=r.get("state") == "ALIVE",
+                is_head=bool(r.get("is_head_node")),
+            )
+        )
     return out
 
 

@@ -73,8 +73,9 @@ def claim(port: int, now: float, directory: Path) -> bool:
         os.close(fd)  # releases the lock
 
 
-def free_port(host: str = "127.0.0.1", tries: int = 64, clock: Callable[[], float] = time.time,
-              directory: Path | None = None) -> int:
+def free_port(
+    host: str = "127.0.0.1", tries: int = 64, clock: Callable[[], float] = time.time, directory: Path | None = None
+) -> int:
     """A port nothing listens on at `host` and no other raydist process picked lately, outside the ephemeral range
     where possible."""
     directory = directory or claims_dir()

@@ -28,10 +28,14 @@ def check_token_accepted(address: str) -> None:
             GcsClient(address=address)
     except AuthenticationError:
         mode = os.environ.get("RAY_AUTH_MODE", "")
-        how = ("RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN" if mode != "token"
-               else "the token RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN gives is not this cluster's")
-        raise UsageError(f"Ray at {address} wants its auth token: {how} (for a raydist SLURM cluster: "
-                         f"eval \"$(raydist env)\")") from None
+        how = (
+            "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN"
+            if mode != "token"
+            else "the token RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN gives is not this cluster's"
+        )
+        raise UsageError(
+            f'Ray at {address} wants its auth token: {how} (for a raydist SLURM cluster: eval "$(raydist env)")'
+        ) from None
     except Exception:
         return  # anything else: ray.init says it
 
@@ -84,7 +88,7 @@ def remove_stale_dirs(prefix: str) -> None:
     import shutil
 
     for directory in glob.glob(os.path.join(tempfile.gettempdir(), f"{prefix}*-*")):
-        pid = os.path.basename(directory)[len(prefix):].split("-", 1)[0]
+        pid = os.path.basename(directory)[len(prefix) :].split("-", 1)[0]
         try:
             if not pid.isdigit() or os.stat(directory).st_uid != os.getuid():
                 continue
@@ -107,7 +111,8 @@ def check_auth_env(joining: bool) -> None:
     try:
         empty = not Path(path).read_text().strip()
     except (OSError, UnicodeError) as e:
-        raise UsageError(f"RAY_AUTH_MODE=token: cannot read the token file {path}: "
-                         f"{getattr(e, 'strerror', None) or e}") from None
+        raise UsageError(
+            f"RAY_AUTH_MODE=token: cannot read the token file {path}: {getattr(e, 'strerror', None) or e}"
+        ) from None
     if empty:
         raise UsageError(f"RAY_AUTH_MODE=token: the token file {path} is empty")

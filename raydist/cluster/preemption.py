@@ -54,8 +54,9 @@ def request_stop(reason: str, deadline_s: float | None) -> list[tuple[str, bool]
     from raydist.private_api import GcsClient, autoscaler_pb2, internal_kv_put
 
     deadline_unix = time.time() + deadline_s if deadline_s is not None else None
-    internal_kv_put(STOP_KEY, json.dumps({"reason": reason, "deadline_unix": deadline_unix}), overwrite=True,
-                    namespace=NAMESPACE)
+    internal_kv_put(
+        STOP_KEY, json.dumps({"reason": reason, "deadline_unix": deadline_unix}), overwrite=True, namespace=NAMESPACE
+    )
     gcs = GcsClient(address=ray.get_runtime_context().gcs_address)
     deadline_ms = int(deadline_unix * 1000) if deadline_unix is not None else 0
     preemption = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION")

@@ -27,8 +27,10 @@ REPO = Path(__file__).resolve().parents[2]
 # What every strategy's job takes from compare's config: the common sections but optim and schedule, which stay
 # each job's own (its tuned defaults: `StrategySpec.defaults_file`), and run (each job gets its own directory);
 # and every strategy's own section.
-SHARED_SECTIONS = (*(s for s in COMMON_SECTIONS if s not in ("optim", "schedule", "run")),
-                   *(spec.section for spec in registry.STRATEGIES.values() if spec.section))
+SHARED_SECTIONS = (
+    *(s for s in COMMON_SECTIONS if s not in ("optim", "schedule", "run")),
+    *(spec.section for spec in registry.STRATEGIES.values() if spec.section),
+)
 PROGRESS_MARK = "[raydist] "  # a job's progress lines, echoed as they come
 
 
@@ -37,7 +39,9 @@ def label(strategy: str) -> str:
 
 
 def output_dir(cfg: Config) -> Path:
-    return Path(os.path.expanduser(cfg.compare.output_dir)).resolve() if cfg.compare.output_dir else Path(cfg.run.run_dir)
+    return (
+        Path(os.path.expanduser(cfg.compare.output_dir)).resolve() if cfg.compare.output_dir else Path(cfg.run.run_dir)
+    )
 
 
 def shared_config(cfg: Config) -> dict[str, Any]:
@@ -63,16 +67,27 @@ def run_strategy(strategy: str, shared_yaml: Path, runs_dir: Path, index: str) -
     """Run one strategy's job as a user would, echo its progress lines, and read the summary.json it writes."""
     run_dir = runs_dir / strategy
     shutil.rmtree(run_dir, ignore_errors=True)  # always a fresh run: a leftover checkpoint would resume instead
-    cmd = [sys.executable, "-m", "raydist.job", strategy, "--config", str(shared_yaml),
-           "--set", f"run.storage_path={runs_dir}", "--set", f"run.name={strategy}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "raydist.job",
+        strategy,
+        "--config",
+        str(shared_yaml),
+        "--set",
+        f"run.storage_path={runs_dir}",
+        "--set",
+        f"run.name={strategy}",
+    ]
     print(f"[compare] {index} {label(strategy)}: starting", flush=True)
     tail: deque[str] = deque(maxlen=40)
     # In this directory, as a user's job: the user's own package (model.factory, data.factory) imports from it.
     here = os.getcwd()
     path = [here, str(REPO), os.environ.get("PYTHONPATH")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, path))}
-    with subprocess.Popen(cmd, cwd=here, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          bufsize=1) as proc:
+    with subprocess.Popen(
+        cmd, cwd=here, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    ) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
             tail.append(line.rstrip())
@@ -86,8 +101,11 @@ def run_strategy(strategy: str, shared_yaml: Path, runs_dir: Path, index: str) -
         why = errors[-1] if errors else next((ln for ln in reversed(tail) if ln.strip()), "no output")
         raise RaydistError(f"{strategy} run failed (exit {proc.returncode}): {why}")
     summary = JobSummary.read(run_dir)
-    print(f"[compare] {index} {label(strategy)}: done, test_accuracy {_accuracy(summary.test_accuracy)}, "
-          f"{summary.wall_s:.1f} s", flush=True)
+    print(
+        f"[compare] {index} {label(strategy)}: done, test_accuracy {_accuracy(summary.test_accuracy)}, "
+        f"{summary.wall_s:.1f} s",
+        flush=True,
+    )
     return summary
 
 
@@ -177,9 +195,16 @@ def shown(value: float | None, count: bool) -> str:
 
 
 def header(strategies: list[str], target: float) -> str:
-    heads = ["strategy", "final test accuracy", f"time to {target:g} accuracy (s)", "samples/s",
-             "MB sent+received per worker", "wait per worker (s)", *(column[0] for column in own_columns(strategies)),
-             "job wall (s)"]
+    heads = [
+        "strategy",
+        "final test accuracy",
+        f"time to {target:g} accuracy (s)",
+        "samples/s",
+        "MB sent+received per worker",
+        "wait per worker (s)",
+        *(column[0] for column in own_columns(strategies)),
+        "job wall (s)",
+    ]
     return "| " + " | ".join(heads) + " |\n" + "|---" * len(heads) + "|"
 
 
@@ -236,10 +261,13 @@ def compare(cfg: Config, started: float | None = None) -> CompareSummary:
     shared_yaml.write_text(yaml.safe_dump(shared_config(cfg), sort_keys=False))
     strategies = cfg.compare.strategy_list
     target = cfg.compare.target_accuracy
-    print(f"[compare] {', '.join(label(s) for s in strategies)}: {cfg.scaling.num_workers} workers, "
-          f"{cfg.train.epochs if not cfg.train.max_steps else cfg.train.max_steps} "
-          f"{'epochs' if not cfg.train.max_steps else 'steps'}, straggler "
-          f"{'none' if cfg.straggler.worker < 0 else f'worker {cfg.straggler.worker}'}; output in {out}", flush=True)
+    print(
+        f"[compare] {', '.join(label(s) for s in strategies)}: {cfg.scaling.num_workers} workers, "
+        f"{cfg.train.epochs if not cfg.train.max_steps else cfg.train.max_steps} "
+        f"{'epochs' if not cfg.train.max_steps else 'steps'}, straggler "
+        f"{'none' if cfg.straggler.worker < 0 else f'worker {cfg.straggler.worker}'}; output in {out}",
+        flush=True,
+    )
     results: dict[str, StrategyResult] = {}
     for i, name in enumerate(strategies):
         summary = run_strategy(name, shared_yaml, out / "runs", f"({i + 1}/{len(strategies)})")
@@ -248,16 +276,27 @@ def compare(cfg: Config, started: float | None = None) -> CompareSummary:
 
     table = markdown_table(results, target)
     (out / "results.md").write_text(table)
-    write_json_atomic(out / "results.json", {"target_accuracy": target, "shared_config": shared_config(cfg),
-                                             "strategies": {k: dataclasses.asdict(v) for k, v in results.items()}})
+    write_json_atomic(
+        out / "results.json",
+        {
+            "target_accuracy": target,
+            "shared_config": shared_config(cfg),
+            "strategies": {k: dataclasses.asdict(v) for k, v in results.items()},
+        },
+    )
     plot(results, target, out / "plot.png", cfg.compare.plot_width, cfg.compare.plot_height)
     print("\n" + table, flush=True)
     if cfg.run.tensorboard:  # each run writes runs/<strategy>/tensorboard: their parent shows them side by side
         print(f"[compare] TensorBoard, every strategy: tensorboard --logdir {out / 'runs'}", flush=True)
     return CompareSummary(
-        strategy="compare", run_name=cfg.run.name, run_dir=str(out), workers=cfg.scaling.max_workers,
-        wall_s=round(time.perf_counter() - start, 3), results=str(out / "results.json"),
-        table=str(out / "results.md"), plot=str(out / "plot.png"),
+        strategy="compare",
+        run_name=cfg.run.name,
+        run_dir=str(out),
+        workers=cfg.scaling.max_workers,
+        wall_s=round(time.perf_counter() - start, 3),
+        results=str(out / "results.json"),
+        table=str(out / "results.md"),
+        plot=str(out / "plot.png"),
         test_accuracy={name: r.summary.test_accuracy for name, r in results.items()},
         time_to_target_s={name: r.time_to_target_s for name, r in results.items()},
     )

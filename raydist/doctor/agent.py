@@ -72,8 +72,9 @@ class NodeDoctor:
         """Rank 0: the TCP store every rank meets at, on this node's chosen address and a port the kernel picks."""
         import torch.distributed as dist
 
-        self._store = dist.TCPStore(self._ip, 0, world, is_master=True,
-                                    timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+        self._store = dist.TCPStore(
+            self._ip, 0, world, is_master=True, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False
+        )
         return self._store.port
 
     def join(self, rank: int, world: int, host: str, port: int, backend: str, timeout_s: float) -> str:

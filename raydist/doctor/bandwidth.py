@@ -57,8 +57,9 @@ def time_allreduce(nbytes: int, iters: int, device=None) -> Timing:
     for _ in range(iters):
         dist.all_reduce(buf)
     _sync(device)
-    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64 if device.type == "cpu"
-                           else torch.float32, device=device)
+    elapsed = torch.tensor(
+        [time.perf_counter() - start], dtype=torch.float64 if device.type == "cpu" else torch.float32, device=device
+    )
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     return Timing(buf.numel() * 4, iters, float(elapsed.item()) / iters)
 

@@ -108,8 +108,14 @@ def check_interface(f: NodeFacts, ray_ip: str | None) -> Row:
     if f.operstate not in (None, "UP", "UNKNOWN"):
         return Row(f.node, "interface", FAIL, value, f"{f.iface} is {f.operstate.lower()}")
     if ray_ip and ray_ip != f.ip:
-        return Row(f.node, "interface", FAIL, value, f"Ray's node runs on {ray_ip}, not on the chosen {f.ip}: "
-                                                     f"traffic of this node takes another path than planned")
+        return Row(
+            f.node,
+            "interface",
+            FAIL,
+            value,
+            f"Ray's node runs on {ray_ip}, not on the chosen {f.ip}: "
+            f"traffic of this node takes another path than planned",
+        )
     return Row(f.node, "interface", OK, value, f.why or "")
 
 
@@ -120,8 +126,13 @@ def check_link_speed(f: NodeFacts, expected_gbps: float | None) -> Row:
         return Row(f.node, "link speed", OK, "unknown", f"the kernel does not report {f.iface}'s speed")
     have = f.speed_mbps / 1000
     if expected_gbps and have < expected_gbps:
-        return Row(f.node, "link speed", FAIL, gbps(have), f"{f.iface} negotiated {gbps(have)}, expected "
-                                                          f"{gbps(expected_gbps)} (--link-gbps)")
+        return Row(
+            f.node,
+            "link speed",
+            FAIL,
+            gbps(have),
+            f"{f.iface} negotiated {gbps(have)}, expected {gbps(expected_gbps)} (--link-gbps)",
+        )
     return Row(f.node, "link speed", OK, gbps(have), "")
 
 
@@ -132,14 +143,18 @@ def check_socket_env(f: NodeFacts) -> Row:
     value = f"GLOO_SOCKET_IFNAME={f.gloo_ifname or '(unset)'}"
     if f.gloo_ifname is None:
         trapped = _is_loopback(f.own_address)
-        return Row(f.node, "socket env", FAIL if trapped else WARN, value,
-                   "unset: gloo binds to the address of the hostname" + (
-                       f", which is loopback {f.own_address} here" if trapped else f" ({f.own_address or '?'})"))
+        return Row(
+            f.node,
+            "socket env",
+            FAIL if trapped else WARN,
+            value,
+            "unset: gloo binds to the address of the hostname"
+            + (f", which is loopback {f.own_address} here" if trapped else f" ({f.own_address or '?'})"),
+        )
     if f.gloo_ifname != f.iface:
         return Row(f.node, "socket env", FAIL, value, f"gloo uses {f.gloo_ifname}, not the chosen {f.iface}")
     if f.nccl_ifname is not None and not _nccl_matches(f.nccl_ifname, f.iface or ""):
-        return Row(f.node, "socket env", FAIL, value, f"NCCL_SOCKET_IFNAME={f.nccl_ifname} does not select "
-                                                      f"{f.iface}")
+        return Row(f.node, "socket env", FAIL, value, f"NCCL_SOCKET_IFNAME={f.nccl_ifname} does not select {f.iface}")
     return Row(f.node, "socket env", OK, value, f"NCCL_SOCKET_IFNAME={f.nccl_ifname}" if f.nccl_ifname else "")
 
 
@@ -168,15 +183,24 @@ def check_hostname(f: NodeFacts, chosen: Mapping[str, str]) -> Row:
     value = f"{f.node} -> {f.own_address}"
     if _is_loopback(f.own_address):
         fix = f"; map it to {f.ip} in /etc/hosts" if f.ip else ""
-        return Row(f.node, "hostname", FAIL, value, f"resolves to loopback on {f.node}: whatever binds to the "
-                                                    f"hostname is unreachable from other nodes{fix}")
-    wrong = [f"{p} -> {a or 'unresolved'} (chosen {chosen[p]})" for p, a in sorted(f.peer_addresses.items())
-             if p in chosen and a != chosen[p]]
+        return Row(
+            f.node,
+            "hostname",
+            FAIL,
+            value,
+            f"resolves to loopback on {f.node}: whatever binds to the hostname is unreachable from other nodes{fix}",
+        )
+    wrong = [
+        f"{p} -> {a or 'unresolved'} (chosen {chosen[p]})"
+        for p, a in sorted(f.peer_addresses.items())
+        if p in chosen and a != chosen[p]
+    ]
     if f.ip and f.own_address != f.ip:
         wrong.insert(0, f"{f.node} -> {f.own_address} (chosen {f.ip})")
     if wrong:
-        return Row(f.node, "hostname", WARN, value, "names resolve elsewhere than the chosen addresses: "
-                                                    + "; ".join(wrong))
+        return Row(
+            f.node, "hostname", WARN, value, "names resolve elsewhere than the chosen addresses: " + "; ".join(wrong)
+        )
     return Row(f.node, "hostname", OK, value, f"{len(f.peer_addresses)} peer name(s) agree")
 
 
@@ -195,8 +219,13 @@ def check_space(node: str, label: str, space: Space | None, fail_below: int, war
     return Row(node, label, OK, value, detail)
 
 
-def check_clock(node: str, offset_s: float | None, uncertainty_s: float | None,
-                warn_s: float = SKEW_WARN_S, fail_s: float = SKEW_FAIL_S) -> Row:
+def check_clock(
+    node: str,
+    offset_s: float | None,
+    uncertainty_s: float | None,
+    warn_s: float = SKEW_WARN_S,
+    fail_s: float = SKEW_FAIL_S,
+) -> Row:
     """Offset of the node's wall clock from the driver's; the part of it the round trip cannot explain."""
     if offset_s is None:
         return Row(node, "clock skew", SKIP, "-", "no answer")

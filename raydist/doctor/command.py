@@ -21,6 +21,7 @@ def _positive(kind):
         if value <= 0:
             raise argparse.ArgumentTypeError(f"must be above 0 (got {text})")
         return value
+
     return parse
 
 
@@ -55,8 +56,10 @@ def _target(args):
 
     if args.address:
         if "://" in args.address:
-            raise UsageError(f"--address: give the GCS address host:port, not {args.address} (the dashboard URL "
-                             f"is for ray job submit; --job ID finds the GCS of a raydist job)")
+            raise UsageError(
+                f"--address: give the GCS address host:port, not {args.address} (the dashboard URL "
+                f"is for ray job submit; --job ID finds the GCS of a raydist job)"
+            )
         return args.address, os.environ.get("RAY_AUTH_TOKEN_PATH"), None
     env_address = os.environ.get("RAY_ADDRESS", "")
     if args.job is None and not args.connection and env_address and "://" not in env_address:
@@ -89,22 +92,34 @@ def _doctor(args) -> int:
     address, token, conn = _target(args)
     cfg = settings.load(args.config)
     opts = runner.Options(
-        nbytes=args.bytes, iters=args.iters, backend=args.backend, link_gbps=args.link_gbps,
-        min_ratio=args.min_ratio, timeout_s=args.timeout, connect_timeout_s=args.connect_timeout,
-        bandwidth=not args.no_bandwidth, storage_path=args.storage_path,
-        expected_nodes=tuple(conn.nodes) if conn else (), head=conn.head if conn else None,
-        head_ip=conn.head_ip if conn else None, interfaces=dict(cfg.interfaces))
+        nbytes=args.bytes,
+        iters=args.iters,
+        backend=args.backend,
+        link_gbps=args.link_gbps,
+        min_ratio=args.min_ratio,
+        timeout_s=args.timeout,
+        connect_timeout_s=args.connect_timeout,
+        bandwidth=not args.no_bandwidth,
+        storage_path=args.storage_path,
+        expected_nodes=tuple(conn.nodes) if conn else (),
+        head=conn.head if conn else None,
+        head_ip=conn.head_ip if conn else None,
+        interfaces=dict(cfg.interfaces),
+    )
     _connect(address, token)
     import ray
 
     try:
-        rep = runner.run(opts, log=(lambda m: print(m, file=sys.stderr, flush=True)) if args.verbose else
-                         (lambda _: None))
+        rep = runner.run(
+            opts, log=(lambda m: print(m, file=sys.stderr, flush=True)) if args.verbose else (lambda _: None)
+        )
     finally:
         ray.shutdown()
     if args.json:
-        print(report.as_json(rep.rows, address=address, nodes=rep.facts, matrix=rep.matrix,
-                             bandwidth=rep.bandwidth), flush=True)
+        print(
+            report.as_json(rep.rows, address=address, nodes=rep.facts, matrix=rep.matrix, bandwidth=rep.bandwidth),
+            flush=True,
+        )
     else:
         print(report.table(rep.rows), flush=True)
     line = checks.exit_line(rep.rows)
@@ -114,31 +129,67 @@ def _doctor(args) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("doctor", help="check a running Ray cluster node by node: interfaces, the 127.0.1.1 trap, "
-                                      "free space, clocks, reachability, bandwidth; exit 1 naming what failed")
-    p.add_argument("--address", help="GCS address host:port (default: $RAY_ADDRESS if it is one, else the "
-                                     "raydist job's connection file)")
-    p.add_argument("--config", metavar="FILE", help="cluster config: interfaces and job_dir (default: "
-                                                    "$RAYDIST_CLUSTER_CONFIG, else ./cluster/cluster.yaml)")
-    p.add_argument("--job", type=int, help="SLURM job id of a raydist cluster (default: $RAYDIST_CONNECTION, "
-                                           "else the newest job)")
+    p = sub.add_parser(
+        "doctor",
+        help="check a running Ray cluster node by node: interfaces, the 127.0.1.1 trap, "
+        "free space, clocks, reachability, bandwidth; exit 1 naming what failed",
+    )
+    p.add_argument(
+        "--address",
+        help="GCS address host:port (default: $RAY_ADDRESS if it is one, else the raydist job's connection file)",
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="cluster config: interfaces and job_dir (default: $RAYDIST_CLUSTER_CONFIG, else ./cluster/cluster.yaml)",
+    )
+    p.add_argument(
+        "--job", type=int, help="SLURM job id of a raydist cluster (default: $RAYDIST_CONNECTION, else the newest job)"
+    )
     p.add_argument("--connection", metavar="FILE", help="a connection file to read instead")
-    p.add_argument("--storage-path", metavar="PATH", help="also check free space here on every node "
-                                                          "(run.storage_path)")
-    p.add_argument("--link-gbps", type=_positive(float), metavar="GBPS",
-                   help="the links' expected speed (default: what the kernel reports per interface, if anything)")
-    p.add_argument("--min-ratio", type=_ratio, default=0.1, metavar="R",
-                   help="fail a bandwidth figure below R times its bound (default 0.1; 0: never)")
-    p.add_argument("--bytes", type=_size, default=64 * MiB, metavar="SIZE",
-                   help="buffer of the bandwidth tests, e.g. 64MiB (default)")
+    p.add_argument("--storage-path", metavar="PATH", help="also check free space here on every node (run.storage_path)")
+    p.add_argument(
+        "--link-gbps",
+        type=_positive(float),
+        metavar="GBPS",
+        help="the links' expected speed (default: what the kernel reports per interface, if anything)",
+    )
+    p.add_argument(
+        "--min-ratio",
+        type=_ratio,
+        default=0.1,
+        metavar="R",
+        help="fail a bandwidth figure below R times its bound (default 0.1; 0: never)",
+    )
+    p.add_argument(
+        "--bytes",
+        type=_size,
+        default=64 * MiB,
+        metavar="SIZE",
+        help="buffer of the bandwidth tests, e.g. 64MiB (default)",
+    )
     p.add_argument("--iters", type=_positive(int), default=5, help="timed iterations per test (default 5)")
-    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
-                   help="auto: NCCL when every node has a GPU, else gloo")
+    p.add_argument(
+        "--backend",
+        choices=("auto", "gloo", "nccl"),
+        default="auto",
+        help="auto: NCCL when every node has a GPU, else gloo",
+    )
     p.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth tests")
-    p.add_argument("--timeout", type=_positive(float), default=30.0, metavar="S",
-                   help="bound of each phase in seconds (default 30)")
-    p.add_argument("--connect-timeout", type=_positive(float), default=2.0, metavar="S",
-                   help="bound of each TCP connect of the reachability matrix (default 2)")
+    p.add_argument(
+        "--timeout",
+        type=_positive(float),
+        default=30.0,
+        metavar="S",
+        help="bound of each phase in seconds (default 30)",
+    )
+    p.add_argument(
+        "--connect-timeout",
+        type=_positive(float),
+        default=2.0,
+        metavar="S",
+        help="bound of each TCP connect of the reachability matrix (default 2)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--verbose", action="store_true", help="progress on stderr")
     p.set_defaults(func=_doctor)

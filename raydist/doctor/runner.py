@@ -83,10 +83,16 @@ def ray_nodes() -> list[RayNode]:
     out = []
     for n in ray.nodes():
         res = n.get("Resources") or {}
-        out.append(RayNode(node_id=n["NodeID"], hostname=hostname(n.get("Labels") or {}, n.get("NodeManagerHostname")),
-                           ip=n.get("NodeManagerAddress", "?"), alive=bool(n.get("Alive")),
-                           is_head=HEAD_NODE_RESOURCE in res or bool(n.get("IsHeadNode")),
-                           gpus=float(res.get("GPU", 0.0))))
+        out.append(
+            RayNode(
+                node_id=n["NodeID"],
+                hostname=hostname(n.get("Labels") or {}, n.get("NodeManagerHostname")),
+                ip=n.get("NodeManagerAddress", "?"),
+                alive=bool(n.get("Alive")),
+                is_head=HEAD_NODE_RESOURCE in res or bool(n.get("IsHeadNode")),
+                gpus=float(res.get("GPU", 0.0)),
+            )
+        )
     return out
 
 
@@ -133,8 +139,11 @@ def _node_rows(nodes: list[RayNode], opts: Options) -> list[Row]:
         else:
             rows.append(Row(n.hostname, "ray node", FAIL, n.ip, "Ray lists it dead"))
     known = {n.hostname for n in nodes}
-    rows += [Row(h, "ray node", FAIL, "-", "in the job's node list but not in the Ray cluster")
-             for h in opts.expected_nodes if h not in known]
+    rows += [
+        Row(h, "ray node", FAIL, "-", "in the job's node list but not in the Ray cluster")
+        for h in opts.expected_nodes
+        if h not in known
+    ]
     return rows
 
 
@@ -151,9 +160,16 @@ def _start_agents(alive: list[RayNode], backend: str) -> dict[str, Any]:
     from raydist.doctor.agent import NodeDoctor
 
     remote = ray.remote(NodeDoctor)
-    return {n.hostname: remote.options(
-        num_cpus=0, num_gpus=1 if backend == "nccl" else 0, max_restarts=0, max_task_retries=0,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(n.node_id, soft=False)).remote() for n in alive}
+    return {
+        n.hostname: remote.options(
+            num_cpus=0,
+            num_gpus=1 if backend == "nccl" else 0,
+            max_restarts=0,
+            max_task_retries=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n.node_id, soft=False),
+        ).remote()
+        for n in alive
+    }
 
 
 def _clock(agent, timeout: float) -> tuple[float, float] | None:
@@ -203,9 +219,15 @@ def _diagnose(report: Report, cluster: _Cluster) -> None:
     log(f"doctor: {len(alive)} node(s); gathering facts")
     refs = {}
     for n in alive:
-        where = Where(node=n.hostname, head=head_name, head_ip=head_ip,
-                      workers=tuple(h for h in names if h != head_name), configured=opts.interfaces.get(n.hostname),
-                      peers=tuple(h for h in names if h != n.hostname), storage_path=opts.storage_path)
+        where = Where(
+            node=n.hostname,
+            head=head_name,
+            head_ip=head_ip,
+            workers=tuple(h for h in names if h != head_name),
+            configured=opts.interfaces.get(n.hostname),
+            peers=tuple(h for h in names if h != n.hostname),
+            storage_path=opts.storage_path,
+        )
         refs[n.hostname] = agents[n.hostname].facts.remote(where)
     raw, errors = _collect(refs, t, "the facts request (agent start included)")
     facts = {h: checks.NodeFacts.from_dict(d) for h, d in raw.items()}
@@ -217,8 +239,10 @@ def _diagnose(report: Report, cluster: _Cluster) -> None:
     listeners, listen_errors = _collect({h: agents[h].listen.remote() for h in facts}, t, "opening a listener")
     errors.update(listen_errors)
     targets = {h: addr for h, addr in listeners.items() if addr}
-    probe_refs = {h: agents[h].probe.remote({p: tuple(a) for p, a in targets.items() if p != h},
-                                            opts.connect_timeout_s) for h in targets}
+    probe_refs = {
+        h: agents[h].probe.remote({p: tuple(a) for p, a in targets.items() if p != h}, opts.connect_timeout_s)
+        for h in targets
+    }
     probed, probe_errors = _collect(probe_refs, opts.connect_timeout_s + t, "the reachability probe")
     errors.update(probe_errors)
     matrix = {src: {dst: Probe(**p) for dst, p in row.items()} for src, row in probed.items()}
@@ -228,16 +252,33 @@ def _diagnose(report: Report, cluster: _Cluster) -> None:
     by_ip = {n.hostname: n.ip for n in alive}
     for h in names:
         if h in errors and h not in facts:
-            report.rows.append(Row(h, "agent", FAIL, "-", f"{errors[h]}: the node does not respond through Ray "
-                                                          f"(link down, node overloaded or Ray's node dying)"))
+            report.rows.append(
+                Row(
+                    h,
+                    "agent",
+                    FAIL,
+                    "-",
+                    f"{errors[h]}: the node does not respond through Ray "
+                    f"(link down, node overloaded or Ray's node dying)",
+                )
+            )
             continue
         f = facts[h]
-        report.rows += [checks.check_interface(f, by_ip.get(h)), checks.check_link_speed(f, opts.link_gbps),
-                        checks.check_socket_env(f), checks.check_hostname(f, chosen)]
-        report.rows += [r for r in (checks.check_space(h, "/dev/shm", f.shm, checks.SHM_FAIL, checks.SHM_WARN),
-                                    checks.check_space(h, "temp dir", f.temp, checks.DISK_FAIL, checks.DISK_WARN),
-                                    checks.check_space(h, "storage", f.storage, checks.DISK_FAIL, checks.DISK_WARN))
-                        if r is not None]
+        report.rows += [
+            checks.check_interface(f, by_ip.get(h)),
+            checks.check_link_speed(f, opts.link_gbps),
+            checks.check_socket_env(f),
+            checks.check_hostname(f, chosen),
+        ]
+        report.rows += [
+            r
+            for r in (
+                checks.check_space(h, "/dev/shm", f.shm, checks.SHM_FAIL, checks.SHM_WARN),
+                checks.check_space(h, "temp dir", f.temp, checks.DISK_FAIL, checks.DISK_WARN),
+                checks.check_space(h, "storage", f.storage, checks.DISK_FAIL, checks.DISK_WARN),
+            )
+            if r is not None
+        ]
         off = offsets.get(h)
         report.rows.append(checks.check_clock(h, off[0] if off else None, off[1] if off else None))
         if h in errors:
@@ -247,8 +288,13 @@ def _diagnose(report: Report, cluster: _Cluster) -> None:
         else:
             row = checks.check_reachability(h, matrix.get(h))
             if h in unreached and len(unreached[h]) == len(matrix) - 1 and len(matrix) > 1:
-                row = dataclasses.replace(row, status=FAIL, detail="; ".join(
-                    x for x in (row.detail if row.status == FAIL else "", f"no peer reaches {h}") if x))
+                row = dataclasses.replace(
+                    row,
+                    status=FAIL,
+                    detail="; ".join(
+                        x for x in (row.detail if row.status == FAIL else "", f"no peer reaches {h}") if x
+                    ),
+                )
             report.rows.append(row)
 
     cut_off = {h for h, row in matrix.items() if any(not p.ok for p in row.values())}
@@ -256,8 +302,9 @@ def _diagnose(report: Report, cluster: _Cluster) -> None:
     _bandwidth(report, cluster, facts, targets, bad)
 
 
-def _bandwidth(report: Report, cluster: _Cluster, facts: dict[str, checks.NodeFacts], targets: dict[str, Any],
-               bad: list[str]) -> None:
+def _bandwidth(
+    report: Report, cluster: _Cluster, facts: dict[str, checks.NodeFacts], targets: dict[str, Any], bad: list[str]
+) -> None:
     alive, agents, backend, opts, log = cluster.alive, cluster.agents, cluster.backend, cluster.opts, cluster.log
 
     def skip(why: str) -> None:
@@ -278,35 +325,54 @@ def _bandwidth(report: Report, cluster: _Cluster, facts: dict[str, checks.NodeFa
         report.rows.append(Row(ranked[0], "bandwidth group", FAIL, "-", str(e)))
         return
     store_ip = targets[ranked[0]][0]
-    joined, errors = _collect({h: agents[h].join.remote(r, world, store_ip, port, backend, t)
-                               for r, h in enumerate(ranked)}, t + 5, f"joining the {backend} group")
+    joined, errors = _collect(
+        {h: agents[h].join.remote(r, world, store_ip, port, backend, t) for r, h in enumerate(ranked)},
+        t + 5,
+        f"joining the {backend} group",
+    )
     if errors:
         report.rows += [Row(h, "bandwidth group", FAIL, "-", e) for h, e in errors.items()]
         return
     speeds = {h: facts[h].speed_mbps for h in ranked}
-    p2p, errors = _collect({h: agents[h].p2p.remote(opts.nbytes, opts.iters) for h in ranked}, t,
-                           "the point-to-point test")
+    p2p, errors = _collect(
+        {h: agents[h].p2p.remote(opts.nbytes, opts.iters) for h in ranked}, t, "the point-to-point test"
+    )
     report.bandwidth["p2p"] = p2p
     for r, h in enumerate(ranked):
         nxt = ranked[(r + 1) % world]
         bound, source = checks.link_bound([speeds[h], speeds[nxt]], opts.link_gbps)
         got = p2p.get(h)
-        report.rows.append(checks.check_bandwidth(checks.BandwidthFigure(
-            h, f"p2p -> {nxt}", algo_bandwidth_gbps(got["nbytes"], got["seconds"]) if got else None, bound,
-            source, detail=f"{backend}, ring, each node sending and receiving at once", error=errors.get(h)),
-            opts.min_ratio))
+        report.rows.append(
+            checks.check_bandwidth(
+                checks.BandwidthFigure(
+                    h,
+                    f"p2p -> {nxt}",
+                    algo_bandwidth_gbps(got["nbytes"], got["seconds"]) if got else None,
+                    bound,
+                    source,
+                    detail=f"{backend}, ring, each node sending and receiving at once",
+                    error=errors.get(h),
+                ),
+                opts.min_ratio,
+            )
+        )
     if errors:
         return
-    done, errors = _collect({h: agents[h].allreduce.remote(opts.nbytes, opts.iters) for h in ranked}, t,
-                            "the all-reduce test")
+    done, errors = _collect(
+        {h: agents[h].allreduce.remote(opts.nbytes, opts.iters) for h in ranked}, t, "the all-reduce test"
+    )
     report.bandwidth["allreduce"] = done
     bound, source = checks.link_bound(speeds.values(), opts.link_gbps)
     first = done.get(ranked[0])
     bus = bus_bandwidth_gbps(first["nbytes"], first["seconds"], world) if first else None
     if first:
         report.bandwidth["allreduce_bus_gbps"] = bus
-    detail = (f"bus bandwidth, {backend}, {world} ranks, {first['nbytes'] / MiB:.3g} MiB x {first['iters']}, "
-              f"{first['seconds'] * 1000:.2f} ms each" if first else "")
+    detail = (
+        f"bus bandwidth, {backend}, {world} ranks, {first['nbytes'] / MiB:.3g} MiB x {first['iters']}, "
+        f"{first['seconds'] * 1000:.2f} ms each"
+        if first
+        else ""
+    )
     error = "; ".join(f"{h}: {e}" for h, e in errors.items()) or None
     figure = checks.BandwidthFigure(ALL, "all-reduce", bus, bound, source, detail, error)
     report.rows.append(checks.check_bandwidth(figure, opts.min_ratio))

@@ -48,8 +48,10 @@ def address_host_port(address: str) -> tuple[str, int] | None:
         return None
     scheme, sep, hostport = address.rpartition("://")
     if sep and scheme != "ray":
-        raise UsageError(f"Ray address {address!r}: a job joins a cluster at its GCS address host:port (or "
-                         f"ray://host:port); a {scheme}:// address is a dashboard's, for `ray job submit --address`")
+        raise UsageError(
+            f"Ray address {address!r}: a job joins a cluster at its GCS address host:port (or "
+            f"ray://host:port); a {scheme}:// address is a dashboard's, for `ray job submit --address`"
+        )
     host, sep, port = hostport.rstrip("/").rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -90,8 +92,10 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
         pass  # reset: judged by what arrived
     if len(answer) < 9 or answer[3] != 4:
         got = repr(answer.decode("ascii", "replace")) if answer else "nothing"
-        raise UsageError(f"{address} is not a Ray cluster: it answered {got} to gRPC; give the head's GCS address "
-                         f"(RAY_ADDRESS as `raydist env` prints it), not its dashboard's or another service's")
+        raise UsageError(
+            f"{address} is not a Ray cluster: it answered {got} to gRPC; give the head's GCS address "
+            f"(RAY_ADDRESS as `raydist env` prints it), not its dashboard's or another service's"
+        )
 
 
 def check_writable(directory: str, key: str = "run.storage_path") -> None:
@@ -120,9 +124,11 @@ def check_local_temp_dir() -> None:
     base = os.environ[variable] if variable else "/tmp"  # as ray._common.utils.get_default_system_temp_dir
     longest = os.path.join(base, "ray", "session_2000-01-01_00-00-00_000000_4194304", "sockets", "plasma_store")
     if len(longest.encode()) > 107:
-        raise UsageError(f"{variable}={base}: the local Ray instance's socket paths under it (such as {longest}) "
-                         f"would be longer than the 107 bytes a Unix socket path can have; set a shorter "
-                         f"{variable}")
+        raise UsageError(
+            f"{variable}={base}: the local Ray instance's socket paths under it (such as {longest}) "
+            f"would be longer than the 107 bytes a Unix socket path can have; set a shorter "
+            f"{variable}"
+        )
 
 
 def check_local_gpus(cfg: Config) -> None:
@@ -135,9 +141,11 @@ def check_local_gpus(cfg: Config) -> None:
 
     have = torch.cuda.device_count()
     if have < s.min_workers:
-        raise UsageError(f"scaling.use_gpu=true with scaling.num_workers={s.num_workers} needs {s.min_workers} "
-                         f"GPU(s) but this machine has {have} that torch {torch.__version__} can use; set "
-                         f"scaling.use_gpu=false or fewer workers")
+        raise UsageError(
+            f"scaling.use_gpu=true with scaling.num_workers={s.num_workers} needs {s.min_workers} "
+            f"GPU(s) but this machine has {have} that torch {torch.__version__} can use; set "
+            f"scaling.use_gpu=false or fewer workers"
+        )
 
 
 def local_gpu_count(driver_dir: str = "/proc/driver/nvidia/gpus") -> int:
@@ -165,12 +173,16 @@ def check_cluster_fits(cfg: Config, address: str) -> None:
     have = ray.cluster_resources()
     cpus, gpus = s.min_workers * s.cpus_per_worker, s.min_workers if s.use_gpu else 0
     if cpus > have.get("CPU", 0):
-        short = (f"scaling.num_workers={s.num_workers} x scaling.cpus_per_worker={s.cpus_per_worker:g} needs "
-                 f"{cpus:g} CPUs but the Ray cluster at {address} has {have.get('CPU', 0):g}")
+        short = (
+            f"scaling.num_workers={s.num_workers} x scaling.cpus_per_worker={s.cpus_per_worker:g} needs "
+            f"{cpus:g} CPUs but the Ray cluster at {address} has {have.get('CPU', 0):g}"
+        )
         fits = int(have.get("CPU", 0) // s.cpus_per_worker)
     elif gpus > have.get("GPU", 0):
-        short = (f"scaling.use_gpu=true with scaling.num_workers={s.num_workers} needs {gpus} GPU(s) but the Ray "
-                 f"cluster at {address} has {have.get('GPU', 0):g}")
+        short = (
+            f"scaling.use_gpu=true with scaling.num_workers={s.num_workers} needs {gpus} GPU(s) but the Ray "
+            f"cluster at {address} has {have.get('GPU', 0):g}"
+        )
         fits = int(have.get("GPU", 0))
     else:
         return
@@ -204,8 +216,10 @@ def check_engine(spec: registry.StrategySpec, cfg: Config) -> None:
     if cfg.scaling.engine != "launch" or spec.runs_as_processes or spec.name in registry.OTHER_JOBS:
         return
     fits = ", ".join(s.name for s in registry.STRATEGIES.values() if s.runs_as_processes)
-    raise UsageError(f"scaling.engine=launch runs {fits}; {spec.name} needs Ray Train or actors of its own: "
-                     f"use scaling.engine=ray_train")
+    raise UsageError(
+        f"scaling.engine=launch runs {fits}; {spec.name} needs Ray Train or actors of its own: "
+        f"use scaling.engine=ray_train"
+    )
 
 
 def check_ray_target(address: str, reach: bool = True) -> None:
@@ -237,8 +251,10 @@ def check_checkpoint_kind(spec: registry.StrategySpec, run_dir: str) -> None:
         if sharded != _sharded(spec):
             writers = [s.name for s in registry.STRATEGIES.values() if s.worker and _sharded(s) == sharded]
             kind = f"{'sharded' if sharded else 'whole-model'} ({', '.join(writers)})"
-            raise UsageError(f"run.name={os.path.basename(run_dir)}: its checkpoints are {kind}, which {spec.name} "
-                             f"cannot resume from: use a new run.name")
+            raise UsageError(
+                f"run.name={os.path.basename(run_dir)}: its checkpoints are {kind}, which {spec.name} "
+                f"cannot resume from: use a new run.name"
+            )
         return
 
 
@@ -295,18 +311,23 @@ def check_user_code(cfg: Config, data) -> int:
     num_params = sum(p.numel() for p in model.parameters())
     check_model_memory(cfg, num_params)
     x, y = default_collate([data.train[i] for i in range(min(2, len(data.train)))])
-    what = f"train.loss={cfg.train.loss}" if cfg.train.loss else "the default loss (cross-entropy over the last dimension)"
+    what = (
+        f"train.loss={cfg.train.loss}" if cfg.train.loss else "the default loss (cross-entropy over the last dimension)"
+    )
     try:
         with torch.no_grad():
             output = model(x)
             loss = loss_function(cfg.train.loss)(output.float(), y)
     except Exception as e:  # the user's forward or loss: whatever it raises, it cannot train
         first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
-        raise ConfigError(f"the model's output on two training samples does not fit {what}: {type(e).__name__}: "
-                          f"{first.strip()}") from None
+        raise ConfigError(
+            f"the model's output on two training samples does not fit {what}: {type(e).__name__}: {first.strip()}"
+        ) from None
     if not (isinstance(loss, torch.Tensor) and loss.dim() == 0):
-        raise ConfigError(f"{what} must return the batch's mean loss as a scalar tensor; got "
-                          f"{tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__}")
+        raise ConfigError(
+            f"{what} must return the batch's mean loss as a scalar tensor; got "
+            f"{tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__}"
+        )
     return num_params
 
 
@@ -331,9 +352,11 @@ def check_data_memory(cfg: Config) -> None:
     per_copy = d.synthetic_samples * d.synthetic_features * 8
     copies, who = _copies(cfg)
     if per_copy * copies > _memory():
-        raise ConfigError(f"data.synthetic_samples={d.synthetic_samples} x data.synthetic_features="
-                          f"{d.synthetic_features} needs at least {per_copy / GiB:.1f} GiB per copy ({who} each load "
-                          f"it) but this machine has {_memory() / GiB:.1f} GiB")
+        raise ConfigError(
+            f"data.synthetic_samples={d.synthetic_samples} x data.synthetic_features="
+            f"{d.synthetic_features} needs at least {per_copy / GiB:.1f} GiB per copy ({who} each load "
+            f"it) but this machine has {_memory() / GiB:.1f} GiB"
+        )
 
 
 def check_model_memory(cfg: Config, num_params: int) -> None:
@@ -341,6 +364,8 @@ def check_model_memory(cfg: Config, num_params: int) -> None:
     per_copy = num_params * 8
     copies, who = _copies(cfg)
     if per_copy * copies > _memory():
-        raise ConfigError(f"model.name={cfg.model.name} (model.hidden={cfg.model.hidden}, model.depth="
-                          f"{cfg.model.depth}) has {num_params} parameters, at least {per_copy / GiB:.1f} GiB per copy "
-                          f"({who} each hold one) but this machine has {_memory() / GiB:.1f} GiB")
+        raise ConfigError(
+            f"model.name={cfg.model.name} (model.hidden={cfg.model.hidden}, model.depth="
+            f"{cfg.model.depth}) has {num_params} parameters, at least {per_copy / GiB:.1f} GiB per copy "
+            f"({who} each hold one) but this machine has {_memory() / GiB:.1f} GiB"
+        )

@@ -68,12 +68,14 @@ def connect(cfg: Config) -> str:
         runtime_env = for_cluster_job() if _warm_ray_workers(cfg) else {}
         try:
             # WARNING: Ray's "Connecting to ..." lines would come before a refusal's one line on stderr.
-            ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING,
-                     runtime_env=runtime_env or None)
+            ray.init(
+                address=address, log_to_driver=True, logging_level=logging.WARNING, runtime_env=runtime_env or None
+            )
         except (ConnectionError, ValueError, RuntimeError) as e:
             # Ray's ConnectionError names only the address; what went wrong is in the error it chains.
-            why = "; ".join(str(x).strip().splitlines()[0] for x in (e, e.__cause__)
-                            if x is not None and str(x).strip())
+            why = "; ".join(
+                str(x).strip().splitlines()[0] for x in (e, e.__cause__) if x is not None and str(x).strip()
+            )
             raise RaydistError(f"cannot connect to Ray at {address}: {why}") from None
         check_cluster_fits(cfg, address)
         return address
@@ -120,13 +122,23 @@ def start_local(num_cpus: int, logging_level: int = logging.INFO, notice=None, w
             os.environ.setdefault(key, value)
     fields, interpreter = start_for_embedded(env, token=bool(token)) if warm else ({}, None)
     with starting_ray_with(interpreter):
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=True,
-                 dashboard_host="127.0.0.1", dashboard_port=dashboard_port,
-                 _node_ip_address="127.0.0.1", runtime_env={"env_vars": env, **fields},
-                 logging_level=logging_level)
+        ray.init(
+            address="local",
+            num_cpus=num_cpus,
+            include_dashboard=True,
+            dashboard_host="127.0.0.1",
+            dashboard_port=dashboard_port,
+            _node_ip_address="127.0.0.1",
+            runtime_env={"env_vars": env, **fields},
+            logging_level=logging_level,
+        )
     if token:
-        print(f"[raydist] local Ray: token auth on; the dashboard's token is in {token} (readable by this user "
-              f"only, removed when the job ends)", file=notice or sys.stdout, flush=True)
+        print(
+            f"[raydist] local Ray: token auth on; the dashboard's token is in {token} (readable by this user "
+            f"only, removed when the job ends)",
+            file=notice or sys.stdout,
+            flush=True,
+        )
 
 
 DEPRECATION_SKIPPED = "`ExecutionOptions.exclude_resources` is deprecated"

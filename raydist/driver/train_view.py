@@ -35,8 +35,12 @@ def _whereabouts(_actor: Any) -> dict[str, Any]:
     import ray
 
     ctx = ray.get_runtime_context()
-    return {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(), "pid": os.getpid(),
-            "gpu_ids": [int(g) for g in ray.get_gpu_ids() if str(g).isdigit()]}
+    return {
+        "node_id": ctx.get_node_id(),
+        "node_ip": ray.util.get_node_ip_address(),
+        "pid": os.getpid(),
+        "gpu_ids": [int(g) for g in ray.get_gpu_ids() if str(g).isdigit()],
+    }
 
 
 def _torch_version() -> str:
@@ -127,8 +131,12 @@ class TrainView:
             if not self.enabled:  # turned off meanwhile (the run ended): nothing to say
                 return
             self.enabled = False
-            print(f"[raydist] {self.strategy}: the dashboard's Train view will not show this run "
-                  f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else '-'})", file=sys.stderr, flush=True)
+            print(
+                f"[raydist] {self.strategy}: the dashboard's Train view will not show this run "
+                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else '-'})",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _state_actor(self):
         from raydist.private_api import get_or_create_state_actor
@@ -166,15 +174,29 @@ class TrainView:
         for rank, (actor, w) in enumerate(zip(actors, where)):
             if w["node_id"] not in nodes:
                 nodes.append(w["node_id"])
-            workers.append(TrainWorker(
-                world_rank=rank, local_rank=sum(1 for v in where[:rank] if v["node_id"] == w["node_id"]),
-                node_rank=nodes.index(w["node_id"]), actor_id=actor_id(actor), node_id=w["node_id"],
-                node_ip=w["node_ip"], pid=w["pid"], gpu_ids=w["gpu_ids"], status=ActorStatus.ALIVE,
-                resources=TrainResources(resources=per_worker)))
+            workers.append(
+                TrainWorker(
+                    world_rank=rank,
+                    local_rank=sum(1 for v in where[:rank] if v["node_id"] == w["node_id"]),
+                    node_rank=nodes.index(w["node_id"]),
+                    actor_id=actor_id(actor),
+                    node_id=w["node_id"],
+                    node_ip=w["node_ip"],
+                    pid=w["pid"],
+                    gpu_ids=w["gpu_ids"],
+                    status=ActorStatus.ALIVE,
+                    resources=TrainResources(resources=per_worker),
+                )
+            )
         self.attempt_state = TrainRunAttempt(
-            run_id=self.run_id, attempt_id=f"{self.run_id}-{self.attempt}", status=RunAttemptStatus.RUNNING,
-            status_detail=detail, start_time_ns=current_time_ns(),
-            resources=[TrainResources(resources=per_worker) for _ in workers], workers=workers)
+            run_id=self.run_id,
+            attempt_id=f"{self.run_id}-{self.attempt}",
+            status=RunAttemptStatus.RUNNING,
+            status_detail=detail,
+            start_time_ns=current_time_ns(),
+            resources=[TrainResources(resources=per_worker) for _ in workers],
+            workers=workers,
+        )
         # The dashboard takes a RUNNING run whose controller actor is dead for aborted; these runs have no
         # controller actor (the driver is one), so one of theirs that dies with the driver stands in.
         controller = actor_id(controller_actor)
@@ -184,8 +206,9 @@ class TrainView:
         self.run.status, self.run.status_detail = RunStatus.RUNNING, None
         self._put()
 
-    def _attempt_ended(self, attempt_status: str, attempt_detail: str | None, run_status: str,
-                       run_detail: str | None) -> None:
+    def _attempt_ended(
+        self, attempt_status: str, attempt_detail: str | None, run_status: str, run_detail: str | None
+    ) -> None:
         from raydist.private_api import state_schema, state_util
 
         RunAttemptStatus, RunStatus = state_schema.RunAttemptStatus, state_schema.RunStatus
@@ -208,8 +231,12 @@ class TrainView:
         from raydist.private_api import DataConfig, state_schema, state_util
 
         s = state_schema
-        BackendConfig, CheckpointConfig, FailureConfig, RunConfig = (s.BackendConfig, s.CheckpointConfig,
-                                                                    s.FailureConfig, s.RunConfig)
+        BackendConfig, CheckpointConfig, FailureConfig, RunConfig = (
+            s.BackendConfig,
+            s.CheckpointConfig,
+            s.FailureConfig,
+            s.RunConfig,
+        )
         RunSettings, RunStatus, ScalingConfig, TrainRun = s.RunSettings, s.RunStatus, s.ScalingConfig, s.TrainRun
         construct_data_config, current_time_ns = state_util.construct_data_config, state_util.current_time_ns
 
@@ -221,17 +248,29 @@ class TrainView:
             train_loop_config=d.config,
             backend_config=BackendConfig(framework=None, config={"strategy": self.strategy, **d.backend}),
             scaling_config=ScalingConfig(
-                num_workers=d.num_workers, use_gpu=d.use_gpu, resources_per_worker={"CPU": d.cpus_per_worker},
-                placement_strategy="SPREAD", use_tpu=False),
-            datasets=[], data_config=data_config,
+                num_workers=d.num_workers,
+                use_gpu=d.use_gpu,
+                resources_per_worker={"CPU": d.cpus_per_worker},
+                placement_strategy="SPREAD",
+                use_tpu=False,
+            ),
+            datasets=[],
+            data_config=data_config,
             run_config=RunConfig(
                 name=d.name,
                 failure_config=FailureConfig(max_failures=d.max_failures, controller_failure_limit=0),
                 worker_runtime_env={},
                 checkpoint_config=CheckpointConfig(num_to_keep=d.keep, checkpoint_score_order="max"),
-                storage_path=d.storage_dir),
+                storage_path=d.storage_dir,
+            ),
         )
         return TrainRun(
-            id=self.run_id, name=d.name, job_id=ray.get_runtime_context().get_job_id(),
-            controller_actor_id=controller, status=RunStatus.RUNNING, start_time_ns=current_time_ns(),
-            framework_versions={"ray": ray.__version__, "torch": _torch_version()}, run_settings=settings)
+            id=self.run_id,
+            name=d.name,
+            job_id=ray.get_runtime_context().get_job_id(),
+            controller_actor_id=controller,
+            status=RunStatus.RUNNING,
+            start_time_ns=current_time_ns(),
+            framework_versions={"ray": ray.__version__, "torch": _torch_version()},
+            run_settings=settings,
+        )

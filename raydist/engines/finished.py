@@ -62,5 +62,7 @@ def completed_summary(job: str, cfg: Config) -> JobSummary | None:
 
 
 def notice(summary: JobSummary) -> str:
-    return (f"[raydist] {summary.run_name} already completed {summary.steps} steps with this config; its summary "
-            f"again, without starting Ray (to train again: another run.name, or remove {summary.run_dir})")
+    return (
+        f"[raydist] {summary.run_name} already completed {summary.steps} steps with this config; its summary "
+        f"again, without starting Ray (to train again: another run.name, or remove {summary.run_dir})"
+    )

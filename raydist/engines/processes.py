@@ -36,12 +36,22 @@ def launch_settings(cfg: Config) -> LaunchConfig:
     from raydist.typedconfig import validate
 
     s = cfg.scaling
-    return validate(LaunchConfig(
-        workers=s.num_workers, cpus_per_worker=s.cpus_per_worker, use_gpu=s.use_gpu, max_restarts=s.max_failures,
-        hang_timeout_s=cfg.faults.hang_timeout_s, grace_s=STOP_GRACE_S, output="rank0", name=cfg.run.name,
-        # raydist's own worker loop is known to be safe to fork from a warm interpreter (a user's script is not)
-        warm=True,
-        storage_path=cfg.run.storage_dir, address=cfg.run.address))
+    return validate(
+        LaunchConfig(
+            workers=s.num_workers,
+            cpus_per_worker=s.cpus_per_worker,
+            use_gpu=s.use_gpu,
+            max_restarts=s.max_failures,
+            hang_timeout_s=cfg.faults.hang_timeout_s,
+            grace_s=STOP_GRACE_S,
+            output="rank0",
+            name=cfg.run.name,
+            # raydist's own worker loop is known to be safe to fork from a warm interpreter (a user's script is not)
+            warm=True,
+            storage_path=cfg.run.storage_dir,
+            address=cfg.run.address,
+        )
+    )
 
 
 def fit_as_processes(cfg: Config, spec: registry.StrategySpec, session: Session) -> JobSummary:
@@ -54,8 +64,10 @@ def fit_as_processes(cfg: Config, spec: registry.StrategySpec, session: Session)
     fit_id = uuid.uuid4().hex
     job_file = Path(cfg.run.run_dir) / f".launch-{fit_id}.json"
     job_file.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(job_file, {"config": cfg.to_dict(), "strategy": spec.name, "fit_id": fit_id,
-                                 "stop_signal": settings.stop_signal})
+    write_json_atomic(
+        job_file,
+        {"config": cfg.to_dict(), "strategy": spec.name, "fit_id": fit_id, "stop_signal": settings.stop_signal},
+    )
     failure = Path(cfg.run.run_dir) / FAILURE_FILE
     failure.unlink(missing_ok=True)  # an earlier session's
     connected: list[float] = []
@@ -67,8 +79,16 @@ def fit_as_processes(cfg: Config, spec: registry.StrategySpec, session: Session)
         return session.ray
 
     command = [sys.executable, "-m", "raydist.engines.process_worker", str(job_file)]
-    run = LaunchRun(settings, command, os.getcwd(), session.started, join, label=spec.name, hand_over=False,
-                    embedded=starts_embedded(cfg))
+    run = LaunchRun(
+        settings,
+        command,
+        os.getcwd(),
+        session.started,
+        join,
+        label=spec.name,
+        hand_over=False,
+        embedded=starts_embedded(cfg),
+    )
     print(start_line(spec.name, cfg.run.run_dir), file=sys.stderr, flush=True)
     bar = ProgressBar(spec.name, export=Exporter(cfg.run.name, spec.name, "driver", 0))
     tail = MetricsTail(os.path.join(cfg.run.run_dir, METRICS_FILE), bar).start()
@@ -88,8 +108,7 @@ def fit_as_processes(cfg: Config, spec: registry.StrategySpec, session: Session)
     return summary
 
 
-def _summary(cfg: Config, session: Session, connected: float, began: float, fit_id: str,
-             restarts: int) -> JobSummary:
+def _summary(cfg: Config, session: Session, connected: float, began: float, fit_id: str, restarts: int) -> JobSummary:
     from raydist.engines.raytrain import summary_of
 
     result = SimpleNamespace(metrics={}, checkpoint=None)

@@ -38,9 +38,11 @@ def hung_worker(error: BaseException, cfg: Config) -> str | None:
             host = re.search(r"hostname='([^']*)'", text)
             pid = re.search(r"pid=(\d+)", text)
             waited = re.search(r"hanging for ([\d.]+) seconds", text)
-            return (f"rank {rank} on node {host.group(1) if host else '?'} (pid {pid.group(1) if pid else '?'}) "
-                    f"stopped answering for {float(waited.group(1)) if waited else cfg.faults.hang_timeout_s:.0f} s "
-                    f"(faults.hang_timeout_s={cfg.faults.hang_timeout_s:g}): a stopped or frozen process")
+            return (
+                f"rank {rank} on node {host.group(1) if host else '?'} (pid {pid.group(1) if pid else '?'}) "
+                f"stopped answering for {float(waited.group(1)) if waited else cfg.faults.hang_timeout_s:.0f} s "
+                f"(faults.hang_timeout_s={cfg.faults.hang_timeout_s:g}): a stopped or frozen process"
+            )
     return None
 
 
@@ -53,10 +55,12 @@ def failure_line(error: BaseException, cfg: Config, dead: list[str], lost: list[
         s = cfg.scaling
         want = f"{s.min_workers} to {s.max_workers}" if s.elastic else str(s.max_workers)
         waited = f"waited scaling.node_loss_timeout_s={s.node_loss_timeout_s:g} s; " if not lost else ""
-        return (f"training failed: {want} workers no longer fit the cluster after node(s) died: "
-                f"{'; '.join(lost or dead)} ({waited}a range such as "
-                f"scaling.num_workers={max(1, s.min_workers - 1 if s.elastic else s.max_workers - 1)}-{s.max_workers} "
-                f"continues on fewer)")
+        return (
+            f"training failed: {want} workers no longer fit the cluster after node(s) died: "
+            f"{'; '.join(lost or dead)} ({waited}a range such as "
+            f"scaling.num_workers={max(1, s.min_workers - 1 if s.elastic else s.max_workers - 1)}-{s.max_workers} "
+            f"continues on fewer)"
+        )
     return f"training failed: {reason}" + (f"; dead node(s): {'; '.join(dead)}" if dead else "")
 
 
@@ -73,8 +77,10 @@ def refit_after_node_loss(cfg: Config, lost: list[str], unplaced: bool, refits: 
         return None
     if refits:  # the start before this one timed out: Ray still counted the lost node's CPUs
         return f"[raydist] the workers did not fit yet; starting again (scaling.max_failures={s.max_failures})"
-    return (f"[raydist] node(s) died: {'; '.join(lost)}; their replica cannot be replaced in place: starting again "
-            f"on the {s.min_workers} to {s.max_workers} workers that fit, from the latest checkpoint")
+    return (
+        f"[raydist] node(s) died: {'; '.join(lost)}; their replica cannot be replaced in place: starting again "
+        f"on the {s.min_workers} to {s.max_workers} workers that fit, from the latest checkpoint"
+    )
 
 
 def build_trainer(cfg: Config, spec: registry.StrategySpec):
@@ -85,8 +91,13 @@ def build_trainer(cfg: Config, spec: registry.StrategySpec):
     from raydist.engines.raytrain_trainer import torch_trainer
 
     s = cfg.scaling
-    torch_config = spec.load("torch_config")(cfg) if spec.torch_config else QuietTorchConfig(
-        backend=cfg.scaling.resolved_backend, timeout_s=max(1, round(cfg.faults.collective_timeout_s)))
+    torch_config = (
+        spec.load("torch_config")(cfg)
+        if spec.torch_config
+        else QuietTorchConfig(
+            backend=cfg.scaling.resolved_backend, timeout_s=max(1, round(cfg.faults.collective_timeout_s))
+        )
+    )
     # Read by Ray Train's controller (it propagates these variables): how long placing a worker group may take,
     # how long a worker may leave a health check unanswered (a SIGSTOPped or frozen process answers none; a rank
     # merely waiting in a collective still does, from its actor's own thread), and how long Ray Train's own
@@ -119,8 +130,10 @@ def build_trainer(cfg: Config, spec: registry.StrategySpec):
             # replaces replica groups in place gets none either: Ray would retry the replacement on the lost node's
             # slot, and wait for it for ever (`refit_after_node_loss` starts such a run again instead).
             failure_config=FailureConfig(
-                max_failures=s.max_failures, max_preemption_failures=s.max_preemptions,
-                controller_failure_limit=ELASTIC_PLACEMENT_RETRIES if s.elastic and not in_place(torch_config) else 0),
+                max_failures=s.max_failures,
+                max_preemption_failures=s.max_preemptions,
+                controller_failure_limit=ELASTIC_PLACEMENT_RETRIES if s.elastic and not in_place(torch_config) else 0,
+            ),
             # Ray Train's INFO lines (worker group started, checkpoint created, ...) stay in its log files; on the
             # console only with run.verbose.
             logging_config=LoggingConfig(log_level=ray_train_log_level(cfg.run.verbose)),
@@ -218,8 +231,9 @@ def _fit(trainer, cfg: Config, spec: registry.StrategySpec, failure: Path):
     return result
 
 
-def summary_of(result, cfg: Config, session: Session, connected: float, fit_id: str = "",
-               since: float | None = None) -> JobSummary:
+def summary_of(
+    result, cfg: Config, session: Session, connected: float, fit_id: str = "", since: float | None = None
+) -> JobSummary:
     """The job's summary from rank 0's final report (`raydist.train.loop`'s metrics): Ray Train's result, or the
     loop's own file of it when that is newer (`raydist.train.result`). `since`: when this job's first start began
     (`connected` unless its workers started before Ray was up: the launch engine on the embedded instance)."""
@@ -236,17 +250,26 @@ def summary_of(result, cfg: Config, session: Session, connected: float, fit_id: 
     memory = m.get("memory") or {}
     total = m.get("total_steps")
     return JobSummary(
-        strategy=session.job, run_name=cfg.run.name, run_dir=cfg.run.run_dir, ray=session.ray,
+        strategy=session.job,
+        run_name=cfg.run.name,
+        run_dir=cfg.run.run_dir,
+        ray=session.ray,
         workers=m.get("world_size", cfg.scaling.max_workers),
         status="completed" if total is not None and m.get("step") == total else "stopped",
-        steps=m.get("step", 0), total_steps=total if total is not None else 0,
+        steps=m.get("step", 0),
+        total_steps=total if total is not None else 0,
         resumed_from_step=m.get("resumed_from_step"),
-        wall_s=round(time.perf_counter() - session.started, 3), train_time_s=m.get("train_time_s"),
-        test_accuracy=m.get("test_accuracy"), test_loss=m.get("test_loss"), final_loss=m.get("loss"),
-        samples_per_s=m.get("samples_per_s"), steps_per_s=m.get("steps_per_s"),
+        wall_s=round(time.perf_counter() - session.started, 3),
+        train_time_s=m.get("train_time_s"),
+        test_accuracy=m.get("test_accuracy"),
+        test_loss=m.get("test_loss"),
+        final_loss=m.get("loss"),
+        samples_per_s=m.get("samples_per_s"),
+        steps_per_s=m.get("steps_per_s"),
         checkpoint=checkpoint,
         metrics_file=os.path.join(cfg.run.run_dir, "metrics.jsonl"),
-        bytes_per_worker=comm.get("bytes_per_worker", []), wait_s_per_worker=comm.get("wait_s_per_worker", []),
+        bytes_per_worker=comm.get("bytes_per_worker", []),
+        wait_s_per_worker=comm.get("wait_s_per_worker", []),
         peak_memory_bytes_per_worker=memory.get("peak_memory_bytes_per_worker", []),
         param_bytes_per_worker=memory.get("param_bytes_per_worker", []),
         stop_reason=m.get("stop_reason"),
@@ -288,5 +311,9 @@ def startup_seconds(metrics_file: str, connected: float, since: float | None = N
     if not ours:
         return None
     s = ours[0]
-    return {"connect": round(connected - began, 3), "workers": round(s["worker_entered"] - began, 3),
-            "ready": round(s["ready"] - began, 3), "first_step": round(s["first_step"] - began, 3)}
+    return {
+        "connect": round(connected - began, 3),
+        "workers": round(s["worker_entered"] - began, 3),
+        "ready": round(s["ready"] - began, 3),
+        "first_step": round(s["first_step"] - began, 3),
+    }

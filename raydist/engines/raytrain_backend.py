@@ -108,8 +108,9 @@ def _torch_environment(addr: str, port: int) -> None:
 def _init_process_group(backend: str, rank: int, world_size: int, timeout_s: int) -> None:
     from raydist.private_api import setup_torch_process_group as _setup_torch_process_group
 
-    _setup_torch_process_group(backend=backend, world_rank=rank, world_size=world_size, init_method="env://",
-                               timeout_s=timeout_s)
+    _setup_torch_process_group(
+        backend=backend, world_rank=rank, world_size=world_size, init_method="env://", timeout_s=timeout_s
+    )
 
 
 def _shutdown(destroy_process_group: bool) -> None:
@@ -126,12 +127,17 @@ class _TorchBackend(Backend):
 
     def on_start(self, worker_group, backend_config: "QuietTorchConfig") -> None:
         backend = backend_config.backend or (
-            "nccl" if worker_group.get_resources_per_worker().get("GPU", 0) > 0 else "gloo")
+            "nccl" if worker_group.get_resources_per_worker().get("GPU", 0) > 0 else "gloo"
+        )
         addr, port = worker_group.execute_single(0, _address_and_port)
         worker_group.execute(_torch_environment, addr, port)
         n = len(worker_group)
-        ray.get([worker_group.execute_single_async(i, _init_process_group, backend, i, n, backend_config.timeout_s)
-                 for i in range(n)])
+        ray.get(
+            [
+                worker_group.execute_single_async(i, _init_process_group, backend, i, n, backend_config.timeout_s)
+                for i in range(n)
+            ]
+        )
 
     def on_shutdown(self, worker_group, backend_config) -> None:
         futures = worker_group.execute_async(_shutdown, len(worker_group) > 1)

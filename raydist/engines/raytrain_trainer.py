@@ -46,7 +46,8 @@ def torch_trainer(*, torch_config=None, **kwargs):
     from raydist.engines.raytrain_backend import QuietTorchConfig
 
     RaydistTorchTrainer = trainer_class_filtering_default_callbacks(
-        DataParallelTrainer, lambda trainer, c: not UNUSED.get(type(c).__name__, lambda _: False)(trainer))
+        DataParallelTrainer, lambda trainer, c: not UNUSED.get(type(c).__name__, lambda _: False)(trainer)
+    )
     return RaydistTorchTrainer(backend_config=torch_config or QuietTorchConfig(), **kwargs)
 
 

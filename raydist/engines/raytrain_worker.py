@@ -25,8 +25,9 @@ def train_worker(config: dict[str, Any]) -> None:
 
         quiet_ray_train_logs()
     strategy = registry.get(config["strategy"]).load("worker")
-    ctx = RayTrainContext(async_upload=cfg.checkpoint.async_upload, run_dir=cfg.run.run_dir,
-                          fit_id=config.get("fit_id", ""))
+    ctx = RayTrainContext(
+        async_upload=cfg.checkpoint.async_upload, run_dir=cfg.run.run_dir, fit_id=config.get("fit_id", "")
+    )
     if ctx.rank == 0:
         note_placement_group(cfg.run.run_dir)
     trainer = Trainer(cfg, ctx, strategy, entered)

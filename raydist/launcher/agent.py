@@ -50,11 +50,13 @@ session of its own where Python can avoid it: with the kernel's autogroup schedu
 is a group the scheduler shares CPU between, and each rank alone in one took measurably longer millisecond DDP steps
 on a 2-core machine (spot checks of `benchmarks/torchrun_sync.py` under `raydist launch`)."""
 
-SHIM = ("import ctypes, os, sys\n"
-        "ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG: SIGKILL when the agent's thread that started it ends\n"
-        "try:\n    os.setpriority(os.PRIO_PROCESS, 0, int(sys.argv[1]))\nexcept OSError:\n    pass\n"
-        f"os.environ['{PID_ENV}'] = str(os.getpid())\n"
-        "os.execvp(sys.argv[2], sys.argv[2:])\n")
+SHIM = (
+    "import ctypes, os, sys\n"
+    "ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG: SIGKILL when the agent's thread that started it ends\n"
+    "try:\n    os.setpriority(os.PRIO_PROCESS, 0, int(sys.argv[1]))\nexcept OSError:\n    pass\n"
+    f"os.environ['{PID_ENV}'] = str(os.getpid())\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
 """What the script is exec'd through: a fresh single-threaded interpreter (-S: no site, a few ms) sets the death
 signal and srun's niceness, then becomes the script (same pid: rank_site's sitecustomize knows the rank's own
 process by it). Not a preexec_fn: Python code between fork and exec in the agent, a process full of Ray's threads,
@@ -127,9 +129,14 @@ class RankAgent:
 
         ctx = ray.get_runtime_context()
         gpus = [int(g) for g in ray.get_gpu_ids() if str(g).isdigit()]
-        return {"node_id": ctx.get_node_id(), "hostname": socket.gethostname(),
-                "ip": ray.util.get_node_ip_address(), "gpu_ids": gpus, "pid": os.getpid(),
-                "iface": os.environ.get("GLOO_SOCKET_IFNAME") or os.environ.get("NCCL_SOCKET_IFNAME", "")}
+        return {
+            "node_id": ctx.get_node_id(),
+            "hostname": socket.gethostname(),
+            "ip": ray.util.get_node_ip_address(),
+            "gpu_ids": gpus,
+            "pid": os.getpid(),
+            "iface": os.environ.get("GLOO_SOCKET_IFNAME") or os.environ.get("NCCL_SOCKET_IFNAME", ""),
+        }
 
     def free_port(self) -> int:
         """A port free on this node, for MASTER_PORT (rank 0's agent)."""
@@ -139,9 +146,18 @@ class RankAgent:
 
     # ---- the script -----------------------------------------------------------------------------------
 
-    def start(self, argv: list[str], launcher_env: dict[str, str], cwd: str, rank: int, restarts: int, *,
-              warm: bool = False, caller_env: dict[str, str] | None = None,
-              named: dict[str, str] | None = None) -> dict[str, Any]:
+    def start(
+        self,
+        argv: list[str],
+        launcher_env: dict[str, str],
+        cwd: str,
+        rank: int,
+        restarts: int,
+        *,
+        warm: bool = False,
+        caller_env: dict[str, str] | None = None,
+        named: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
         """The script's process: a fresh interpreter, or (`warm`) forked by the node's warm interpreter where there
         is one that can run it (raydist.warm.server: torch already imported). Its environment: this node's,
         the caller's (`caller_env`, `named`) and the launcher's (raydist.launcher.environment.merged). Its pid and
@@ -150,16 +166,28 @@ class RankAgent:
 
         self.rank, self.restarts = rank, restarts
         self._files(rank, restarts)
-        env = {**merged(dict(os.environ), launcher_env, caller_env, named), STATUS_ENV: self.status_file,
-               ERROR_FILE_ENV: self.error_file, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
+        env = {
+            **merged(dict(os.environ), launcher_env, caller_env, named),
+            STATUS_ENV: self.status_file,
+            ERROR_FILE_ENV: self.error_file,
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONFAULTHANDLER": "1",
+        }
         if not os.path.isdir(cwd):
             cwd = os.getcwd()  # the driver's directory is not on this node: Ray's copy of the working dir is
         niceness = _script_niceness()
-        warm, self.cold_why = (spawn(argv, {**env, RETURNED_ENV: self.returned_file}, cwd, niceness) if warm
-                               else (None, COLD_BY_CHOICE))
+        warm, self.cold_why = (
+            spawn(argv, {**env, RETURNED_ENV: self.returned_file}, cwd, niceness) if warm else (None, COLD_BY_CHOICE)
+        )
         self.proc = warm or subprocess.Popen(
-            _shimmed(argv, niceness), env=with_exit_note(env, self.returned_file), cwd=cwd,
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **OWN_PROCESS_GROUP)
+            _shimmed(argv, niceness),
+            env=with_exit_note(env, self.returned_file),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            **OWN_PROCESS_GROUP,
+        )
         self.last_active = time.monotonic()
         self.ended = self.exit_seen = self.returned_at = None
         threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
@@ -216,11 +244,17 @@ class RankAgent:
                 self.ended = self.exit_seen
         if self.returned_at is None and self.returned_file and os.path.exists(self.returned_file):
             self.returned_at = now
-        out = {"lines": lines, "exit_code": code, "silent_s": now - self.last_active,
-               "ended_s_ago": now - self.ended if self.ended is not None else None,
-               "returned_s_ago": now - self.returned_at if self.returned_at is not None else None,
-               "error": read_error_file(self.error_file) if code not in (None, 0) else None,
-               "status": status, "pid": self.proc.pid if self.proc else None, **usage}
+        out = {
+            "lines": lines,
+            "exit_code": code,
+            "silent_s": now - self.last_active,
+            "ended_s_ago": now - self.ended if self.ended is not None else None,
+            "returned_s_ago": now - self.returned_at if self.returned_at is not None else None,
+            "error": read_error_file(self.error_file) if code not in (None, 0) else None,
+            "status": status,
+            "pid": self.proc.pid if self.proc else None,
+            **usage,
+        }
         self._export(out)
         return out
 
@@ -252,8 +286,9 @@ class RankAgent:
         if self._cpu_mark is None or now - self._cpu_mark[0] >= 1.0:
             self._cpu_mark = (now, polled["cpu_s"])
         export_relayed(self.exporter, s)  # a rank of scaling.engine=launch hands over all of the loop's metrics
-        self.exporter.observe(step=s.get("step"), loss=s.get("loss"), restarts=self.restarts,
-                              rss_bytes=polled["rss_bytes"] or None)
+        self.exporter.observe(
+            step=s.get("step"), loss=s.get("loss"), restarts=self.restarts, rss_bytes=polled["rss_bytes"] or None
+        )
         self.exporter.maybe_export()
 
     def send(self, signame: str) -> None:
@@ -292,8 +327,12 @@ class RankAgent:
         t = time.monotonic()
         if os.path.exists(pyspy):
             try:
-                r = subprocess.run([pyspy, "dump", "--nonblocking", "--pid", str(self.proc.pid)],
-                                   capture_output=True, text=True, timeout=STACK_DUMP_TIMEOUT_S)
+                r = subprocess.run(
+                    [pyspy, "dump", "--nonblocking", "--pid", str(self.proc.pid)],
+                    capture_output=True,
+                    text=True,
+                    timeout=STACK_DUMP_TIMEOUT_S,
+                )
                 if r.returncode == 0 and r.stdout.strip():
                     return {"how": "py-spy", "text": r.stdout, "seconds": time.monotonic() - t}
             except (OSError, subprocess.TimeoutExpired):
@@ -311,5 +350,8 @@ class RankAgent:
             pass
         time.sleep(0.2)  # the pump thread reads the last lines
         text = "\n".join(list(self.lines)[before:])
-        return {"how": "faulthandler", "text": text or "(no stack: the process did not answer SIGABRT)",
-                "seconds": time.monotonic() - t}
+        return {
+            "how": "faulthandler",
+            "text": text or "(no stack: the process did not answer SIGABRT)",
+            "seconds": time.monotonic() - t,
+        }

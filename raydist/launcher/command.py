@@ -27,8 +27,11 @@ FLAGS = {  # flag -> (settings key, metavar, help)
     "--hang-timeout": ("hang_timeout_s", "S", "name a rank silent this long, dump every stack (default 300)"),
     "--signal": ("stop_signal", "SIG", "sent to every rank at the time limit or preemption (default SIGTERM)"),
     "--grace": ("grace_s", "S", "seconds the ranks have to exit after that signal (default 30)"),
-    "--export": ("export", "ALL|NONE|[ALL,]NAME[=VALUE],...",
-                 "which of your environment every rank gets, as srun's --export (default ALL)"),
+    "--export": (
+        "export",
+        "ALL|NONE|[ALL,]NAME[=VALUE],...",
+        "which of your environment every rank gets, as srun's --export (default ALL)",
+    ),
     "--output": ("output", "rank0|all|none", "whose output the console shows (default rank0)"),
     "--name": ("name", "NAME", "run name (default launch-<script>)"),
     "--storage": ("storage_path", "DIR", "where the run directory goes (default ~/raydist_runs)"),
@@ -37,17 +40,33 @@ FLAGS = {  # flag -> (settings key, metavar, help)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("launch", help="run your own torchrun- or srun-style training script on every worker of the "
-                                      "Ray cluster, unmodified (docs/launch.md)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "launch",
+        help="run your own torchrun- or srun-style training script on every worker of the "
+        "Ray cluster, unmodified (docs/launch.md)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     for flag, (key, metavar, help) in FLAGS.items():
         p.add_argument(flag, dest=key, metavar=metavar, help=help)
-    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", dest="env",
-                   help="a variable every rank gets with this value (repeatable)")
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        dest="env",
+        help="a variable every rank gets with this value (repeatable)",
+    )
     p.add_argument("--gpu", dest="use_gpu", action="store_const", const="true", help="one GPU per process")
     p.add_argument("--config", action="append", default=[], metavar="FILE", help="YAML of launch settings")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
-                   help="any launch setting, e.g. --set hang_timeout_s=60 (repeatable)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        dest="overrides",
+        help="any launch setting, e.g. --set hang_timeout_s=60 (repeatable)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command every rank runs, after --")
     p.set_defaults(func=_launch)
 
@@ -68,8 +87,10 @@ def overrides(args: argparse.Namespace) -> list[str]:
 def check_command(command: list[str], cwd: str) -> None:
     """The command exists, and so does a Python script it names: one line and exit 2 before Ray starts."""
     if not command:
-        raise UsageError("raydist launch: give the command every rank runs after --, e.g. "
-                         "raydist launch --workers 2 -- python train.py")
+        raise UsageError(
+            "raydist launch: give the command every rank runs after --, e.g. "
+            "raydist launch --workers 2 -- python train.py"
+        )
     program = command[0]
     if program.startswith("-"):
         raise UsageError(f"raydist launch: unknown option {program!r} (options go before --, the command after it)")
@@ -113,8 +134,10 @@ def check_before_ray(cfg) -> None:
     address = cluster_address(cfg)
     check_ray_target(address)
     if cfg.use_gpu and not address and local_gpu_count() < cfg.min_workers:
-        raise UsageError(f"raydist launch: --gpu with workers={cfg.workers} needs {cfg.min_workers} GPU(s) but this "
-                         f"machine has {local_gpu_count()}; leave out --gpu or start fewer workers")
+        raise UsageError(
+            f"raydist launch: --gpu with workers={cfg.workers} needs {cfg.min_workers} GPU(s) but this "
+            f"machine has {local_gpu_count()}; leave out --gpu or start fewer workers"
+        )
 
 
 def check_cluster_gpus(cfg, address: str) -> None:
@@ -123,8 +146,10 @@ def check_cluster_gpus(cfg, address: str) -> None:
 
     have = int(ray.cluster_resources().get("GPU", 0))
     if cfg.use_gpu and have < cfg.min_workers:
-        raise UsageError(f"raydist launch: --gpu with workers={cfg.workers} needs {cfg.min_workers} GPU(s) but the "
-                         f"Ray cluster at {address} has {have}; leave out --gpu or start fewer workers")
+        raise UsageError(
+            f"raydist launch: --gpu with workers={cfg.workers} needs {cfg.min_workers} GPU(s) but the "
+            f"Ray cluster at {address} has {have}; leave out --gpu or start fewer workers"
+        )
 
 
 def connect(cfg) -> str:
@@ -147,10 +172,14 @@ def connect(cfg) -> str:
         check_cluster_gpus(cfg, address)
         return address
     # ERROR: Ray's start-up lines (and its token notice) would mix into the script's own output.
-    start_local(max(os.cpu_count() or 1, int(cfg.max_workers * cfg.cpus_per_worker + 0.999)), logging.ERROR,
-                notice=sys.stderr)
-    print(f"[raydist] local Ray dashboard: {os.environ['RAY_API_SERVER_ADDRESS']} (the run is on its Train page)",
-          file=sys.stderr, flush=True)
+    start_local(
+        max(os.cpu_count() or 1, int(cfg.max_workers * cfg.cpus_per_worker + 0.999)), logging.ERROR, notice=sys.stderr
+    )
+    print(
+        f"[raydist] local Ray dashboard: {os.environ['RAY_API_SERVER_ADDRESS']} (the run is on its Train page)",
+        file=sys.stderr,
+        flush=True,
+    )
     return "local"
 
 
@@ -174,15 +203,17 @@ def _launch(args: argparse.Namespace) -> int:
     from raydist.launcher.output import say
 
     try:
-        summary = LaunchRun(cfg, command, cwd, started, connect, embedded=not cluster_address(cfg),
-                            caller_env=caller).run()
+        summary = LaunchRun(
+            cfg, command, cwd, started, connect, embedded=not cluster_address(cfg), caller_env=caller
+        ).run()
     finally:
         import ray
 
         ray.shutdown()  # now rather than at exit: half a second less (measured), and errors print after it
     if summary.status in ("failed", "exit_fault"):
         raise RankFailed(f"{cfg.name}: {summary.reason}", summary.exit_code)
-    say(f"{cfg.name}: {summary.status} ({summary.reason}) after {summary.wall_s:.1f} s, {summary.restarts} "
-        f"restart(s); summary {os.path.join(cfg.run_dir, 'summary.json')}")
+    say(
+        f"{cfg.name}: {summary.status} ({summary.reason}) after {summary.wall_s:.1f} s, {summary.restarts} "
+        f"restart(s); summary {os.path.join(cfg.run_dir, 'summary.json')}"
+    )
     return 0
-

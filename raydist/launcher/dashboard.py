@@ -15,10 +15,19 @@ REGISTER_AFTER_S = 5.0  # the dashboard's run list gets a start this long after 
 def view_for(cfg: LaunchConfig, label: str, command: list[str]):
     from raydist.driver.train_view import RunDescription, TrainView
 
-    return TrainView(RunDescription(
-        name=cfg.name, strategy=label, num_workers=cfg.max_workers, cpus_per_worker=cfg.cpus_per_worker,
-        use_gpu=cfg.use_gpu, max_failures=cfg.max_restarts, storage_dir=cfg.storage_dir,
-        config={"command": command, **to_dict(cfg)}, backend={"command": " ".join(command)}))
+    return TrainView(
+        RunDescription(
+            name=cfg.name,
+            strategy=label,
+            num_workers=cfg.max_workers,
+            cpus_per_worker=cfg.cpus_per_worker,
+            use_gpu=cfg.use_gpu,
+            max_failures=cfg.max_restarts,
+            storage_dir=cfg.storage_dir,
+            config={"command": command, **to_dict(cfg)},
+            backend={"command": " ".join(command)},
+        )
+    )
 
 
 class RunList:
@@ -51,8 +60,10 @@ class RunList:
             actors = group.actors()
         except Exception as e:  # the dashboard is a view: the run goes on without it
             self.view.enabled = False
-            say(f"{self.name}: the dashboard's Train view will not show this run ({type(e).__name__}: "
-                f"{str(e).splitlines()[0] if str(e) else '-'})")
+            say(
+                f"{self.name}: the dashboard's Train view will not show this run ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else '-'})"
+            )
             return
         self.view.running(actors, actors[0], " ".join(self.command))
 

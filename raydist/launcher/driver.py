@@ -29,9 +29,19 @@ from raydist.launcher.summary import LaunchSummary
 class LaunchRun:
     """One `raydist launch`: runs the group until it completes, fails, or is stopped; returns its summary."""
 
-    def __init__(self, cfg: LaunchConfig, command: list[str], cwd: str, started: float,
-                 connect: Callable[[LaunchConfig], str], *, label: str = "launch", hand_over: bool = True,
-                 embedded: bool = False, caller_env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        cfg: LaunchConfig,
+        command: list[str],
+        cwd: str,
+        started: float,
+        connect: Callable[[LaunchConfig], str],
+        *,
+        label: str = "launch",
+        hand_over: bool = True,
+        embedded: bool = False,
+        caller_env: dict[str, str] | None = None,
+    ):
         """`label`: the run's strategy in the dashboard's run list; `hand_over`: write summary.json and
         $RAYDIST_RESULT_FILE (a job on the launch engine writes its own summary instead); `embedded`: `connect`
         starts the embedded instance (the first start then begins before it, `starts_before_ray`); `caller_env`:
@@ -136,10 +146,13 @@ class LaunchRun:
         """This start's log headers and its line on the console; its dashboard registration is due."""
         self.console.attempt(self.restarts, group.ranks)
         self.runs.due()
-        ranks = ", ".join(f"{r.rank}@{r.node}" + (f"/{r.slot.place.iface}" if r.slot.place.iface else "")
-                          for r in group.ranks)
-        say(f"{self.cfg.name}: {group.n} ranks ({ranks}); MASTER_ADDR={group.ranks[0].slot.place.ip}; "
-            f"logs {self.console.logs}" + warm_note(group.ranks))
+        ranks = ", ".join(
+            f"{r.rank}@{r.node}" + (f"/{r.slot.place.iface}" if r.slot.place.iface else "") for r in group.ranks
+        )
+        say(
+            f"{self.cfg.name}: {group.n} ranks ({ranks}); MASTER_ADDR={group.ranks[0].slot.place.ip}; "
+            f"logs {self.console.logs}" + warm_note(group.ranks)
+        )
 
     def _supervise(self, group: Group) -> policy.Decision:
         """RUNNING: poll until something happens that the policy decides about."""
@@ -182,9 +195,18 @@ class LaunchRun:
         status, decision = self.machine.state.status, self.decision
         if status == "failed":
             self.failures.append(decision.reason)
-        summary = outcome.summarize(self.cfg, group, decision, status=status, ray=self.ray, command=self.command,
-                                    restarts=self.restarts, failures=self.failures, logs=self.console.logs,
-                                    timeline=self.timeline)
+        summary = outcome.summarize(
+            self.cfg,
+            group,
+            decision,
+            status=status,
+            ray=self.ray,
+            command=self.command,
+            restarts=self.restarts,
+            failures=self.failures,
+            logs=self.console.logs,
+            timeline=self.timeline,
+        )
         self.runs.settled(group, final=True)
         if status == "failed":
             self.view.end(error=RaydistError(decision.reason))

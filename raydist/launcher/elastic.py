@@ -39,5 +39,6 @@ def grown(cfg: LaunchConfig, group) -> policy.Event | None:
     fits = group_size(cfg, min(group.n + more, capacity(cfg, ray.nodes())))
     if fits <= group.n:
         return None
-    return policy.Event(policy.Kind.GROW, detail=f"{fits} of workers={cfg.workers} fit the cluster again "
-                                                 f"(running {group.n})")
+    return policy.Event(
+        policy.Kind.GROW, detail=f"{fits} of workers={cfg.workers} fit the cluster again (running {group.n})"
+    )

@@ -19,22 +19,61 @@ import re
 from dataclasses import dataclass
 
 # Allocation-wide SLURM variables: true of every process of the job, kept as inherited.
-JOB_LEVEL_SLURM = frozenset({
-    "SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NAME", "SLURM_JOB_USER", "SLURM_JOB_UID", "SLURM_JOB_GID",
-    "SLURM_JOB_ACCOUNT", "SLURM_JOB_PARTITION", "SLURM_JOB_QOS", "SLURM_CLUSTER_NAME", "SLURM_SUBMIT_DIR",
-    "SLURM_SUBMIT_HOST", "SLURM_CONF", "SLURM_RESTART_COUNT", "SLURM_JOB_START_TIME", "SLURM_JOB_END_TIME",
-    "SLURMD_NODENAME",
-})
+JOB_LEVEL_SLURM = frozenset(
+    {
+        "SLURM_JOB_ID",
+        "SLURM_JOBID",
+        "SLURM_JOB_NAME",
+        "SLURM_JOB_USER",
+        "SLURM_JOB_UID",
+        "SLURM_JOB_GID",
+        "SLURM_JOB_ACCOUNT",
+        "SLURM_JOB_PARTITION",
+        "SLURM_JOB_QOS",
+        "SLURM_CLUSTER_NAME",
+        "SLURM_SUBMIT_DIR",
+        "SLURM_SUBMIT_HOST",
+        "SLURM_CONF",
+        "SLURM_RESTART_COUNT",
+        "SLURM_JOB_START_TIME",
+        "SLURM_JOB_END_TIME",
+        "SLURMD_NODENAME",
+    }
+)
 # Set by Ray for its own worker process, or by Ray's runtime_env for it: not the script's.
-RAY_WORKER_ONLY = frozenset({"RAY_JOB_ID", "RAY_RAYLET_PID", "RAY_CLIENT_MODE", "RAY_JOB_CONFIG_JSON_ENV_VAR",
-                             "RAY_WORKER_MODE", "RAY_LD_PRELOAD"})
+RAY_WORKER_ONLY = frozenset(
+    {
+        "RAY_JOB_ID",
+        "RAY_RAYLET_PID",
+        "RAY_CLIENT_MODE",
+        "RAY_JOB_CONFIG_JSON_ENV_VAR",
+        "RAY_WORKER_MODE",
+        "RAY_LD_PRELOAD",
+    }
+)
 # Torch launcher variables of an enclosing launcher (a driver started under torchrun): replaced, never mixed.
-TORCH_LAUNCHER = frozenset({
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
-    "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE",
-    "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_ENABLE_FILE_TIMER", "CUDA_VISIBLE_DEVICES",
-})
+TORCH_LAUNCHER = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
+        "ROLE_RANK",
+        "ROLE_NAME",
+        "ROLE_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_RUN_ID",
+        "TORCHELASTIC_RESTART_COUNT",
+        "TORCHELASTIC_MAX_RESTARTS",
+        "TORCHELASTIC_USE_AGENT_STORE",
+        "TORCHELASTIC_ERROR_FILE",
+        "TORCHELASTIC_ENABLE_FILE_TIMER",
+        "CUDA_VISIBLE_DEVICES",
+    }
+)
 
 
 RAYDIST_SETTINGS = frozenset({"TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S"})
@@ -42,10 +81,26 @@ RAYDIST_SETTINGS = frozenset({"TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S"})
 the embedded instance's processes inherit: not taken from the node (a caller's own value is exported as any other)."""
 RAYDIST_PLUMBING = frozenset({"RAYDIST_WARM_SOCKET", "RAYDIST_WARM_EXEC"})
 """Where a node's warm interpreter listens (set by the SLURM bring-up, and in a client's shell): never a script's."""
-CALLER_PROCESS = frozenset({
-    "HOSTNAME", "HOST", "PWD", "OLDPWD", "SHLVL", "_", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK",
-    "TMUX", "TMUX_PANE", "STY", "WINDOW", "XDG_SESSION_ID", "RAYDIST_RESULT_FILE",
-})
+CALLER_PROCESS = frozenset(
+    {
+        "HOSTNAME",
+        "HOST",
+        "PWD",
+        "OLDPWD",
+        "SHLVL",
+        "_",
+        "SSH_CLIENT",
+        "SSH_CONNECTION",
+        "SSH_TTY",
+        "SSH_AUTH_SOCK",
+        "TMUX",
+        "TMUX_PANE",
+        "STY",
+        "WINDOW",
+        "XDG_SESSION_ID",
+        "RAYDIST_RESULT_FILE",
+    }
+)
 """What describes the caller's own process or host (its shell, terminal, login): never exported to the ranks. srun
 would pass HOSTNAME and the like on too, and a script reading them would see the login node's."""
 NODE_FIRST = frozenset({"TMPDIR", "XDG_RUNTIME_DIR", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"})
@@ -53,11 +108,25 @@ NODE_FIRST_PREFIXES = ("RAY_", "RAYDIST_")
 """Where the node has its own value, it wins over the caller's: its temp dir, the interface its bring-up chose
 (the caller's NIC name may not exist on the node: the hang raydist replaces), its Ray's settings (auth token path,
 addresses). The caller's is passed on where the node has none."""
-CONTRACT = TORCH_LAUNCHER | {"SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NPROCS",
-                             "SLURM_NNODES", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES",
-                             "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE",
-                             "SLURM_NODELIST", "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST", "RAYDIST_STATUS_FILE",
-                             "TORCHELASTIC_ERROR_FILE"}
+CONTRACT = TORCH_LAUNCHER | {
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_NODEID",
+    "SLURM_NTASKS",
+    "SLURM_NPROCS",
+    "SLURM_NNODES",
+    "SLURM_STEP_NUM_TASKS",
+    "SLURM_STEP_NUM_NODES",
+    "SLURM_JOB_NUM_NODES",
+    "SLURM_TASKS_PER_NODE",
+    "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_NODELIST",
+    "SLURM_JOB_NODELIST",
+    "SLURM_STEP_NODELIST",
+    "RAYDIST_STATUS_FILE",
+    "TORCHELASTIC_ERROR_FILE",
+}
 """The launcher's own variables (rank_environment and the agent's): set by raydist for each rank, not settable by
 --env or --export (a rank that is told another RANK would not meet its peers)."""
 
@@ -65,8 +134,13 @@ CONTRACT = TORCH_LAUNCHER | {"SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "S
 def _launcher_owned(key: str) -> bool:
     """Another launcher's or step's variables: an enclosing torchrun's, the SLURM task's, Ray's worker's, and
     raydist's own plumbing."""
-    return ((key.startswith(("SLURM_", "SLURMD_")) and key not in JOB_LEVEL_SLURM) or key in RAY_WORKER_ONLY
-            or key in TORCH_LAUNCHER or key.startswith("PMI_") or key in RAYDIST_PLUMBING)
+    return (
+        (key.startswith(("SLURM_", "SLURMD_")) and key not in JOB_LEVEL_SLURM)
+        or key in RAY_WORKER_ONLY
+        or key in TORCH_LAUNCHER
+        or key.startswith("PMI_")
+        or key in RAYDIST_PLUMBING
+    )
 
 
 @dataclass(frozen=True)
@@ -109,15 +183,21 @@ def exported(caller: dict[str, str], export: Export) -> dict[str, str]:
     the node (the caller may be outside it, or in another one)."""
     if not export.all:
         return {}
-    return {k: v for k, v in caller.items()
-            if k not in CALLER_PROCESS and not _launcher_owned(k) and not k.startswith(("SLURM_", "SLURMD_"))}
+    return {
+        k: v
+        for k, v in caller.items()
+        if k not in CALLER_PROCESS and not _launcher_owned(k) and not k.startswith(("SLURM_", "SLURMD_"))
+    }
 
 
 def given(caller: dict[str, str], export: Export, env: dict[str, str]) -> dict[str, str]:
     """What the user named: --export NAME (the caller's value, where it has one), --export NAME=VALUE, then --env
     KEY=VALUE. These win over the node's own values too."""
-    out = {name: caller[name] if value is None else value for name, value in export.named
-           if value is not None or name in caller}
+    out = {
+        name: caller[name] if value is None else value
+        for name, value in export.named
+        if value is not None or name in caller
+    }
     return {**out, **env}
 
 
@@ -226,20 +306,36 @@ def rank_environment(slot: Slot, group: Group) -> dict[str, str]:
     W, nodes = group.world_size, group.hostnames()
     env = {
         # torchrun (torch.distributed.elastic) names
-        "RANK": slot.rank, "LOCAL_RANK": slot.local_rank, "WORLD_SIZE": W,
-        "LOCAL_WORLD_SIZE": slot.local_world_size, "GROUP_RANK": slot.node_rank, "GROUP_WORLD_SIZE": len(nodes),
-        "ROLE_RANK": slot.rank, "ROLE_NAME": "default", "ROLE_WORLD_SIZE": W,
-        "MASTER_ADDR": group.master_addr, "MASTER_PORT": group.master_port,
-        "TORCHELASTIC_RUN_ID": group.run_id, "TORCHELASTIC_RESTART_COUNT": group.restart_count,
+        "RANK": slot.rank,
+        "LOCAL_RANK": slot.local_rank,
+        "WORLD_SIZE": W,
+        "LOCAL_WORLD_SIZE": slot.local_world_size,
+        "GROUP_RANK": slot.node_rank,
+        "GROUP_WORLD_SIZE": len(nodes),
+        "ROLE_RANK": slot.rank,
+        "ROLE_NAME": "default",
+        "ROLE_WORLD_SIZE": W,
+        "MASTER_ADDR": group.master_addr,
+        "MASTER_PORT": group.master_port,
+        "TORCHELASTIC_RUN_ID": group.run_id,
+        "TORCHELASTIC_RESTART_COUNT": group.restart_count,
         "TORCHELASTIC_MAX_RESTARTS": group.max_restarts,
         # srun's task names, for the same ranks
-        "SLURM_PROCID": slot.rank, "SLURM_LOCALID": slot.local_rank, "SLURM_NODEID": slot.node_rank,
-        "SLURM_NTASKS": W, "SLURM_NPROCS": W, "SLURM_NNODES": len(nodes), "SLURM_JOB_NUM_NODES": len(nodes),
-        "SLURM_STEP_NUM_TASKS": W, "SLURM_STEP_NUM_NODES": len(nodes),
+        "SLURM_PROCID": slot.rank,
+        "SLURM_LOCALID": slot.local_rank,
+        "SLURM_NODEID": slot.node_rank,
+        "SLURM_NTASKS": W,
+        "SLURM_NPROCS": W,
+        "SLURM_NNODES": len(nodes),
+        "SLURM_JOB_NUM_NODES": len(nodes),
+        "SLURM_STEP_NUM_TASKS": W,
+        "SLURM_STEP_NUM_NODES": len(nodes),
         "SLURM_TASKS_PER_NODE": tasks_per_node(list(group.slots)),
         "SLURM_STEP_TASKS_PER_NODE": tasks_per_node(list(group.slots)),
-        "SLURM_NODELIST": ",".join(nodes), "SLURM_JOB_NODELIST": ",".join(nodes),
-        "SLURM_STEP_NODELIST": ",".join(nodes), "SLURM_CPUS_PER_TASK": max(1, int(group.cpus_per_task)),
+        "SLURM_NODELIST": ",".join(nodes),
+        "SLURM_JOB_NODELIST": ",".join(nodes),
+        "SLURM_STEP_NODELIST": ",".join(nodes),
+        "SLURM_CPUS_PER_TASK": max(1, int(group.cpus_per_task)),
         "SLURM_JOB_NAME": group.job_name,
     }
     counts = {s.local_world_size for s in group.slots}
@@ -257,15 +353,22 @@ def inherited(env: dict[str, str]) -> dict[str, str]:
     return {key: value for key, value in env.items() if not _launcher_owned(key) and key not in RAYDIST_SETTINGS}
 
 
-def merged(worker_env: dict[str, str], launcher_env: dict[str, str], caller_env: dict[str, str] | None = None,
-           named: dict[str, str] | None = None) -> dict[str, str]:
+def merged(
+    worker_env: dict[str, str],
+    launcher_env: dict[str, str],
+    caller_env: dict[str, str] | None = None,
+    named: dict[str, str] | None = None,
+) -> dict[str, str]:
     """The whole environment of one rank's process, later winning: what it keeps of its Ray worker's (the node's),
     the caller's as exported (`exported`; the node's own temp dir, interface and Ray settings stay the node's),
     the values the user gave by name (--env, --export NAME=VALUE), then the launcher's. A job name the allocation
     has stays (Lightning reads 'bash'/'interactive' from it)."""
     node = inherited(worker_env)
-    caller = {k: v for k, v in (caller_env or {}).items()
-              if not (k in node and (k in NODE_FIRST or k.startswith(NODE_FIRST_PREFIXES)))}
+    caller = {
+        k: v
+        for k, v in (caller_env or {}).items()
+        if not (k in node and (k in NODE_FIRST or k.startswith(NODE_FIRST_PREFIXES)))
+    }
     env = {**node, **caller, **(named or {}), **launcher_env}
     if "SLURM_JOB_NAME" in worker_env:
         env["SLURM_JOB_NAME"] = worker_env["SLURM_JOB_NAME"]

@@ -199,15 +199,26 @@ class Group:
             self.pg = None
             raise RaydistError(why) from None
         actor = ray.remote(RankAgent)
-        agents = [actor.options(
-            num_cpus=self.cfg.cpus_per_worker, num_gpus=1 if self.cfg.use_gpu else 0,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i // per_bundle),
-            **self.view.options("rank", i)).remote(self.cfg.name, i, self.view.desc.strategy) for i in range(self.n)]
+        agents = [
+            actor.options(
+                num_cpus=self.cfg.cpus_per_worker,
+                num_gpus=1 if self.cfg.use_gpu else 0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.pg, placement_group_bundle_index=i // per_bundle
+                ),
+                **self.view.options("rank", i),
+            ).remote(self.cfg.name, i, self.view.desc.strategy)
+            for i in range(self.n)
+        ]
         where = ray.get([a.where.remote() for a in agents], timeout=self.cfg.start_timeout_s)
         # The address Ray's node uses (its interface, chosen at bring-up), not whatever the hostname resolves to.
         ips = {n["NodeID"]: "127.0.0.1" if self.loopback else n["NodeManagerAddress"] for n in ray.nodes()}
-        places = [environment.Place(w["node_id"], w["hostname"], ips.get(w["node_id"], w["ip"]), tuple(w["gpu_ids"]),
-                                    w["iface"]) for w in where]
+        places = [
+            environment.Place(
+                w["node_id"], w["hostname"], ips.get(w["node_id"], w["ip"]), tuple(w["gpu_ids"]), w["iface"]
+            )
+            for w in where
+        ]
         slots = environment.assign_ranks(places)
         self.ranks = sorted((Rank(s.rank, a, s) for a, s in zip(agents, slots)), key=lambda r: r.rank)
 
@@ -219,10 +230,12 @@ class Group:
         dead = [name.split(":", 1)[0] for name in dead_nodes()]
         have = ray.cluster_resources()
         died = f"; dead node(s): {', '.join(dead)}" if dead else ""
-        return (f"could not place {self.n} processes (workers={self.cfg.workers} x cpus_per_worker="
-                f"{self.cfg.cpus_per_worker:g}{', one GPU each' if self.cfg.use_gpu else ''}) within start_timeout_s="
-                f"{self.cfg.start_timeout_s:g} s; the cluster has {have.get('CPU', 0):g} CPUs, "
-                f"{have.get('GPU', 0):g} GPUs{died}")
+        return (
+            f"could not place {self.n} processes (workers={self.cfg.workers} x cpus_per_worker="
+            f"{self.cfg.cpus_per_worker:g}{', one GPU each' if self.cfg.use_gpu else ''}) within start_timeout_s="
+            f"{self.cfg.start_timeout_s:g} s; the cluster has {have.get('CPU', 0):g} CPUs, "
+            f"{have.get('GPU', 0):g} GPUs{died}"
+        )
 
     def start(self, command: list[str], cwd: str, run_id: str, env) -> None:
         """Every rank's process, with the launcher's environment (raydist.launcher.environment) and the caller's
@@ -230,18 +243,36 @@ class Group:
         rank0 = self.ranks[0]
         port = _get([rank0.agent.free_port.remote()], POLL_TIMEOUT_S)[0]
         shared = environment.Group(
-            slots=tuple(r.slot for r in self.ranks), master_addr=rank0.slot.place.ip, master_port=port,
-            run_id=run_id, restart_count=self.restarts, max_restarts=self.cfg.max_restarts,
-            job_name=self.cfg.name, cpus_per_task=self.cfg.cpus_per_worker)
+            slots=tuple(r.slot for r in self.ranks),
+            master_addr=rank0.slot.place.ip,
+            master_port=port,
+            run_id=run_id,
+            restart_count=self.restarts,
+            max_restarts=self.cfg.max_restarts,
+            job_name=self.cfg.name,
+            cpus_per_task=self.cfg.cpus_per_worker,
+        )
         extra = {}
         if self.in_driver and "OMP_NUM_THREADS" not in {**os.environ, **env.caller, **env.named}:
             # What a rank of a Ray-placed start inherits from its agent: Ray gives each worker process as many
             # threads as it has CPUs (torchrun sets 1). Without it each rank takes every core's thread.
             extra["OMP_NUM_THREADS"] = str(max(1, int(self.cfg.cpus_per_worker)))
-        started = _get([r.agent.start.remote(command, {**environment.rank_environment(r.slot, shared), **extra},
-                                             cwd, r.rank, self.restarts, warm=self.cfg.warm, caller_env=env.caller,
-                                             named=env.named)
-                        for r in self.ranks], POLL_TIMEOUT_S)
+        started = _get(
+            [
+                r.agent.start.remote(
+                    command,
+                    {**environment.rank_environment(r.slot, shared), **extra},
+                    cwd,
+                    r.rank,
+                    self.restarts,
+                    warm=self.cfg.warm,
+                    caller_env=env.caller,
+                    named=env.named,
+                )
+                for r in self.ranks
+            ],
+            POLL_TIMEOUT_S,
+        )
         for r, s in zip(self.ranks, started):
             r.pid, r.warm, r.cold_why = s["pid"], s["warm"], s["cold_why"]
 

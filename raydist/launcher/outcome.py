@@ -43,17 +43,48 @@ class Timeline:
         return round(time.perf_counter() - self.started, 3)
 
 
-def summarize(cfg: LaunchConfig, group, decision: Decision, *, status: str, ray: str, command: list[str],
-              restarts: int, failures: list[str], logs: Path, timeline: Timeline) -> LaunchSummary:
+def summarize(
+    cfg: LaunchConfig,
+    group,
+    decision: Decision,
+    *,
+    status: str,
+    ray: str,
+    command: list[str],
+    restarts: int,
+    failures: list[str],
+    logs: Path,
+    timeline: Timeline,
+) -> LaunchSummary:
     """The summary of a run that ended with `decision` (as `status`), `group` its last start."""
     return LaunchSummary(
-        run_name=cfg.name, run_dir=cfg.run_dir, ray=ray, command=command,
-        workers=len(group.ranks), status=status, exit_code=decision.exit_code, reason=decision.reason,
-        restarts=restarts, wall_s=timeline.wall_s(),
-        ranks=[{"rank": r.rank, "node": r.node, "iface": r.slot.place.iface, "pid": r.pid,
-                "exit_code": r.exit_code, "warm": r.warm, "exit_fault": r.exit_fault} for r in group.ranks],
-        failures=failures, logs=str(logs), startup_s=timeline.startup(),
-        error=root_cause(group) if status == "failed" else None)
+        run_name=cfg.name,
+        run_dir=cfg.run_dir,
+        ray=ray,
+        command=command,
+        workers=len(group.ranks),
+        status=status,
+        exit_code=decision.exit_code,
+        reason=decision.reason,
+        restarts=restarts,
+        wall_s=timeline.wall_s(),
+        ranks=[
+            {
+                "rank": r.rank,
+                "node": r.node,
+                "iface": r.slot.place.iface,
+                "pid": r.pid,
+                "exit_code": r.exit_code,
+                "warm": r.warm,
+                "exit_fault": r.exit_fault,
+            }
+            for r in group.ranks
+        ],
+        failures=failures,
+        logs=str(logs),
+        startup_s=timeline.startup(),
+        error=root_cause(group) if status == "failed" else None,
+    )
 
 
 def root_cause(group) -> dict[str, Any] | None:

@@ -30,8 +30,10 @@ class Console:
             f.close()
         self.files = {r.rank: open(self.logs / f"rank{r.rank}.log", "a", buffering=1) for r in ranks}
         for r in ranks:
-            self.files[r.rank].write(f"=== raydist launch: start {restarts + 1}, rank {r.rank} on {r.node} "
-                                     f"(pid {r.pid}) at {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n")
+            self.files[r.rank].write(
+                f"=== raydist launch: start {restarts + 1}, rank {r.rank} on {r.node} "
+                f"(pid {r.pid}) at {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n"
+            )
 
     def lines(self, rank, lines: list[str]) -> None:
         if not lines:

@@ -45,10 +45,13 @@ class Event:
 
     def describe(self) -> str:
         who = f"rank {self.rank} on {self.node or '?'}" + (f" (pid {self.pid})" if self.pid else "")
-        detail = self.detail if len(self.detail) <= MAX_DETAIL else self.detail[:MAX_DETAIL - 3] + "..."
+        detail = self.detail if len(self.detail) <= MAX_DETAIL else self.detail[: MAX_DETAIL - 3] + "..."
         if self.kind == Kind.EXITED:
-            how = (f"was killed by signal {-self.exit_code}" if self.exit_code is not None and self.exit_code < 0
-                   else f"exited {self.exit_code}")
+            how = (
+                f"was killed by signal {-self.exit_code}"
+                if self.exit_code is not None and self.exit_code < 0
+                else f"exited {self.exit_code}"
+            )
             return f"{who} {how}" + (f": {detail}" if detail else "")
         if self.kind == Kind.LOST:
             return f"{who} was lost" + (f": {detail}" if detail else "")
@@ -70,15 +73,19 @@ def decide(event: Event, restarts: int, cfg: LaunchConfig) -> Decision:
     if event.kind == Kind.COMPLETED:
         return Decision(Action.DONE, "every rank exited 0")
     if event.kind == Kind.EXIT_FAULT:  # a restart would train from the start again, for something at exit
-        return Decision(Action.FINISHED_FAULTY, f"every rank's script returned, but {event.detail}; not restarted",
-                        exit_code=1)
+        return Decision(
+            Action.FINISHED_FAULTY, f"every rank's script returned, but {event.detail}; not restarted", exit_code=1
+        )
     if event.kind == Kind.STOP:
         return Decision(Action.STOP, event.describe())
     if event.kind == Kind.GROW:  # as Ray Train's elastic policy: not a failure, not counted
         return Decision(Action.RESTART, f"{event.describe()}; restarting every rank with more", counts=False)
     if event.kind == Kind.EXITED and event.exit_code == USAGE_EXIT:
-        return Decision(Action.FAIL, f"{event.describe()} (exit 2: the script refused its input; not restarted)",
-                        exit_code=USAGE_EXIT)
+        return Decision(
+            Action.FAIL,
+            f"{event.describe()} (exit 2: the script refused its input; not restarted)",
+            exit_code=USAGE_EXIT,
+        )
     if cfg.max_restarts == -1 or restarts < cfg.max_restarts:
         limit = "unlimited" if cfg.max_restarts == -1 else f"of at most {cfg.max_restarts}"
         return Decision(Action.RESTART, f"{event.describe()}; restarting every rank ({restarts + 1} {limit})")
@@ -86,8 +93,9 @@ def decide(event: Event, restarts: int, cfg: LaunchConfig) -> Decision:
     return Decision(Action.FAIL, f"{event.describe()}{tail}", exit_code=1)
 
 
-def exit_fault(returned_s_ago: float | None, silent_s: float, exit_code: int | None,
-               exit_timeout_s: float) -> str | None:
+def exit_fault(
+    returned_s_ago: float | None, silent_s: float, exit_code: int | None, exit_timeout_s: float
+) -> str | None:
     """How a rank whose script had returned failed on its way out (non-daemon threads, atexit, interpreter
     teardown, destructors): 'signal' (a crash: a destructor's SIGSEGV, an abort), 'hung' (running, and silent for
     exit_timeout_s since it returned: output, an upload's progress say, restarts the clock), or None (no exit

@@ -14,7 +14,12 @@ from raydist.launcher.errorfile import describe as describe_error
 from raydist.launcher.output import say
 from raydist.launcher.settings import LaunchConfig
 
-COLLECTIVE_FRAMES = ("torch/distributed/", "torch/nn/parallel/distributed.py", "torch/autograd/", "_engine_run_backward")
+COLLECTIVE_FRAMES = (
+    "torch/distributed/",
+    "torch/nn/parallel/distributed.py",
+    "torch/autograd/",
+    "_engine_run_backward",
+)
 
 
 class RankEvents:
@@ -33,8 +38,9 @@ class RankEvents:
         failed = [r for r in ranks if r.exit_code not in (None, 0) and not r.exit_fault]
         if failed:
             r = first_failed(failed)  # its peers followed
-            return policy.Event(policy.Kind.EXITED, r.rank, r.node, r.pid, r.exit_code,
-                                describe_error(r.error) or r.last_line)
+            return policy.Event(
+                policy.Kind.EXITED, r.rank, r.node, r.pid, r.exit_code, describe_error(r.error) or r.last_line
+            )
         if all(r.exit_code == 0 or r.exit_fault for r in ranks):
             faults = [r.exit_fault for r in ranks if r.exit_fault]
             if faults:
@@ -46,16 +52,21 @@ class RankEvents:
         """A rank whose script had returned and that then died by a signal, or has been silent without exiting for
         exit_timeout_s (its stack dumped, then killed): an exit fault, reported, never restarted."""
         for r in self.group.ranks:
-            how = None if r.exit_fault else policy.exit_fault(r.returned_s_ago, r.silent_s, r.exit_code,
-                                                              self.cfg.exit_timeout_s)
+            how = (
+                None
+                if r.exit_fault
+                else policy.exit_fault(r.returned_s_ago, r.silent_s, r.exit_code, self.cfg.exit_timeout_s)
+            )
             who = f"rank {r.rank} on {r.node} (pid {r.pid})"
             if how == "signal":
                 r.exit_fault = f"{who} was then killed by signal {-r.exit_code} on its way out"
             elif how == "hung":
                 where = self.write_stacks(self.group.dump_stacks([r]), "exit-")
                 self.group.kill(r)
-                r.exit_fault = (f"{who} then printed nothing and did not exit for {self.cfg.exit_timeout_s:g} s "
-                                f"(exit_timeout_s); its stack is in {where / f'exit-rank{r.rank}.txt'}; killed")
+                r.exit_fault = (
+                    f"{who} then printed nothing and did not exit for {self.cfg.exit_timeout_s:g} s "
+                    f"(exit_timeout_s); its stack is in {where / f'exit-rank{r.rank}.txt'}; killed"
+                )
             if how:
                 say(f"exit fault: {r.exit_fault}")
 
@@ -69,20 +80,30 @@ class RankEvents:
             return None
         stacks = self.group.dump_stacks()
         where = self.write_stacks(stacks)
-        acts = [policy.Activity(a.rank, a.last_active, a.state, in_collective(stacks.get(a.rank, {}).get("text", "")))
-                for a in acts]
+        acts = [
+            policy.Activity(a.rank, a.last_active, a.state, in_collective(stacks.get(a.rank, {}).get("text", "")))
+            for a in acts
+        ]
         bad = policy.culprit(acts)
         r = self.group.ranks[bad.rank]
         state = " (its process was stopped)" if bad.state in ("T", "t") else ""
-        return policy.Event(policy.Kind.HUNG, r.rank, r.node, r.pid, detail=(
-            f"printed nothing and reported no step for {now - bad.last_active:.0f} s (hang_timeout_s="
-            f"{self.cfg.hang_timeout_s:g}){state}; every rank's stack is in {where}"))
+        return policy.Event(
+            policy.Kind.HUNG,
+            r.rank,
+            r.node,
+            r.pid,
+            detail=(
+                f"printed nothing and reported no step for {now - bad.last_active:.0f} s (hang_timeout_s="
+                f"{self.cfg.hang_timeout_s:g}){state}; every rank's stack is in {where}"
+            ),
+        )
 
     def write_stacks(self, stacks: dict[int, dict[str, Any]], prefix: str = "") -> Path:
         self.stacks.mkdir(parents=True, exist_ok=True)
         for rank, s in stacks.items():
             (self.stacks / f"{prefix}rank{rank}.txt").write_text(
-                f"# {s.get('how')}, {s.get('seconds', 0):.2f} s\n{s['text']}\n")
+                f"# {s.get('how')}, {s.get('seconds', 0):.2f} s\n{s['text']}\n"
+            )
         return self.stacks
 
 

@@ -40,21 +40,31 @@ class RunState(enum.Enum):
         return STATUS[self]
 
 
-STATUS = {RunState.FINISHED: "completed", RunState.STOPPED: "stopped", RunState.EXIT_FAULT: "exit_fault",
-          RunState.FAILED: "failed"}
+STATUS = {
+    RunState.FINISHED: "completed",
+    RunState.STOPPED: "stopped",
+    RunState.EXIT_FAULT: "exit_fault",
+    RunState.FAILED: "failed",
+}
 
 TRANSITIONS: dict[RunState, frozenset[RunState]] = {
     RunState.CONNECTING: frozenset({RunState.STARTING, RunState.RUNNING}),
     RunState.STARTING: frozenset({RunState.RUNNING}),
-    RunState.RUNNING: frozenset({RunState.RESTARTING, RunState.STOPPING, RunState.FINISHED, RunState.EXIT_FAULT,
-                                 RunState.FAILED}),
+    RunState.RUNNING: frozenset(
+        {RunState.RESTARTING, RunState.STOPPING, RunState.FINISHED, RunState.EXIT_FAULT, RunState.FAILED}
+    ),
     RunState.RESTARTING: frozenset({RunState.STARTING}),
     RunState.STOPPING: frozenset({RunState.STOPPED}),
     **{s: frozenset() for s in STATUS},
 }
 
-AFTER = {Action.DONE: RunState.FINISHED, Action.FINISHED_FAULTY: RunState.EXIT_FAULT,
-         Action.RESTART: RunState.RESTARTING, Action.STOP: RunState.STOPPING, Action.FAIL: RunState.FAILED}
+AFTER = {
+    Action.DONE: RunState.FINISHED,
+    Action.FINISHED_FAULTY: RunState.EXIT_FAULT,
+    Action.RESTART: RunState.RESTARTING,
+    Action.STOP: RunState.STOPPING,
+    Action.FAIL: RunState.FAILED,
+}
 
 
 def after(decision: Decision) -> RunState:

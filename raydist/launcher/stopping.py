@@ -60,8 +60,9 @@ def requested(group) -> policy.Event | None:
     ours = {r.slot.place.node_id: r.node for r in group.ranks}
     drained = [ours[n] for n in draining if n in ours]
     if drained:
-        return policy.Event(policy.Kind.STOP, detail=f"node(s) {', '.join(sorted(set(drained)))} being drained "
-                                                     f"(preemption)")
+        return policy.Event(
+            policy.Kind.STOP, detail=f"node(s) {', '.join(sorted(set(drained)))} being drained (preemption)"
+        )
     return None
 
 

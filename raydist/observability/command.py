@@ -26,7 +26,11 @@ def cluster_source(args):
             from raydist.slurm.command import find_connection
 
             _, conn = find_connection(args)
-            url, token_path, describe = conn.dashboard_url, conn.token_path, f"SLURM job {conn.job_id} ({conn.dashboard_url})"
+            url, token_path, describe = (
+                conn.dashboard_url,
+                conn.token_path,
+                f"SLURM job {conn.job_id} ({conn.dashboard_url})",
+            )
         token = None
         if token_path:
             try:
@@ -72,8 +76,11 @@ def _top(args) -> int:
 
 def which_cluster(p: argparse.ArgumentParser) -> None:
     """The options that name a cluster, shared with `raydist prometheus-config`."""
-    p.add_argument("--address", help="the cluster's dashboard URL, http://HOST:PORT (default: $RAY_ADDRESS when it "
-                                     "is one, else the Ray instance on this machine)")
+    p.add_argument(
+        "--address",
+        help="the cluster's dashboard URL, http://HOST:PORT (default: $RAY_ADDRESS when it "
+        "is one, else the Ray instance on this machine)",
+    )
     p.add_argument("--token-file", help="the cluster's auth token file (default: $RAY_AUTH_TOKEN_PATH)")
     p.add_argument("--job", type=int, help="a SLURM job's cluster (cluster/ray_up.slurm)")
     p.add_argument("--connection", metavar="FILE", help="a SLURM job's connection file")
@@ -82,16 +89,21 @@ def which_cluster(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("top", help="live view of a running cluster's training processes: node, rank, step, "
-                                   "samples/s, communication wait, staleness, last checkpoint, state")
+    p = sub.add_parser(
+        "top",
+        help="live view of a running cluster's training processes: node, rank, step, "
+        "samples/s, communication wait, staleness, last checkpoint, state",
+    )
     which_cluster(p)
     p.add_argument("--once", action="store_true", help="print one view and exit")
     p.add_argument("--json", action="store_true", help="with --once: machine-readable")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default: 2)")
     p.set_defaults(func=_top)
 
-    p = sub.add_parser("prometheus-config", help="print a prometheus.yml that scrapes a cluster's metrics "
-                                                 "(Debian's prometheus; docs/observability.md)")
+    p = sub.add_parser(
+        "prometheus-config",
+        help="print a prometheus.yml that scrapes a cluster's metrics (Debian's prometheus; docs/observability.md)",
+    )
     which_cluster(p)
     p.add_argument("--interval", type=float, default=5.0, help="scrape interval in seconds (default: 5)")
     p.set_defaults(func=_prometheus_config)
@@ -105,8 +117,9 @@ def _prometheus_config(args) -> int:
     source = cluster_source(args)
     if source.sd_file is not None:
         # The session's own file moves with every new session; the legacy link in the temp dir follows the newest.
-        text = scrape_config(sd_file=os.path.join(args.temp_dir, "prom_metrics_service_discovery.json"),
-                             interval_s=args.interval)
+        text = scrape_config(
+            sd_file=os.path.join(args.temp_dir, "prom_metrics_service_discovery.json"), interval_s=args.interval
+        )
     else:
         text = scrape_config(dashboard_url=source.dashboard_url, token_file=source.token_path, interval_s=args.interval)
     print(text, end="")

@@ -67,9 +67,17 @@ class ProgressBar:
     `update` may be called as often as wanted (from any thread): a terminal bar is redrawn at most every
     REFRESH_S, and plain lines are printed only at the first step, at each tenth of `total` and at `close`."""
 
-    def __init__(self, label: str, total: int | None = None, *, samples_per_step: int | None = None,
-                 stream: TextIO | None = None, tty: bool | None = None, clock: Callable[[], float] = time.monotonic,
-                 export: Any = None):
+    def __init__(
+        self,
+        label: str,
+        total: int | None = None,
+        *,
+        samples_per_step: int | None = None,
+        stream: TextIO | None = None,
+        tty: bool | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        export: Any = None,
+    ):
         """export: a raydist.observability.ray_metrics.Exporter that the driver's view of the run also goes to."""
         self.label = label
         self.export = export
@@ -109,9 +117,17 @@ class ProgressBar:
             self._seen.clear()
             self.step = step
 
-    def update(self, step: int, *, loss: float | None = None, test_accuracy: float | None = None,
-               samples_per_s: float | None = None, total: int | None = None,
-               extra: dict[str, str] | None = None, at: float | None = None) -> None:
+    def update(
+        self,
+        step: int,
+        *,
+        loss: float | None = None,
+        test_accuracy: float | None = None,
+        samples_per_s: float | None = None,
+        total: int | None = None,
+        extra: dict[str, str] | None = None,
+        at: float | None = None,
+    ) -> None:
         """The run is at `step`; loss, test_accuracy, samples_per_s (else measured from the steps) and `extra`
         (more figures by name, e.g. staleness) replace the shown ones when given. `at`: when the step was taken,
         in seconds on a clock of the run's own (metrics.jsonl's time_s), for the rate; else when this is called."""
@@ -141,8 +157,9 @@ class ProgressBar:
                 sps = self._given_rate
                 if sps is None and self.samples_per_step and (rate := self.steps_per_s()) is not None:
                     sps = rate * self.samples_per_step
-                self.export.observe(step=step, total_steps=self.total, loss=loss, test_accuracy=test_accuracy,
-                                    samples_per_s=sps)
+                self.export.observe(
+                    step=step, total_steps=self.total, loss=loss, test_accuracy=test_accuracy, samples_per_s=sps
+                )
                 self.export.maybe_export()
             if self.tty:
                 if now - self._last_draw >= REFRESH_S:
@@ -319,8 +336,10 @@ class MetricsTail:
                 self._sessions += 1
                 if self._sessions > 1:
                     at = r["session_at_step"]
-                    self.bar.say(f"the worker group restarted with {r.get('world_size', '?')} workers, "
-                                 + (f"from the checkpoint at step {at}" if at else "from the start"))
+                    self.bar.say(
+                        f"the worker group restarted with {r.get('world_size', '?')} workers, "
+                        + (f"from the checkpoint at step {at}" if at else "from the start")
+                    )
                 self.bar.new_session(r["session_at_step"], r.get("total_steps"), r.get("samples_per_step"))
             elif "eval_at_step" in r:
                 latest["test_accuracy"] = r.get("test_accuracy")
@@ -381,9 +400,16 @@ class _RayTrainInfo(logging.Filter):
 # wrapper), and what a heal worker's torchft Manager raises when its group is being torn down around it (the
 # lighthouse, Ray Train's controller's actor, gone first): Ray Train restarts the group or ends the run, and the
 # driver says so in one line (MetricsTail, or the run's failure line).
-_PEER_LOST_SIGNS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "DistBackendError",
-                    "NCCL communicator was aborted", "Failed to connect to lighthouse", "lighthouse quorum failed",
-                    "Failed to send heartbeat to lighthouse")
+_PEER_LOST_SIGNS = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "DistBackendError",
+    "NCCL communicator was aborted",
+    "Failed to connect to lighthouse",
+    "lighthouse quorum failed",
+    "Failed to send heartbeat to lighthouse",
+)
 
 
 def _peer_lost(record: logging.LogRecord) -> bool:

@@ -9,9 +9,16 @@ from raydist.observability.ray_metrics import EXPORTED_PREFIX, METRICS, Metric
 
 UID = "raydist-training"
 _SELECT = 'run=~"$run", strategy=~"$strategy"'
-_UNITS = {"samples_per_s": "short", "step_time_s": "s", "checkpoint_s": "s", "comm_wait_share": "percentunit",
-          "peak_memory_bytes": "bytes", "comm_bytes": "Bps", "updated_unixtime": "dateTimeAsIso",
-          "test_accuracy": "percentunit"}
+_UNITS = {
+    "samples_per_s": "short",
+    "step_time_s": "s",
+    "checkpoint_s": "s",
+    "comm_wait_share": "percentunit",
+    "peak_memory_bytes": "bytes",
+    "comm_bytes": "Bps",
+    "updated_unixtime": "dateTimeAsIso",
+    "test_accuracy": "percentunit",
+}
 
 
 def _expr(m: Metric) -> tuple[str, str]:
@@ -26,33 +33,64 @@ def _expr(m: Metric) -> tuple[str, str]:
 def _panel(i: int, m: Metric) -> dict:
     expr, legend = _expr(m)
     return {
-        "id": i + 1, "type": "timeseries", "title": m.name + (" (per second)" if m.kind == "counter" else ""),
-        "description": m.description, "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "id": i + 1,
+        "type": "timeseries",
+        "title": m.name + (" (per second)" if m.kind == "counter" else ""),
+        "description": m.description,
+        "datasource": {"type": "prometheus", "uid": "${datasource}"},
         "gridPos": {"h": 8, "w": 12, "x": 12 * (i % 2), "y": 8 * (i // 2)},
         "fieldConfig": {"defaults": {"unit": _UNITS.get(m.name, "short")}, "overrides": []},
         "options": {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}},
-        "targets": [{"refId": "A", "expr": expr, "legendFormat": legend,
-                     "datasource": {"type": "prometheus", "uid": "${datasource}"}}],
+        "targets": [
+            {
+                "refId": "A",
+                "expr": expr,
+                "legendFormat": legend,
+                "datasource": {"type": "prometheus", "uid": "${datasource}"},
+            }
+        ],
     }
 
 
 def dashboard() -> dict:
     shown = [m for m in METRICS if m.name != "updated_unixtime"]
     var = lambda name, label: {  # noqa: E731
-        "name": name, "label": label, "type": "query", "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": {"type": "prometheus", "uid": "${datasource}"},
         "query": {"query": f"label_values({EXPORTED_PREFIX}step, {name})", "refId": name},
-        "definition": f"label_values({EXPORTED_PREFIX}step, {name})", "includeAll": True, "multi": True,
-        "current": {"text": "All", "value": "$__all"}, "refresh": 2, "sort": 1,
+        "definition": f"label_values({EXPORTED_PREFIX}step, {name})",
+        "includeAll": True,
+        "multi": True,
+        "current": {"text": "All", "value": "$__all"},
+        "refresh": 2,
+        "sort": 1,
     }
     return {
-        "uid": UID, "title": "raydist training", "tags": ["raydist", "ray"], "timezone": "browser",
-        "schemaVersion": 39, "version": 1, "editable": True, "refresh": "5s",
+        "uid": UID,
+        "title": "raydist training",
+        "tags": ["raydist", "ray"],
+        "timezone": "browser",
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": True,
+        "refresh": "5s",
         "time": {"from": "now-30m", "to": "now"},
-        "templating": {"list": [
-            {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus",
-             "current": {}, "hide": 0},
-            var("run", "run"), var("strategy", "strategy"),
-        ]},
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "label": "Prometheus",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "current": {},
+                    "hide": 0,
+                },
+                var("run", "run"),
+                var("strategy", "strategy"),
+            ]
+        },
         "panels": [_panel(i, m) for i, m in enumerate(shown)],
     }
 

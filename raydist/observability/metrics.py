@@ -83,6 +83,7 @@ SHOWN = ("step", "epoch", "loss", "grad_norm", "lr", "samples_per_s", "test_loss
 
 def progress_line(metrics: dict[str, Any]) -> str:
     """The line rank 0 prints at each report: the metrics a person watches, in a fixed order."""
+
     def fmt(key: str, value: Any) -> str:
         return f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
 

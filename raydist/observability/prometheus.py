@@ -13,8 +13,15 @@ import json
 SCRAPE_INTERVAL_S = 5
 
 
-def scrape_config(*, dashboard_url: str | None = None, token_file: str | None = None, sd_file: str | None = None,
-                  job: str = "raydist", interval_s: float = SCRAPE_INTERVAL_S, refresh_s: float = 30) -> str:
+def scrape_config(
+    *,
+    dashboard_url: str | None = None,
+    token_file: str | None = None,
+    sd_file: str | None = None,
+    job: str = "raydist",
+    interval_s: float = SCRAPE_INTERVAL_S,
+    refresh_s: float = 30,
+) -> str:
     """prometheus.yml text (JSON is YAML: every value quoted safely). Exactly one of dashboard_url / sd_file;
     refresh_s: how often Prometheus asks for the list of nodes again."""
     if (dashboard_url is None) == (sd_file is None):
@@ -30,5 +37,8 @@ def scrape_config(*, dashboard_url: str | None = None, token_file: str | None = 
         "global": {"scrape_interval": f"{interval_s:g}s", "evaluation_interval": f"{interval_s:g}s"},
         "scrape_configs": [{"job_name": job, **discovery}],
     }
-    return "# Prometheus config for a raydist cluster (written by `raydist prometheus-config`)\n" + \
-        json.dumps(config, indent=2) + "\n"
+    return (
+        "# Prometheus config for a raydist cluster (written by `raydist prometheus-config`)\n"
+        + json.dumps(config, indent=2)
+        + "\n"
+    )

@@ -29,20 +29,31 @@ COMMON: tuple[Metric, ...] = (
     Metric("loss", "gauge", "training loss of the latest step (rank 0 of a sync run: the mean over ranks)"),
     Metric("grad_norm", "gauge", "gradient norm of the latest step, before clipping"),
     Metric("lr", "gauge", "learning rate of the latest step"),
-    Metric("samples_per_s", "gauge", "training samples per second through this worker (the whole run's for the driver)"),
+    Metric(
+        "samples_per_s", "gauge", "training samples per second through this worker (the whole run's for the driver)"
+    ),
     Metric("step_time_s", "gauge", "wall time of the latest step"),
-    Metric("comm_wait_share", "gauge",
-           "share of wall time spent waiting on communication since the previous export (past 0.2 the model is too "
-           "small for the nodes or the network is slow)"),
+    Metric(
+        "comm_wait_share",
+        "gauge",
+        "share of wall time spent waiting on communication since the previous export (past 0.2 the model is too "
+        "small for the nodes or the network is slow)",
+    ),
     Metric("comm_bytes", "counter", "payload bytes sent plus received (by the algorithm's volume, not wire bytes)"),
     Metric("checkpoint_s", "gauge", "seconds the latest checkpoint took to write"),
     Metric("last_checkpoint_step", "gauge", "step of the latest checkpoint"),
     Metric("peak_memory_bytes", "gauge", "peak resident memory of the process (GPU: peak allocated on its device)"),
     Metric("test_accuracy", "gauge", "test accuracy at the latest evaluation"),
-    Metric("restarts", "gauge", "restarts of the run's workers so far (async PS driver; each rank of `raydist launch`)"),
+    Metric(
+        "restarts", "gauge", "restarts of the run's workers so far (async PS driver; each rank of `raydist launch`)"
+    ),
     Metric("rss_bytes", "gauge", "`raydist launch`: resident memory of the rank's script and the processes it started"),
-    Metric("cpu_share", "gauge", "`raydist launch`: CPU time of the rank's script and the processes it started, per "
-           "second of wall time since the previous export (1.0 = one core busy)"),
+    Metric(
+        "cpu_share",
+        "gauge",
+        "`raydist launch`: CPU time of the rank's script and the processes it started, per "
+        "second of wall time since the previous export (1.0 = one core busy)",
+    ),
     Metric("updated_unixtime", "gauge", "when this process last exported (Unix time): its age tells a stalled worker"),
 )
 
@@ -70,8 +81,9 @@ def _instrument(metric: Metric):
         from ray.util.metrics import Counter, Gauge
 
         cls = Gauge if metric.kind == "gauge" else Counter
-        inst = _instruments[metric.name] = cls(PREFIX + metric.name, description=metric.description,
-                                               tag_keys=TAGS + metric.extra_tags)
+        inst = _instruments[metric.name] = cls(
+            PREFIX + metric.name, description=metric.description, tag_keys=TAGS + metric.extra_tags
+        )
     return inst
 
 
@@ -92,9 +104,19 @@ class Exporter:
     microseconds; a step of a small model is a millisecond). Outside a Ray worker it does nothing, unless under
     `raydist launch` (then it relays)."""
 
-    def __init__(self, run: str, strategy: str, role: str, rank: int, *, device: str = "cpu",
-                 every_s: float = EXPORT_EVERY_S, clock: Callable[[], float] = time.monotonic, enabled: bool | None = None,
-                 own_memory: bool = True):
+    def __init__(
+        self,
+        run: str,
+        strategy: str,
+        role: str,
+        rank: int,
+        *,
+        device: str = "cpu",
+        every_s: float = EXPORT_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+        enabled: bool | None = None,
+        own_memory: bool = True,
+    ):
         """`own_memory`: export this process's peak memory (not for a launched rank's agent: not its rank's)."""
         self.own_memory = own_memory
         self.relay = False

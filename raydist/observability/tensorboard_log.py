@@ -50,13 +50,16 @@ class TensorBoardLog:
     from view: a session resumed from the checkpoint at step S redoes the steps from S + 1, so their old points,
     written before a failure, would otherwise stay next to the new ones."""
 
-    def __init__(self, run_dir: str, start_step: int, config: dict[str, Any] | None = None,
-                 samples_per_step: int | None = None):
+    def __init__(
+        self, run_dir: str, start_step: int, config: dict[str, Any] | None = None, samples_per_step: int | None = None
+    ):
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as e:  # torch raises this when the tensorboard package is missing
-            raise RaydistError(f"run.tensorboard needs the tensorboard package ({e}); pip install tensorboard, "
-                               "or --set run.tensorboard=false") from None
+            raise RaydistError(
+                f"run.tensorboard needs the tensorboard package ({e}); pip install tensorboard, "
+                "or --set run.tensorboard=false"
+            ) from None
         from tensorboard.compat.proto.summary_pb2 import Summary
 
         self._Summary = Summary
@@ -90,8 +93,9 @@ class TensorBoardLog:
             self._scalars({f"train/{k}": float(record[k]) for k in TRAIN_KEYS if record.get(k) is not None}, step)
             self._rate(step, record.get("time_s"))
         elif "eval_at_step" in record:
-            self._scalars({f"eval/{k}": float(record[k]) for k in EVAL_KEYS if record.get(k) is not None},
-                          record["eval_at_step"])
+            self._scalars(
+                {f"eval/{k}": float(record[k]) for k in EVAL_KEYS if record.get(k) is not None}, record["eval_at_step"]
+            )
         elif "session_at_step" in record:
             self.samples_per_step = record.get("samples_per_step", self.samples_per_step)
             self._window = None  # time_s starts again with each session

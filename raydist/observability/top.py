@@ -54,7 +54,7 @@ def parse_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
         except ValueError:
             continue
         labels = {k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in _LABEL.findall(m["labels"] or "")}
-        name = m["name"][len(EXPORTED_PREFIX):]
+        name = m["name"][len(EXPORTED_PREFIX) :]
         if name.endswith("_total"):
             name = name[: -len("_total")]
         out.append((name, labels, value))
@@ -77,9 +77,15 @@ class Proc:
         v = self.values
         updated = v.get("updated_unixtime")
         age = None if updated is None else max(0.0, now - updated)
-        out: dict[str, Any] = {"run": self.run, "strategy": self.strategy, "role": self.role, "rank": self.rank,
-                               "node": self.node, "state": "alive" if age is None or age < STALLED_AFTER_S else "stalled",
-                               "age_s": None if age is None else round(age, 1)}
+        out: dict[str, Any] = {
+            "run": self.run,
+            "strategy": self.strategy,
+            "role": self.role,
+            "rank": self.rank,
+            "node": self.node,
+            "state": "alive" if age is None or age < STALLED_AFTER_S else "stalled",
+            "age_s": None if age is None else round(age, 1),
+        }
         for key in COUNTS:
             if key in v:
                 out[key] = int(v[key])
@@ -100,8 +106,13 @@ def group(samples: list[tuple[str, dict[str, str], float]]) -> list[Proc]:
             continue
         p = by_series.get(key)
         if p is None:
-            p = by_series[key] = Proc(labels["run"], labels.get("strategy", "?"), labels["role"], key[2],
-                                      labels.get("node", labels.get("NodeAddress", "?")))
+            p = by_series[key] = Proc(
+                labels["run"],
+                labels.get("strategy", "?"),
+                labels["role"],
+                key[2],
+                labels.get("node", labels.get("NodeAddress", "?")),
+            )
         if name in PER_WORKER and "worker" in labels:
             p.per_worker.setdefault(name, {})[int(labels["worker"])] = value
         else:
@@ -146,10 +157,19 @@ def with_gone(previous: list[dict[str, Any]], current: list[dict[str, Any]]) -> 
     out = []
     for run in current:
         seen = {(p["role"], p["rank"]) for p in run["processes"]}
-        lost = [{**p, "state": "gone"} for p in before.get(run["run"], {}).get("processes", [])
-                if (p["role"], p["rank"]) not in seen]
-        out.append({**run, "processes": sorted(run["processes"] + lost, key=lambda p: (
-            {"driver": 0, "server": 1}.get(p["role"], 2), p["rank"]))})
+        lost = [
+            {**p, "state": "gone"}
+            for p in before.get(run["run"], {}).get("processes", [])
+            if (p["role"], p["rank"]) not in seen
+        ]
+        out.append(
+            {
+                **run,
+                "processes": sorted(
+                    run["processes"] + lost, key=lambda p: ({"driver": 0, "server": 1}.get(p["role"], 2), p["rank"])
+                ),
+            }
+        )
     return out
 
 
@@ -165,8 +185,22 @@ def _fmt(value: Any, kind: str = "") -> str:
     return str(value)
 
 
-COLUMNS = ("RUN", "ROLE", "RANK", "NODE", "STEP", "SAMPLES/S", "WAIT", *(h for h, _ in OWN_COLUMNS), "LOSS", "CKPT",
-           "CPU", "MEM", "RESTARTS", "STATE")
+COLUMNS = (
+    "RUN",
+    "ROLE",
+    "RANK",
+    "NODE",
+    "STEP",
+    "SAMPLES/S",
+    "WAIT",
+    *(h for h, _ in OWN_COLUMNS),
+    "LOSS",
+    "CKPT",
+    "CPU",
+    "MEM",
+    "RESTARTS",
+    "STATE",
+)
 
 
 def _mem(row: dict[str, Any]) -> str:
@@ -185,11 +219,24 @@ def table(runs: list[dict[str, Any]], dead_nodes: list[str], source: str, now: f
         for x in r["processes"]:
             step = _fmt(x.get("step")) + (f"/{x['total_steps']}" if "total_steps" in x else "")
             state = x["state"] + (f" {x['age_s']:.0f}s" if x["state"] == "stalled" and x["age_s"] is not None else "")
-            rows.append((r["run"] if x is r["processes"][0] else "", x["role"], str(x["rank"]), x["node"], step,
-                         _fmt(x.get("samples_per_s"), "rate"), _fmt(x.get("comm_wait_share"), "pct"),
-                         *(_fmt(x.get(name)) for _, name in OWN_COLUMNS), _fmt(x.get("loss")),
-                         _fmt(x.get("last_checkpoint_step")),
-                         _fmt(x.get("cpu_share"), "pct"), _mem(x), _fmt(x.get("restarts")), state))
+            rows.append(
+                (
+                    r["run"] if x is r["processes"][0] else "",
+                    x["role"],
+                    str(x["rank"]),
+                    x["node"],
+                    step,
+                    _fmt(x.get("samples_per_s"), "rate"),
+                    _fmt(x.get("comm_wait_share"), "pct"),
+                    *(_fmt(x.get(name)) for _, name in OWN_COLUMNS),
+                    _fmt(x.get("loss")),
+                    _fmt(x.get("last_checkpoint_step")),
+                    _fmt(x.get("cpu_share"), "pct"),
+                    _mem(x),
+                    _fmt(x.get("restarts")),
+                    state,
+                )
+            )
     if len(rows) > 1:
         widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
         lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
@@ -238,8 +285,10 @@ class Source:
             try:
                 return targets_from_sd(json.loads(self.sd_file.read_text()))
             except (OSError, ValueError) as e:
-                raise RaydistError(f"cannot read {self.sd_file}: {getattr(e, 'strerror', None) or e} "
-                                   f"(is a Ray instance running on this machine?)") from None
+                raise RaydistError(
+                    f"cannot read {self.sd_file}: {getattr(e, 'strerror', None) or e} "
+                    f"(is a Ray instance running on this machine?)"
+                ) from None
         from raydist.cluster import dashboard_client
 
         try:
@@ -273,7 +322,9 @@ def scrape(target: str, timeout: float = 3.0) -> str:
         return resp.read().decode(errors="replace")
 
 
-def snapshot(source: Source, fetch: Callable[[str], str] = scrape, clock: Callable[[], float] = time.time) -> dict[str, Any]:
+def snapshot(
+    source: Source, fetch: Callable[[str], str] = scrape, clock: Callable[[], float] = time.time
+) -> dict[str, Any]:
     """One look at the cluster: every process's row, the dead nodes, and any endpoint that did not answer."""
     session = source.session_name()
     targets = source.targets()
@@ -292,8 +343,15 @@ def snapshot(source: Source, fetch: Callable[[str], str] = scrape, clock: Callab
                 errors.append(f"{target}: {err}")
             samples += [x for x in parse_samples(text) if session is None or x[1].get("SessionName") == session]
     now = clock()
-    return {"source": source.describe, "session": session, "time": now, "targets": targets, "unreachable": errors,
-            "dead_nodes": source.dead_nodes(), "runs": runs_view(group(samples), now)}
+    return {
+        "source": source.describe,
+        "session": session,
+        "time": now,
+        "targets": targets,
+        "unreachable": errors,
+        "dead_nodes": source.dead_nodes(),
+        "runs": runs_view(group(samples), now),
+    }
 
 
 LAUNCHED_COLUMNS = ("RUN", "RANK", "NODE", "STATE", "RESTARTS", "CPU", "MEM", "STEP", "LOSS")
@@ -305,9 +363,19 @@ def launched(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def launched_table(rows: list[dict[str, Any]]) -> str:
-    table = [LAUNCHED_COLUMNS] + [(x["run"], str(x["rank"]), x["node"], x["state"], _fmt(x.get("restarts")),
-                                   _fmt(x.get("cpu_share"), "pct"), _mem(x), _fmt(x.get("step")),
-                                   _fmt(x.get("loss"))) for x in rows]
+    table = [LAUNCHED_COLUMNS] + [
+        (
+            x["run"],
+            str(x["rank"]),
+            x["node"],
+            x["state"],
+            _fmt(x.get("restarts")),
+            _fmt(x.get("cpu_share"), "pct"),
+            _mem(x),
+            _fmt(x.get("step")),
+            _fmt(x.get("loss")),
+        )
+        for x in rows
+    ]
     widths = [max(len(row[i]) for row in table) for i in range(len(LAUNCHED_COLUMNS))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table)
-

@@ -64,8 +64,13 @@ def samples_to_target(points: list[dict[str, Any]]) -> dict[str, float]:
     that reached it; local SGD's with all-reduce averaging, the one the plan models)."""
     got: dict[str, list[float]] = {}
     for p in points:
-        if (p.get("part") == "compare" and not p.get("straggler") and p.get("time_to_target_s")
-                and p.get("averaging", "allreduce") == "allreduce" and not p.get("model")):
+        if (
+            p.get("part") == "compare"
+            and not p.get("straggler")
+            and p.get("time_to_target_s")
+            and p.get("averaging", "allreduce") == "allreduce"
+            and not p.get("model")
+        ):
             got.setdefault(p["strategy"], []).append(p["time_to_target_s"] * p["samples_per_s"])
     return {k: statistics.median(v) for k, v in got.items()}
 
@@ -104,8 +109,13 @@ def plan(fit, q: Question) -> list[dict[str, Any]]:
     for link in q.links:
         for n in q.nodes:
             factor = q.validated.factor(n) if q.validated else 1.0
-            row: dict[str, Any] = {"link_mbit": link, "nodes": n, "strategies": {}, "within_factor": factor,
-                                   "beyond_measured": q.validated.beyond(n) if q.validated else 1.0}
+            row: dict[str, Any] = {
+                "link_mbit": link,
+                "nodes": n,
+                "strategies": {},
+                "within_factor": factor,
+                "beyond_measured": q.validated.beyond(n) if q.validated else 1.0,
+            }
             for strategy in fit.base_s:
                 s, extra = terms(strategy).plan(fit, Setting(strategy, n, params, link, backend=backend))
                 rate = samples_per_s(fit, s, batch_size)
@@ -124,8 +134,12 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     ttt = all("time_to_target_s" in e for r in rows for e in r["strategies"].values())
     sharded = [s for s in strategies if "shards" in rows[0]["strategies"][s]] if rows else []
     cols = [f"{s} step ms / ksamples/s" + (" / time to target s" if ttt else "") for s in strategies]
-    head = ("| link | nodes | beyond measured | within | " + " | ".join(cols) + " | choose |"
-            + "".join(f" {s} shards |" for s in sharded))
+    head = (
+        "| link | nodes | beyond measured | within | "
+        + " | ".join(cols)
+        + " | choose |"
+        + "".join(f" {s} shards |" for s in sharded)
+    )
     out = [head, "|" + "---|" * (len(strategies) + 5 + len(sharded))]
     for r in rows:
         cells = []
@@ -139,8 +153,11 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         shards = "".join(f" {r['strategies'][s]['shards']} |" for s in sharded)
         beyond = "-" if r["beyond_measured"] <= 1 else f"{r['beyond_measured']:.0f}x"
         choose = r["choose"] + (f" (or {', '.join(r['or_within_factor'])})" if r["or_within_factor"] else "")
-        out.append(f"| {link} | {r['nodes']} | {beyond} | {r['within_factor']:.1f}x | " + " | ".join(cells)
-                   + f" | {choose} |{shards}")
+        out.append(
+            f"| {link} | {r['nodes']} | {beyond} | {r['within_factor']:.1f}x | "
+            + " | ".join(cells)
+            + f" | {choose} |{shards}"
+        )
     return "\n".join(out)
 
 
@@ -166,34 +183,50 @@ def _plan(args) -> int:
     reach = costmodel.validated(points, checks)
     rows = plan(fit, Question(params, links, nodes, args.batch_size, samples_to_target(points), args.backend, reach))
     if args.json:
-        print(json.dumps({"fit": fit.to_dict(), "validation": [{**asdict(c), "error": c.error} for c in checks],
-                          "plan": rows}, indent=1))
+        print(
+            json.dumps(
+                {"fit": fit.to_dict(), "validation": [{**asdict(c), "error": c.error} for c in checks], "plan": rows},
+                indent=1,
+            )
+        )
         return 0
-    print(f"cost model fitted on {len(fit.fitted_on)} runs of {args.measured} (link efficiency "
-          f"{fit.efficiency:.2f}, latency {args.latency_us:g} us per hop, assumed)")
+    print(
+        f"cost model fitted on {len(fit.fitted_on)} runs of {args.measured} (link efficiency "
+        f"{fit.efficiency:.2f}, latency {args.latency_us:g} us per hop, assumed)"
+    )
     if args.validate:
         print(costmodel.validation_table(checks))
         return 0
-    print(f"{params:,} parameters, batch {args.batch_size} per worker. Measured on {reach.min_workers}-"
-          f"{reach.max_workers} workers, where held-out runs came within {reach.max_error:.0%}: 'within' is 1 + "
-          f"that error, which grows by as much again for each doubling of the workers beyond them (a rule of thumb)")
+    print(
+        f"{params:,} parameters, batch {args.batch_size} per worker. Measured on {reach.min_workers}-"
+        f"{reach.max_workers} workers, where held-out runs came within {reach.max_error:.0%}: 'within' is 1 + "
+        f"that error, which grows by as much again for each doubling of the workers beyond them (a rule of thumb)"
+    )
     print(markdown(rows))
     return 0
 
 
 def register(sub) -> None:
-    p = sub.add_parser("plan", help="predict step time and time to target per strategy for 8-512 nodes",
-                       description=__doc__)
+    p = sub.add_parser(
+        "plan", help="predict step time and time to target per strategy for 8-512 nodes", description=__doc__
+    )
     p.add_argument("--measured", default=str(DEFAULT_MEASURED), help="measured runs to fit on (default: %(default)s)")
     p.add_argument("--params", default="25M", help="model parameters, e.g. 25M (default: %(default)s)")
     p.add_argument("--link-mbit", default="1000,10000", help="each node's link, Mbit/s, comma-separated")
     p.add_argument("--nodes", default=",".join(map(str, NODES)), help="node counts, comma-separated")
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--backend", choices=("nccl", "gloo"), default="nccl",
-                   help="the cluster's collectives: nccl (GPUs) or gloo, whose reduce-scatter moves twice the bytes "
-                        "(FSDP); the fit is on gloo runs either way (default: %(default)s)")
-    p.add_argument("--compute-ms", type=float, help="your model's compute per step on one worker (ms); default: "
-                   "the fitted base scaled by parameter count")
+    p.add_argument(
+        "--backend",
+        choices=("nccl", "gloo"),
+        default="nccl",
+        help="the cluster's collectives: nccl (GPUs) or gloo, whose reduce-scatter moves twice the bytes "
+        "(FSDP); the fit is on gloo runs either way (default: %(default)s)",
+    )
+    p.add_argument(
+        "--compute-ms",
+        type=float,
+        help="your model's compute per step on one worker (ms); default: the fitted base scaled by parameter count",
+    )
     p.add_argument("--latency-us", type=float, default=50.0, help="per message hop (assumed; default %(default)s)")
     p.add_argument("--validate", action="store_true", help="print the fit's validation table (held-out runs) only")
     p.add_argument("--json", action="store_true")

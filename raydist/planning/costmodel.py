@@ -126,8 +126,12 @@ class CostTerms:
 
     def step_s(self, fit: "Fit", s: Setting) -> float:
         """Seconds per step per worker: the time between one worker's steps."""
-        return (base_for(fit, s) + self.network_bytes(s) / rate_bytes_per_s(s.link_mbit, fit.efficiency)
-                + self.hops(s) * fit.latency_s + self.checkpoint_s(fit, s) / (s.checkpoint_every or 1))
+        return (
+            base_for(fit, s)
+            + self.network_bytes(s) / rate_bytes_per_s(s.link_mbit, fit.efficiency)
+            + self.hops(s) * fit.latency_s
+            + self.checkpoint_s(fit, s) / (s.checkpoint_every or 1)
+        )
 
     def steps_per_s(self, fit: "Fit", s: Setting) -> float:
         """Steps per second as its summaries count them (a synchronous step: all workers together)."""
@@ -205,13 +209,20 @@ def samples_per_s(fit: Fit, s: Setting, batch_size: int) -> float:
 
 # ---- fitting and validation on measured points ----------------------------------------------------------------
 
+
 def setting_of(point: dict[str, Any]) -> Setting:
     """A measured run (benchmarks/shaped_strategies.py's JSON) as a Setting."""
-    return Setting(strategy=point["strategy"], workers=point["workers"], params=point["params"],
-                   link_mbit=point["link_mbit"], servers=point.get("servers") or 1,
-                   sync_every=point.get("sync_every", 8), nodes=point.get("nodes", 0),
-                   averaging=point.get("averaging", "allreduce"),
-                   checkpoint_every=point.get("checkpoint_every", 0))
+    return Setting(
+        strategy=point["strategy"],
+        workers=point["workers"],
+        params=point["params"],
+        link_mbit=point["link_mbit"],
+        servers=point.get("servers") or 1,
+        sync_every=point.get("sync_every", 8),
+        nodes=point.get("nodes", 0),
+        averaging=point.get("averaging", "allreduce"),
+        checkpoint_every=point.get("checkpoint_every", 0),
+    )
 
 
 def usable(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -224,8 +235,9 @@ def usable(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     merged = []
     for same in groups.values():
         rates = [p["steps_per_s"] for p in same]
-        merged.append({**same[0], "steps_per_s": statistics.fmean(rates), "runs": len(rates),
-                       "spread": (min(rates), max(rates))})
+        merged.append(
+            {**same[0], "steps_per_s": statistics.fmean(rates), "runs": len(rates), "spread": (min(rates), max(rates))}
+        )
     return merged
 
 
@@ -257,9 +269,11 @@ def fit(points: list[dict[str, Any]], latency_s: float = 50e-6) -> Fit:
 
 def label(p: dict[str, Any]) -> str:
     model = f"{p['model']} " if p.get("model") else ""
-    return (f"{p['strategy']}, {p['workers']} workers, {model}{p['params'] / 1e6:.2g}M params "
-            f"@ {p['link_mbit']:g} Mbit/s"
-            f"{terms(p['strategy']).label(p)}")
+    return (
+        f"{p['strategy']}, {p['workers']} workers, {model}{p['params'] / 1e6:.2g}M params "
+        f"@ {p['link_mbit']:g} Mbit/s"
+        f"{terms(p['strategy']).label(p)}"
+    )
 
 
 def fitting_side(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -276,8 +290,9 @@ def fitting_side(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
         common = max(sorted(set(values)), key=values.count)
         runs = [p for p in runs if p[key] == common]
     low, top = min(p["link_mbit"] for p in runs), max(p["link_mbit"] for p in runs)
-    return [p for name in modelled() for p in terms(name).fitting_runs([q for q in runs if q["strategy"] == name],
-                                                                        low, top)]
+    return [
+        p for name in modelled() for p in terms(name).fitting_runs([q for q in runs if q["strategy"] == name], low, top)
+    ]
 
 
 def same_setting(p: dict[str, Any], q: dict[str, Any]) -> bool:
@@ -342,12 +357,16 @@ def _check(f: Fit, p: dict[str, Any]) -> Check:
 
 def validation_table(checks: list[Check]) -> str:
     rows = ["| run (held out) | runs | measured steps/s: mean (min-max) | predicted | error |", "|---|---|---|---|---|"]
-    rows += [f"| {c.point} | {c.runs} | {c.measured:.1f} ({c.spread[0]:.1f}-{c.spread[1]:.1f}) | {c.predicted:.1f} | "
-             f"{100 * c.error:+.0f}% |" for c in checks]
+    rows += [
+        f"| {c.point} | {c.runs} | {c.measured:.1f} ({c.spread[0]:.1f}-{c.spread[1]:.1f}) | {c.predicted:.1f} | "
+        f"{100 * c.error:+.0f}% |"
+        for c in checks
+    ]
     return "\n".join(rows)
 
 
 # ---- how far an answer lies beyond what was measured ------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Validated:

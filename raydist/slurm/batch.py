@@ -45,11 +45,17 @@ class Decision:
 def decide(outcome: Outcome, restarts: int, cfg: Requeue) -> Decision:
     """Whether the allocation requeues itself after its command ended, and the one line that says why."""
     if outcome.signal == PREEMPTION:
-        return Decision(False, "preempted or cancelled (SIGTERM): not requeueing here; a partition with "
-                               "PreemptMode=REQUEUE requeues the job itself")
+        return Decision(
+            False,
+            "preempted or cancelled (SIGTERM): not requeueing here; a partition with "
+            "PreemptMode=REQUEUE requeues the job itself",
+        )
     if outcome.status == "exit_fault":  # raydist launch: the scripts had returned; a rerun would train again
-        return Decision(False, f"the run completed, but a rank failed on its way out (exit {outcome.exit_code}): "
-                               "nothing to resume, not requeueing")
+        return Decision(
+            False,
+            f"the run completed, but a rank failed on its way out (exit {outcome.exit_code}): "
+            "nothing to resume, not requeueing",
+        )
     if outcome.signal == TIME_LIMIT:
         if outcome.status == "completed":
             return Decision(False, "time-limit warning, but the run had completed: nothing to resume")
@@ -61,8 +67,11 @@ def decide(outcome: Outcome, restarts: int, cfg: Requeue) -> Decision:
     else:
         cause = f"a failure (exit {outcome.exit_code})"
     if restarts >= cfg.max_requeues:
-        return Decision(False, f"not requeueing after {cause}: the job was requeued {restarts} times already "
-                               f"(requeue.max_requeues={cfg.max_requeues})")
+        return Decision(
+            False,
+            f"not requeueing after {cause}: the job was requeued {restarts} times already "
+            f"(requeue.max_requeues={cfg.max_requeues})",
+        )
     return Decision(True, f"requeueing after {cause} ({restarts + 1} of at most {cfg.max_requeues})")
 
 
@@ -94,9 +103,15 @@ def read_status(path: Path) -> str | None:
 class Supervisor:
     """Runs the command, turns the SLURM signals into a cluster-wide stop, and reports the outcome."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], result_file: Path,
-                 on_warning: Callable[[str, "Supervisor"], None], stop_wait_s: float,
-                 log: Callable[[str], None] = print):
+    def __init__(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        result_file: Path,
+        on_warning: Callable[[str, "Supervisor"], None],
+        stop_wait_s: float,
+        log: Callable[[str], None] = print,
+    ):
         self.argv, self.env, self.result_file = argv, env, result_file
         self.on_warning, self.stop_wait_s, self.log = on_warning, stop_wait_s, log
         self.signal: str | None = None
@@ -115,8 +130,9 @@ class Supervisor:
             signal.signal(sig, self._on_signal)
         self.result_file.unlink(missing_ok=True)
         # Its own process group: SLURM's signal to the batch shell must not reach the command directly.
-        self.proc = subprocess.Popen(self.argv, env={**self.env, RESULT_ENV: str(self.result_file)},
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.argv, env={**self.env, RESULT_ENV: str(self.result_file)}, start_new_session=True
+        )
         while self.proc.poll() is None:
             if self._pending and not self.signal:
                 self.signal = self._pending

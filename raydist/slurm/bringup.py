@@ -42,12 +42,21 @@ def make_plan(cfg: ClusterConfig, alloc: Allocation, log=print) -> Plan:
     jd.create()
     token = jd.write_token()
     plan = Plan(
-        job_id=alloc.job_id, nodes=alloc.nodes, head=alloc.head, head_ip=choice.ip, head_iface=choice.iface,
-        head_why=choice.why, block_start=block.start, block_size=block.size,
+        job_id=alloc.job_id,
+        nodes=alloc.nodes,
+        head=alloc.head,
+        head_ip=choice.ip,
+        head_iface=choice.iface,
+        head_why=choice.why,
+        block_start=block.start,
+        block_size=block.size,
         dashboard_host=choice.ip if cfg.dashboard_host == "cluster" else cfg.dashboard_host,
-        temp_dir=str(cfg.temp_path(alloc.job_id)), token_path=str(token),
-        object_store_memory=cfg.object_store_memory, login_host=cfg.login_host or alloc.submit_host,
-        config_source=cfg.source)
+        temp_dir=str(cfg.temp_path(alloc.job_id)),
+        token_path=str(token),
+        object_store_memory=cfg.object_store_memory,
+        login_host=cfg.login_host or alloc.submit_host,
+        config_source=cfg.source,
+    )
     jd.write_plan(plan)
     return plan
 
@@ -63,8 +72,9 @@ def private_dir(path: Path) -> None:
             pass  # a requeued job's own dir from before
         st = os.lstat(path)
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-            raise RaydistError(f"{path} exists but is not a directory of this user's: remove it or set "
-                               f"temp_dir in the cluster config")
+            raise RaydistError(
+                f"{path} exists but is not a directory of this user's: remove it or set temp_dir in the cluster config"
+            )
         os.chmod(path, 0o700)  # mkdir's mode is masked by the umask
     except OSError as e:
         raise RaydistError(f"cannot create the job's temp dir {path}: {e.strerror or e}") from None
@@ -88,12 +98,14 @@ def wait_for_head(node: str, choice: netif.Choice, plan: Plan, timeout: float) -
         except OSError as e:
             if e.errno == errno.EADDRNOTAVAIL:
                 raise netif.NetworkError(f"{node}: address {choice.ip} of {choice.iface} cannot be used") from None
-            reason = "connection refused (head not started?)" if e.errno == errno.ECONNREFUSED else (
-                e.strerror or str(e))
+            reason = (
+                "connection refused (head not started?)" if e.errno == errno.ECONNREFUSED else (e.strerror or str(e))
+            )
         if time.monotonic() >= deadline:
             raise netif.NetworkError(
                 f"{node}: head {plan.head} ({plan.head_ip}:{port}) not reachable from {choice.iface} "
-                f"({choice.ip}) within {timeout:.0f}s: {reason}")
+                f"({choice.ip}) within {timeout:.0f}s: {reason}"
+            )
         time.sleep(0.5)
 
 
@@ -102,14 +114,22 @@ def ray_temp_dir(plan: Plan) -> Path:
     return Path(plan.temp_dir) / "ray"
 
 
-def ray_start_command(plan: Plan, node: str, choice: netif.Choice, block: ports.PortBlock, alloc: Allocation
-                      ) -> list[str]:
+def ray_start_command(
+    plan: Plan, node: str, choice: netif.Choice, block: ports.PortBlock, alloc: Allocation
+) -> list[str]:
     head = node == plan.head
     ray = Path(sys.executable).with_name("ray")
-    cmd = [str(ray) if ray.exists() else (shutil.which("ray") or "ray"), "start", "--block",
-           f"--node-ip-address={choice.ip}", f"--num-cpus={alloc.cpus}", f"--num-gpus={alloc.gpus}",
-           f"--temp-dir={ray_temp_dir(plan)}", f"--labels={HOST_LABEL}={node},{IFACE_LABEL}={choice.iface}",
-           "--disable-usage-stats"]
+    cmd = [
+        str(ray) if ray.exists() else (shutil.which("ray") or "ray"),
+        "start",
+        "--block",
+        f"--node-ip-address={choice.ip}",
+        f"--num-cpus={alloc.cpus}",
+        f"--num-gpus={alloc.gpus}",
+        f"--temp-dir={ray_temp_dir(plan)}",
+        f"--labels={HOST_LABEL}={node},{IFACE_LABEL}={choice.iface}",
+        "--disable-usage-stats",
+    ]
     if plan.object_store_memory:
         cmd.append(f"--object-store-memory={plan.object_store_memory}")
     if head:
@@ -125,17 +145,19 @@ def ray_environment(plan: Plan, node: str, iface: str, base: dict[str, str] | No
     env = dict(os.environ if base is None else base)
     for key in _STALE_RAY_ENV:
         env.pop(key, None)
-    env.update({
-        "RAY_AUTH_MODE": "token",
-        "RAY_AUTH_TOKEN_PATH": plan.token_path,
-        # Per node: a job's runtime_env is the same on every node and could not say this (cluster-facts #8).
-        "GLOO_SOCKET_IFNAME": iface,
-        "NCCL_SOCKET_IFNAME": f"={iface}",  # '=': exactly this name; a bare name is a prefix to NCCL
-        teardown.TAG_ENV: teardown.job_tag(plan.job_id, node),
-        # Python's and Ray's scratch files (multiprocessing's pymp-*, ...) land in the job's temp dir and go with it.
-        "TMPDIR": plan.temp_dir,
-        "RAY_USAGE_STATS_ENABLED": "0",
-    })
+    env.update(
+        {
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": plan.token_path,
+            # Per node: a job's runtime_env is the same on every node and could not say this (cluster-facts #8).
+            "GLOO_SOCKET_IFNAME": iface,
+            "NCCL_SOCKET_IFNAME": f"={iface}",  # '=': exactly this name; a bare name is a prefix to NCCL
+            teardown.TAG_ENV: teardown.job_tag(plan.job_id, node),
+            # Python's and Ray's scratch files (multiprocessing's pymp-*, ...) land in the job's temp dir and go with it.
+            "TMPDIR": plan.temp_dir,
+            "RAY_USAGE_STATS_ENABLED": "0",
+        }
+    )
     # raydist's training metrics (raydist/observability/ray_metrics.py) are watched live (`raydist top`, Prometheus): every 2 s
     # to the node's agent instead of Ray's 10 s; a user's own setting wins.
     env.setdefault("RAY_metrics_report_interval_ms", "2000")
@@ -156,8 +178,10 @@ def run_node(cfg: ClusterConfig, alloc: Allocation, log=print) -> int:
     temp = _job_temp_dir(jd, plan, node, log)
     log_path = temp / "ray-start.log"
     cmd = ray_start_command(plan, node, choice, block, alloc)
-    log(f"{node}: {'head' if is_head else 'worker'} on {choice.iface} {choice.ip} ({choice.why}), "
-        f"{alloc.cpus} CPU, {alloc.gpus} GPU, ports {block.start}-{block.max_worker}")
+    log(
+        f"{node}: {'head' if is_head else 'worker'} on {choice.iface} {choice.ip} ({choice.why}), "
+        f"{alloc.cpus} CPU, {alloc.gpus} GPU, ports {block.start}-{block.max_worker}"
+    )
     stop = _StopRequest()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, stop.on_signal)
@@ -172,10 +196,20 @@ def run_node(cfg: ClusterConfig, alloc: Allocation, log=print) -> int:
     try:
         for attempt in range(START_ATTEMPTS):
             with open(log_path, "ab") as out:
-                proc = stop.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                                    stdin=subprocess.DEVNULL)
-            jd.write_record(node, state="started", pid=proc.pid, ip=choice.ip, iface=choice.iface,
-                            cpus=alloc.cpus, gpus=alloc.gpus, ports=[block.start, block.max_worker], head=is_head)
+                proc = stop.proc = subprocess.Popen(
+                    cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                )
+            jd.write_record(
+                node,
+                state="started",
+                pid=proc.pid,
+                ip=choice.ip,
+                iface=choice.iface,
+                cpus=alloc.cpus,
+                gpus=alloc.gpus,
+                ports=[block.start, block.max_worker],
+                head=is_head,
+            )
             rc = _supervise(proc, stop, half)
             if not start_again(rc, _tail(log_path, 40), attempt, stop.requested):
                 break
@@ -184,8 +218,10 @@ def run_node(cfg: ClusterConfig, alloc: Allocation, log=print) -> int:
                 warm.kill()
                 warm.wait()
                 warm = start_warm_interpreter(env, temp)
-            log(f"{node}: ray start gave up waiting for its raylet to register (Ray's fixed 30 s; an overloaded "
-                f"node): starting it once more, after stopping {len(found)} leftover process(es)")
+            log(
+                f"{node}: ray start gave up waiting for its raylet to register (Ray's fixed 30 s; an overloaded "
+                f"node): starting it once more, after stopping {len(found)} leftover process(es)"
+            )
     finally:
         if warm is not None:
             warm.terminate()  # its ranks die with it; the clean-up below kills it if it does not end in time
@@ -214,14 +250,15 @@ def start_warm_interpreter(env: dict[str, str], temp: Path) -> subprocess.Popen 
     return proc
 
 
-def _interface_and_ports(cfg: ClusterConfig, jd: JobDir, plan: Plan, node: str
-                         ) -> tuple[netif.Choice, ports.PortBlock]:
+def _interface_and_ports(cfg: ClusterConfig, jd: JobDir, plan: Plan, node: str) -> tuple[netif.Choice, ports.PortBlock]:
     """This node's interface and port block; a failure is recorded first, so that the wait names this node."""
     try:
         if node == plan.head:
             # The plan already chose the head's interface and block: the batch step checked them.
-            return (netif.Choice(plan.head_iface, plan.head_ip, plan.head_why),
-                    ports.PortBlock(plan.block_start, plan.block_size))
+            return (
+                netif.Choice(plan.head_iface, plan.head_ip, plan.head_why),
+                ports.PortBlock(plan.block_start, plan.block_size),
+            )
         choice = netif.choose_here(node, configured=cfg.interface_for(node), head_ip=plan.head_ip)
         jd.write_record(node, state="waiting", ip=choice.ip, iface=choice.iface)
         wait_for_head(node, choice, plan, cfg.timeouts.head_reachable)
@@ -292,8 +329,12 @@ def _report_exit(jd: JobDir, node: str, rc: int, log_path: Path) -> None:
     tail for the job's output file."""
     tail = _tail(log_path)
     jd.write_record(node, state="failed", error=f"{node}: ray start exited with status {rc}: {tail}")
-    print(f"raydist: error: {node}: ray start exited with status {rc}; last lines of {log_path}:\n"
-          + "\n".join(_tail(log_path, 15, joined=False)), file=sys.stderr, flush=True)
+    print(
+        f"raydist: error: {node}: ray start exited with status {rc}; last lines of {log_path}:\n"
+        + "\n".join(_tail(log_path, 15, joined=False)),
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _tail(path: Path, n: int = 1, joined: bool = True):

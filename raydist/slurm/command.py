@@ -31,9 +31,11 @@ def _plan(args) -> int:
 
     cfg, alloc = _load(args), _alloc()
     plan = make_plan(cfg, alloc, log=_say)
-    _say(f"job {plan.job_id}: {len(plan.nodes)} node(s) {','.join(plan.nodes)}; head {plan.head} on "
-         f"{plan.head_iface} {plan.head_ip} ({plan.head_why}); ports {plan.block_start}-"
-         f"{plan.block_start + plan.block_size - 1}; config {plan.config_source}")
+    _say(
+        f"job {plan.job_id}: {len(plan.nodes)} node(s) {','.join(plan.nodes)}; head {plan.head} on "
+        f"{plan.head_iface} {plan.head_ip} ({plan.head_why}); ports {plan.block_start}-"
+        f"{plan.block_start + plan.block_size - 1}; config {plan.config_source}"
+    )
     return 0
 
 
@@ -53,8 +55,10 @@ def _wait(args) -> int:
     conn = wait_ready(jd, Wait(timeout, step_pid=args.step_pid, user=os.environ.get("USER", alloc.user), log=_say))
     _say(f"Ray cluster ready; connection file {jd.connection}:")
     print(jd.connection.read_text(), end="", flush=True)
-    _say(f"from the login node: eval \"$(raydist env --job {conn.job_id})\" && "
-         f"ray job submit --working-dir . -- python jobs/sync.py")
+    _say(
+        f'from the login node: eval "$(raydist env --job {conn.job_id})" && '
+        f"ray job submit --working-dir . -- python jobs/sync.py"
+    )
     return 0
 
 
@@ -66,8 +70,10 @@ def _down(args) -> int:
     if args.step_pid and teardown._alive(args.step_pid):
         steps = teardown.signal_steps(alloc.job_id)
         if not teardown.wait_exited(args.step_pid, cfg.timeouts.teardown + 5):
-            _say(f"job {alloc.job_id}: Ray step {','.join(steps) or '?'} still running after "
-                 f"{cfg.timeouts.teardown + 5:.0f}s; SLURM will kill it")
+            _say(
+                f"job {alloc.job_id}: Ray step {','.join(steps) or '?'} still running after "
+                f"{cfg.timeouts.teardown + 5:.0f}s; SLURM will kill it"
+            )
     JobDir(cfg.job_path(alloc.job_id)).remove()
     _say(f"job {alloc.job_id}: Ray stopped; removed {cfg.job_path(alloc.job_id)} (token, connection file)")
     return 0
@@ -84,10 +90,13 @@ def _stop(args) -> int:
     if not jd.connection.exists():
         return 0  # the cluster never came up: nothing runs on it
     reason = "SLURM time limit"
-    waited = interrupt.stop_cluster_runs(connection.read(jd.connection), reason, batch.time_left(alloc.job_id),
-                                         cfg.timeouts.stop, log=_say)
-    _say(f"job {alloc.job_id}: runs stopped after {waited:.1f} s; resume each with the command named above "
-         f"once a cluster is up again")
+    waited = interrupt.stop_cluster_runs(
+        connection.read(jd.connection), reason, batch.time_left(alloc.job_id), cfg.timeouts.stop, log=_say
+    )
+    _say(
+        f"job {alloc.job_id}: runs stopped after {waited:.1f} s; resume each with the command named above "
+        f"once a cluster is up again"
+    )
     return 0
 
 
@@ -109,19 +118,21 @@ def _run(args) -> int:
     def on_warning(kind: str, sup: "batch.Supervisor") -> None:
         reason = "SLURM time limit"
         try:
-            interrupt.stop_cluster_runs(conn, reason, batch.time_left(alloc.job_id), cfg.timeouts.stop,
-                                        still_running=sup.running, log=_say)
+            interrupt.stop_cluster_runs(
+                conn, reason, batch.time_left(alloc.job_id), cfg.timeouts.stop, still_running=sup.running, log=_say
+            )
         except Exception as e:  # the command is still ended (then by signal); say why it got no stop request
             _say(f"{reason}: could not ask the runs to stop: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
 
     # Unbuffered: the job's output file shows progress as it happens (`tail -f raydist-<id>.out`).
     env = {**os.environ, **interrupt.ray_env(conn), "PYTHONUNBUFFERED": "1"}
-    sup = batch.Supervisor(command, env, jd.path / "result.json",
-                           on_warning, stop_wait_s=5.0, log=_say)
+    sup = batch.Supervisor(command, env, jd.path / "result.json", on_warning, stop_wait_s=5.0, log=_say)
     outcome = sup.run()
     decision = batch.decide(outcome, restarts, cfg.requeue)
-    _say(f"job {alloc.job_id}: command exited {outcome.exit_code}"
-         f"{f' (run {outcome.status})' if outcome.status else ''}; {decision.why}")
+    _say(
+        f"job {alloc.job_id}: command exited {outcome.exit_code}"
+        f"{f' (run {outcome.status})' if outcome.status else ''}; {decision.why}"
+    )
     if decision.requeue:
         _down(args)  # Ray down first: the requeued job brings up a fresh cluster
         batch.requeue(alloc.job_id)
@@ -174,20 +185,39 @@ def _status(args) -> int:
     rows = []
     for host in list(conn.nodes) + sorted(set(by_host) - set(conn.nodes)):
         n = by_host.get(host)
-        rows.append({"hostname": host, "address": n.ip if n else "-", "interface": n.iface if n else "-",
-                     "cpus": n.cpus if n else 0, "gpus": n.gpus if n else 0,
-                     "state": ("alive" if n.alive else "dead") if n else "missing",
-                     "head": bool(n and n.is_head)})
+        rows.append(
+            {
+                "hostname": host,
+                "address": n.ip if n else "-",
+                "interface": n.iface if n else "-",
+                "cpus": n.cpus if n else 0,
+                "gpus": n.gpus if n else 0,
+                "state": ("alive" if n.alive else "dead") if n else "missing",
+                "head": bool(n and n.is_head),
+            }
+        )
     ranks = _launched_ranks(conn, token)
     if args.json:
-        print(json.dumps({"job_id": conn.job_id, "dashboard": conn.dashboard_url, "nodes": rows, "launched": ranks},
-                         indent=1))
+        print(
+            json.dumps(
+                {"job_id": conn.job_id, "dashboard": conn.dashboard_url, "nodes": rows, "launched": ranks}, indent=1
+            )
+        )
         return 0 if all(r["state"] == "alive" for r in rows) else 1
     alive = sum(r["state"] == "alive" for r in rows)
     print(f"SLURM job {conn.job_id}: {alive}/{len(rows)} nodes alive; dashboard {conn.dashboard_url}")
     header = ("HOSTNAME", "ADDRESS", "INTERFACE", "CPUS", "GPUS", "STATE")
-    table = [header] + [(r["hostname"] + (" (head)" if r["head"] else ""), r["address"], r["interface"],
-                         f"{r['cpus']:g}", f"{r['gpus']:g}", r["state"]) for r in rows]
+    table = [header] + [
+        (
+            r["hostname"] + (" (head)" if r["head"] else ""),
+            r["address"],
+            r["interface"],
+            f"{r['cpus']:g}",
+            f"{r['gpus']:g}",
+            r["state"],
+        )
+        for r in rows
+    ]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
@@ -212,8 +242,11 @@ def _launched_ranks(conn, token: str) -> list[dict]:
 
 
 def _config_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="FILE", help="cluster config (default: $RAYDIST_CLUSTER_CONFIG, "
-                                                    "else ./cluster/cluster.yaml, else built-in defaults)")
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="cluster config (default: $RAYDIST_CLUSTER_CONFIG, else ./cluster/cluster.yaml, else built-in defaults)",
+    )
 
 
 def _which_job(p: argparse.ArgumentParser) -> None:
@@ -228,8 +261,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = ssub.add_parser("plan", help="batch step: job dir, token, head address and ports for this job")
     _config_arg(p)
     p.set_defaults(func=_plan)
-    p = ssub.add_parser("node", help="one srun task per node: check the interface, run `ray start --block`, "
-                                     "clean up when it ends")
+    p = ssub.add_parser(
+        "node", help="one srun task per node: check the interface, run `ray start --block`, clean up when it ends"
+    )
     _config_arg(p)
     p.set_defaults(func=_node)
     p = ssub.add_parser("wait", help="batch step: wait until every node joined, then write the connection file")
@@ -241,12 +275,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     _config_arg(p)
     p.add_argument("--step-pid", type=int, help="PID of the srun running the nodes: SIGTERM its step, wait for it")
     p.set_defaults(func=_down)
-    p = ssub.add_parser("stop", help="batch step, at the time-limit warning: every training run on the cluster "
-                                     "checkpoints and stops; names each interrupted submission")
+    p = ssub.add_parser(
+        "stop",
+        help="batch step, at the time-limit warning: every training run on the cluster "
+        "checkpoints and stops; names each interrupted submission",
+    )
     _config_arg(p)
     p.set_defaults(func=_stop)
-    p = ssub.add_parser("run", help="batch step, batch mode: run COMMAND as the job's driver; stop it at a "
-                                    "checkpoint on the warning; requeue per the config")
+    p = ssub.add_parser(
+        "run",
+        help="batch step, batch mode: run COMMAND as the job's driver; stop it at a "
+        "checkpoint on the warning; requeue per the config",
+    )
     _config_arg(p)
     p.add_argument("--step-pid", type=int, help="PID of the srun running the nodes (stopped before a requeue)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the driver command, after --")
@@ -256,8 +296,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--head", help="head node name to route to (default: none, config only)")
     p.set_defaults(func=_iface)
 
-    p = sub.add_parser("status", help="nodes of a running SLURM Ray cluster: hostname, address, interface, "
-                                      "CPUs/GPUs, alive or dead")
+    p = sub.add_parser(
+        "status", help="nodes of a running SLURM Ray cluster: hostname, address, interface, CPUs/GPUs, alive or dead"
+    )
     _which_job(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_status)

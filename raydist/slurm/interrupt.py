@@ -37,15 +37,25 @@ def running_submissions(conn: Connection) -> list:
         jobs = _jobs_client(conn).list_jobs()
     except Exception:  # no dashboard (yet, or any more): nothing to name
         return []
-    return [j for j in jobs if str(getattr(j, "type", "")).endswith("SUBMISSION") and str(j.status).split(".")[-1] in RUNNING]
+    return [
+        j
+        for j in jobs
+        if str(getattr(j, "type", "")).endswith("SUBMISSION") and str(j.status).split(".")[-1] in RUNNING
+    ]
 
 
 def resume_command(entrypoint: str) -> str:
     return f"ray job submit --working-dir <your checkout> -- {entrypoint}"
 
 
-def stop_cluster_runs(conn: Connection, reason: str, deadline_s: float | None, wait_s: float,
-                      still_running: Callable[[], bool] = lambda: False, log: Callable[[str], None] = print) -> float:
+def stop_cluster_runs(
+    conn: Connection,
+    reason: str,
+    deadline_s: float | None,
+    wait_s: float,
+    still_running: Callable[[], bool] = lambda: False,
+    log: Callable[[str], None] = print,
+) -> float:
     """Set the stop request (raydist.cluster.preemption), then wait until the cluster's submitted jobs and `still_running`
     are done, at most `wait_s`; names every interrupted submission with its resume command. Returns the seconds
     waited."""
@@ -58,8 +68,10 @@ def stop_cluster_runs(conn: Connection, reason: str, deadline_s: float | None, w
     ray.init(address=conn.gcs_address, log_to_driver=False, logging_level="ERROR")
     try:
         drained = request_stop(reason, deadline_s)
-        log(f"{reason}: asked every training run to checkpoint and stop; drained "
-            f"{', '.join(addr for addr, ok in drained if ok) or 'no node (head only)'}")
+        log(
+            f"{reason}: asked every training run to checkpoint and stop; drained "
+            f"{', '.join(addr for addr, ok in drained if ok) or 'no node (head only)'}"
+        )
         submissions = running_submissions(conn)
         for job in submissions:
             log(f"interrupted {job.submission_id}; resume with: {resume_command(job.entrypoint)}")

@@ -54,8 +54,9 @@ class JobDir:
         # The parent may be shared by the user's jobs; the job's own dir holds the token and is private.
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if self.path.exists():
-            raise RaydistError(f"job dir {self.path} already exists: a previous job with this id left it; "
-                               f"remove it and resubmit")
+            raise RaydistError(
+                f"job dir {self.path} already exists: a previous job with this id left it; remove it and resubmit"
+            )
         self.path.mkdir(mode=0o700)
         os.chmod(self.path, 0o700)  # mkdir's mode is masked by the umask
         self.nodes_dir.mkdir(mode=0o700)
@@ -85,8 +86,9 @@ class JobDir:
                 return Plan.from_dict(json.loads(self.plan_file.read_text()))
             except FileNotFoundError:
                 if time.monotonic() >= deadline:
-                    raise RaydistError(f"no bring-up plan at {self.plan_file}: is job_dir on a filesystem "
-                                       f"every node shares?") from None
+                    raise RaydistError(
+                        f"no bring-up plan at {self.plan_file}: is job_dir on a filesystem every node shares?"
+                    ) from None
                 time.sleep(0.5)
 
     def write_record(self, node: str, **fields: Any) -> None:

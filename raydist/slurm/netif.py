@@ -89,8 +89,14 @@ def _names(addrs: Mapping[str, list]) -> str:
     return ", ".join(sorted(addrs)) or "none"
 
 
-def choose(node: str, addrs: Mapping[str, list[ipaddress.IPv4Interface]], *, configured: str | None = None,
-           head_ip: str | None = None, route: tuple[str, str | None] | None = None) -> Choice:
+def choose(
+    node: str,
+    addrs: Mapping[str, list[ipaddress.IPv4Interface]],
+    *,
+    configured: str | None = None,
+    head_ip: str | None = None,
+    route: tuple[str, str | None] | None = None,
+) -> Choice:
     """Decide a node's interface and address.
 
     `configured` is the cluster config's interface for this node (None: automatic). Automatic means the interface
@@ -99,8 +105,10 @@ def choose(node: str, addrs: Mapping[str, list[ipaddress.IPv4Interface]], *, con
     """
     if configured:
         if configured not in addrs:
-            raise NetworkError(f"{node}: interface {configured} from the cluster config does not exist on {node} "
-                               f"(it has: {_names(addrs)})")
+            raise NetworkError(
+                f"{node}: interface {configured} from the cluster config does not exist on {node} "
+                f"(it has: {_names(addrs)})"
+            )
         if not addrs[configured]:
             raise NetworkError(f"{node}: interface {configured} from the cluster config has no IPv4 address")
         return Choice(configured, str(_pick_address(addrs[configured], head_ip).ip), "cluster config")
@@ -112,12 +120,13 @@ def choose(node: str, addrs: Mapping[str, list[ipaddress.IPv4Interface]], *, con
     if dev == "lo" or ipaddress.IPv4Address(head_ip).is_loopback:
         holders = [name for name, a in addrs.items() if any(str(x.ip) == head_ip for x in a)]
         if not holders or ipaddress.IPv4Address(head_ip).is_loopback:
-            raise NetworkError(f"{node}: the head address {head_ip} is a loopback address; name the head's "
-                               f"interface in the cluster config")
+            raise NetworkError(
+                f"{node}: the head address {head_ip} is a loopback address; name the head's "
+                f"interface in the cluster config"
+            )
         return Choice(holders[0], head_ip, "holds the head address")
     if dev not in addrs or not addrs[dev]:
-        raise NetworkError(f"{node}: the route to the head {head_ip} leaves through {dev}, which has no IPv4 "
-                           f"address")
+        raise NetworkError(f"{node}: the route to the head {head_ip} leaves through {dev}, which has no IPv4 address")
     ip = src if src and any(str(a.ip) == src for a in addrs[dev]) else str(_pick_address(addrs[dev], head_ip).ip)
     return Choice(dev, ip, f"route to {head_ip}")
 
@@ -145,8 +154,7 @@ def local_addresses() -> dict[str, list[ipaddress.IPv4Interface]]:
 
     out: dict[str, list[ipaddress.IPv4Interface]] = {}
     for name, entries in psutil.net_if_addrs().items():
-        out[name] = [ipaddress.IPv4Interface(f"{e.address}/{e.netmask}") for e in entries
-                     if e.family == socket.AF_INET]
+        out[name] = [ipaddress.IPv4Interface(f"{e.address}/{e.netmask}") for e in entries if e.family == socket.AF_INET]
     return out
 
 
@@ -169,8 +177,13 @@ def resolve(host: str) -> str:
 
 
 def choose_here(node: str, *, configured: str | None, head_ip: str | None) -> Choice:
-    return choose(node, local_addresses(), configured=configured, head_ip=head_ip,
-                  route=route_to(head_ip) if head_ip and not configured else None)
+    return choose(
+        node,
+        local_addresses(),
+        configured=configured,
+        head_ip=head_ip,
+        route=route_to(head_ip) if head_ip and not configured else None,
+    )
 
 
 def head_choice(head: str, workers: Iterable[str], configured: str | None) -> Choice:

@@ -130,12 +130,20 @@ class Allocation:
         job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
         nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
         if not job_id or not nodelist:
-            raise RaydistError("not inside a SLURM job (SLURM_JOB_ID / SLURM_JOB_NODELIST unset): "
-                               "run this from cluster/ray_up.slurm via sbatch")
+            raise RaydistError(
+                "not inside a SLURM job (SLURM_JOB_ID / SLURM_JOB_NODELIST unset): "
+                "run this from cluster/ray_up.slurm via sbatch"
+            )
         if not job_id.isdigit():
             raise RaydistError(f"SLURM_JOB_ID is not a number: {job_id!r}")
         nodes = tuple(expand(nodelist))
         this = env.get("SLURMD_NODENAME") or os.uname().nodename
-        return cls(job_id=int(job_id), nodes=nodes, this_node=this, cpus=cpus_from_env(env),
-                   gpus=gpus_from_env(env), submit_host=env.get("SLURM_SUBMIT_HOST", ""),
-                   user=env.get("SLURM_JOB_USER") or env.get("USER") or "")
+        return cls(
+            job_id=int(job_id),
+            nodes=nodes,
+            this_node=this,
+            cpus=cpus_from_env(env),
+            gpus=gpus_from_env(env),
+            submit_host=env.get("SLURM_SUBMIT_HOST", ""),
+            user=env.get("SLURM_JOB_USER") or env.get("USER") or "",
+        )

@@ -11,8 +11,14 @@ from raydist.errors import RaydistError
 
 # Offsets inside a job's block; the worker range fills the rest of the block.
 HEAD_SERVICES = ("gcs", "dashboard", "client")
-NODE_SERVICES = ("node_manager", "object_manager", "dashboard_agent_listen", "dashboard_agent_grpc",
-                 "metrics_export", "runtime_env_agent")
+NODE_SERVICES = (
+    "node_manager",
+    "object_manager",
+    "dashboard_agent_listen",
+    "dashboard_agent_grpc",
+    "metrics_export",
+    "runtime_env_agent",
+)
 _OFFSETS = {name: i for i, name in enumerate(HEAD_SERVICES + NODE_SERVICES)}
 WORKER_OFFSET = 16
 
@@ -47,15 +53,21 @@ class PortBlock:
     def ray_start_args(self, head: bool) -> list[str]:
         args = []
         if head:
-            args += [f"--port={self.port('gcs')}", f"--dashboard-port={self.port('dashboard')}",
-                     f"--ray-client-server-port={self.port('client')}"]
-        args += [f"--node-manager-port={self.port('node_manager')}",
-                 f"--object-manager-port={self.port('object_manager')}",
-                 f"--dashboard-agent-listen-port={self.port('dashboard_agent_listen')}",
-                 f"--dashboard-agent-grpc-port={self.port('dashboard_agent_grpc')}",
-                 f"--metrics-export-port={self.port('metrics_export')}",
-                 f"--runtime-env-agent-port={self.port('runtime_env_agent')}",
-                 f"--min-worker-port={self.min_worker}", f"--max-worker-port={self.max_worker}"]
+            args += [
+                f"--port={self.port('gcs')}",
+                f"--dashboard-port={self.port('dashboard')}",
+                f"--ray-client-server-port={self.port('client')}",
+            ]
+        args += [
+            f"--node-manager-port={self.port('node_manager')}",
+            f"--object-manager-port={self.port('object_manager')}",
+            f"--dashboard-agent-listen-port={self.port('dashboard_agent_listen')}",
+            f"--dashboard-agent-grpc-port={self.port('dashboard_agent_grpc')}",
+            f"--metrics-export-port={self.port('metrics_export')}",
+            f"--runtime-env-agent-port={self.port('runtime_env_agent')}",
+            f"--min-worker-port={self.min_worker}",
+            f"--max-worker-port={self.max_worker}",
+        ]
         return args
 
 
@@ -88,11 +100,14 @@ def port_is_free(port: int, host: str = "") -> bool:
     return True
 
 
-def pick_block(job_id: int, base: int, end: int, size: int, head: bool,
-               is_free: Callable[[int], bool] = port_is_free) -> PortBlock:
+def pick_block(
+    job_id: int, base: int, end: int, size: int, head: bool, is_free: Callable[[int], bool] = port_is_free
+) -> PortBlock:
     """The first candidate block whose ports are all free on this node."""
     for block in candidate_blocks(job_id, base, end, size):
         if all(is_free(p) for p in block.ports(head)):
             return block
-    raise RaydistError(f"no free block of {size} ports in {base}-{end} on this node "
-                       f"(every slot is busy: other jobs, or a leftover Ray)")
+    raise RaydistError(
+        f"no free block of {size} ports in {base}-{end} on this node "
+        f"(every slot is busy: other jobs, or a leftover Ray)"
+    )

@@ -39,10 +39,19 @@ def describe_missing(missing: list[str], records: dict[str, dict], head: str, da
 
 def connection_for(plan: Plan, user: str = "") -> Connection:
     block = ports.PortBlock(plan.block_start, plan.block_size)
-    return Connection(job_id=plan.job_id, head=plan.head, nodes=plan.nodes, head_ip=plan.head_ip,
-                      gcs_port=block.port("gcs"), dashboard_host=plan.dashboard_host,
-                      dashboard_port=block.port("dashboard"), client_port=block.port("client"),
-                      token_path=plan.token_path, login_host=plan.login_host, user=user)
+    return Connection(
+        job_id=plan.job_id,
+        head=plan.head,
+        nodes=plan.nodes,
+        head_ip=plan.head_ip,
+        gcs_port=block.port("gcs"),
+        dashboard_host=plan.dashboard_host,
+        dashboard_port=block.port("dashboard"),
+        client_port=block.port("client"),
+        token_path=plan.token_path,
+        login_host=plan.login_host,
+        user=user,
+    )
 
 
 def _step_ended(pid: int | None) -> bool:
@@ -103,8 +112,10 @@ def wait_ready(jd: JobDir, wait: Wait) -> Connection:
         alive = {n.hostname for n in nodes if n.alive}
         missing = [n for n in plan.nodes if n not in alive]
         elapsed = clock() - start
-        msg = f"{joined_bar(len(plan.nodes) - len(missing), len(plan.nodes))} " \
-              f"{len(plan.nodes) - len(missing)}/{len(plan.nodes)} nodes joined"
+        msg = (
+            f"{joined_bar(len(plan.nodes) - len(missing), len(plan.nodes))} "
+            f"{len(plan.nodes) - len(missing)}/{len(plan.nodes)} nodes joined"
+        )
         if missing:
             msg += f"; waiting for {', '.join(missing)}"
         if msg != last:
@@ -115,9 +126,13 @@ def wait_ready(jd: JobDir, wait: Wait) -> Connection:
             conn.write(jd.connection)
             return conn
         if _step_ended(step_pid):
-            raise BringupFailed(f"the Ray node step ended before every node joined: "
-                                f"{describe_missing(missing, records, plan.head, dashboard_up)}")
+            raise BringupFailed(
+                f"the Ray node step ended before every node joined: "
+                f"{describe_missing(missing, records, plan.head, dashboard_up)}"
+            )
         if elapsed >= timeout:
-            raise BringupFailed(f"not every node joined within {timeout:.0f}s: "
-                                f"{describe_missing(missing, records, plan.head, dashboard_up)}")
+            raise BringupFailed(
+                f"not every node joined within {timeout:.0f}s: "
+                f"{describe_missing(missing, records, plan.head, dashboard_up)}"
+            )
         time.sleep(wait.poll)

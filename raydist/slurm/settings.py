@@ -22,8 +22,22 @@ DEFAULT_PATH = Path("cluster") / "cluster.yaml"
 # Ray refuses object stores under 75 MiB.
 MIN_OBJECT_STORE = 75 * 1024 * 1024
 _IFNAME = re.compile(r"^[^\s/:]{1,15}$")  # Linux: at most 15 bytes, no '/', ':' or whitespace
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "t": 10**12,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 _WHAT = "settings (interfaces, ports, ...)"
 
 
@@ -49,8 +63,11 @@ def _interfaces(data: Any, key: str) -> dict[str, str]:
     check(isinstance(data, dict), key, f"must map node names to interface names (got {data!r})")
     out: dict[str, str] = {}
     for nodes, iface in data.items():
-        check(isinstance(iface, str) and bool(_IFNAME.match(iface)), f"{key}.{nodes}",
-               f"{iface!r} is not an interface name")
+        check(
+            isinstance(iface, str) and bool(_IFNAME.match(iface)),
+            f"{key}.{nodes}",
+            f"{iface!r} is not an interface name",
+        )
         for node in expand_hostlist(str(nodes)):
             out[node] = iface
     return out
@@ -91,15 +108,25 @@ class Ports:
     """The port range every job's block of Ray ports comes from."""
 
     base: int = opt(20000, "first port of the range port blocks come from", ge=1024)
-    end: int = opt(31999, "last port of the range; below Linux's ephemeral ports (32768+), so outgoing sockets never "
-                          "hold ours", le=65535)
-    block: int = opt(400, "ports per job: GCS, dashboard, client, node manager, object manager, 4 agent/metrics "
-                          "ports, the rest Ray workers", ge=18)
+    end: int = opt(
+        31999,
+        "last port of the range; below Linux's ephemeral ports (32768+), so outgoing sockets never hold ours",
+        le=65535,
+    )
+    block: int = opt(
+        400,
+        "ports per job: GCS, dashboard, client, node manager, object manager, 4 agent/metrics "
+        "ports, the rest Ray workers",
+        ge=18,
+    )
 
     def check(self, prefix: str) -> None:
         check(self.base < self.end, prefix.rstrip("."), f"need base < end (got base={self.base}, end={self.end})")
-        check(self.block <= self.end - self.base + 1, f"{prefix}block",
-               f"must be at most the size of the range, end - base + 1 = {self.end - self.base + 1} (got {self.block})")
+        check(
+            self.block <= self.end - self.base + 1,
+            f"{prefix}block",
+            f"must be at most the size of the range, end - base + 1 = {self.end - self.base + 1} (got {self.block})",
+        )
 
 
 @dataclasses.dataclass
@@ -108,10 +135,15 @@ class Timeouts:
 
     ready: float = opt(300.0, "seconds from sbatch's bring-up until every node must have joined", gt=0)
     head_reachable: float = opt(120.0, "seconds a worker waits for the head's GCS port to answer", gt=0)
-    teardown: float = opt(15.0, "seconds per node for Ray to stop and leftovers to be killed; keep below SLURM's "
-                                "KillWait", gt=0)
-    stop: float = opt(60.0, "seconds running training jobs get to checkpoint and stop after the time-limit warning or "
-                            "a preemption, before Ray is torn down; keep below the `--signal` lead time", gt=0)
+    teardown: float = opt(
+        15.0, "seconds per node for Ray to stop and leftovers to be killed; keep below SLURM's KillWait", gt=0
+    )
+    stop: float = opt(
+        60.0,
+        "seconds running training jobs get to checkpoint and stop after the time-limit warning or "
+        "a preemption, before Ray is torn down; keep below the `--signal` lead time",
+        gt=0,
+    )
 
 
 @dataclasses.dataclass
@@ -119,8 +151,10 @@ class Requeue:
     """Batch mode (`sbatch cluster/ray_up.slurm COMMAND`): when the allocation requeues itself."""
 
     max_requeues: int = opt(3, "requeues of one job (SLURM_RESTART_COUNT) after which it ends instead", ge=0)
-    on_failure: bool = opt(False, "also requeue when the command fails (e.g. a node died); a command that keeps "
-                                  "failing stops at max_requeues")
+    on_failure: bool = opt(
+        False,
+        "also requeue when the command fails (e.g. a node died); a command that keeps failing stops at max_requeues",
+    )
 
 
 @dataclasses.dataclass
@@ -128,26 +162,42 @@ class ClusterConfig:
     """What `sbatch cluster/ray_up.slurm` needs to know about the cluster beyond what SLURM tells it."""
 
     interfaces: dict[str, str] = opt(
-        {}, "node -> network interface Ray, NCCL and gloo use on it; keys may be SLURM hostlists (`gpu[01-04]: ib0`); "
-            "nodes not listed use the interface that carries their route to the head",
-        parse=_interfaces, shown="map")
+        {},
+        "node -> network interface Ray, NCCL and gloo use on it; keys may be SLURM hostlists (`gpu[01-04]: ib0`); "
+        "nodes not listed use the interface that carries their route to the head",
+        parse=_interfaces,
+        shown="map",
+    )
     object_store_memory: int | None = opt(
-        None, "Ray's object store per node: bytes or `200MB`, `2GiB`, ... (null: Ray's default, 30% of RAM; min 75MiB)",
-        parse=_object_store, shown="size or null")
+        None,
+        "Ray's object store per node: bytes or `200MB`, `2GiB`, ... (null: Ray's default, 30% of RAM; min 75MiB)",
+        parse=_object_store,
+        shown="size or null",
+    )
     dashboard_host: str = opt(
-        "cluster", "where the dashboard and jobs API listen: `cluster` = the head's cluster address; `0.0.0.0` only "
-                   "if you ask", parse=_dashboard_host, shown="`cluster` or IPv4")
+        "cluster",
+        "where the dashboard and jobs API listen: `cluster` = the head's cluster address; `0.0.0.0` only if you ask",
+        parse=_dashboard_host,
+        shown="`cluster` or IPv4",
+    )
     job_dir: str = opt(
-        "~/.raydist/slurm", "shared dir; each job gets `<job_dir>/<job id>/` with `token`, `plan.json`, `nodes/`, "
-                            "`connection.env`", parse=_not_empty)
+        "~/.raydist/slurm",
+        "shared dir; each job gets `<job_dir>/<job id>/` with `token`, `plan.json`, `nodes/`, `connection.env`",
+        parse=_not_empty,
+    )
     temp_dir: str = opt(
-        "/tmp", "node-local disk; Ray's per-job temp dir is `<temp_dir>/raydist-<job id>` (also the job's `TMPDIR`)",
-        parse=_absolute, shown="absolute path")
+        "/tmp",
+        "node-local disk; Ray's per-job temp dir is `<temp_dir>/raydist-<job id>` (also the job's `TMPDIR`)",
+        parse=_absolute,
+        shown="absolute path",
+    )
     login_host: str = opt("", "login node for the printed `ssh -L` line ('': the host sbatch ran on)")
     warm_python: bool = opt(
-        True, "a warm interpreter per node, torch imported at bring-up, forks the processes of `raydist launch` "
-              "and scaling.engine=launch: they skip torch's import (the warm interpreter holds torch's memory on each "
-              "node while idle)")
+        True,
+        "a warm interpreter per node, torch imported at bring-up, forks the processes of `raydist launch` "
+        "and scaling.engine=launch: they skip torch's import (the warm interpreter holds torch's memory on each "
+        "node while idle)",
+    )
     ports: Ports = dataclasses.field(default_factory=Ports)
     timeouts: Timeouts = dataclasses.field(default_factory=Timeouts)
     requeue: Requeue = dataclasses.field(default_factory=Requeue)

@@ -147,8 +147,12 @@ def _names(entries: list[Entry]) -> str:
     return _some([e.path for e in entries])
 
 
-def sweep(roots: list[tuple[Path, str]], current_job: int | None, who: str,
-          ask: Callable[[list[int], int | None], set[int]] = ask_slurm) -> str | None:
+def sweep(
+    roots: list[tuple[Path, str]],
+    current_job: int | None,
+    who: str,
+    ask: Callable[[list[int], int | None], set[int]] = ask_slurm,
+) -> str | None:
     """Remove the leftovers of ended jobs under each (root, kind); one line saying what was done, or None when
     there was nothing to do. Never raises: a sweep must not fail a bring-up."""
     try:
@@ -167,8 +171,10 @@ def _sweep(roots, current_job, who, ask) -> str | None:
     try:
         live = ask(sorted({e.job_id for e in found}), current_job)
     except SlurmUnavailable as e:
-        return (f"{who}: not removing {len(found)} possible leftover(s) of earlier jobs ({_names(found)}): "
-                f"cannot ask SLURM which jobs are live: {e}")
+        return (
+            f"{who}: not removing {len(found)} possible leftover(s) of earlier jobs ({_names(found)}): "
+            f"cannot ask SLURM which jobs are live: {e}"
+        )
     gone = to_remove(found, live, current_job)
     if not gone:
         return None

@@ -77,9 +77,11 @@ def cleanup_node(job_id: int, node: str, temp_dir: Path, grace: float) -> str:
     """Everything this job started on this node ends, and its temp dir goes; returns a one-line summary."""
     leftovers, killed = stop_leftovers(job_id, node, grace)
     removed = remove_temp_dir(temp_dir, job_id)
-    return (f"{node}: stopped {len(leftovers)} leftover Ray process(es)"
-            + (f" ({len(killed)} needed SIGKILL)" if killed else "")
-            + (f", removed {temp_dir}" if removed else ""))
+    return (
+        f"{node}: stopped {len(leftovers)} leftover Ray process(es)"
+        + (f" ({len(killed)} needed SIGKILL)" if killed else "")
+        + (f", removed {temp_dir}" if removed else "")
+    )
 
 
 def stop_leftovers(job_id: int, node: str, grace: float) -> tuple[list[int], list[int]]:
@@ -90,8 +92,9 @@ def stop_leftovers(job_id: int, node: str, grace: float) -> tuple[list[int], lis
 
 def running_steps(job_id: int) -> list[str]:
     """This job's numbered steps ('<job>.<n>'); not the batch or extern step, which must not get the signal."""
-    r = subprocess.run(["squeue", "--steps", "--noheader", "--format=%i", f"--jobs={job_id}"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["squeue", "--steps", "--noheader", "--format=%i", f"--jobs={job_id}"], capture_output=True, text=True
+    )
     return [s for s in r.stdout.split() if s.partition(".")[2].isdigit()]
 
 

@@ -88,8 +88,9 @@ def save_state(
     return path
 
 
-def save_replica(directory: str, rank: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 fsync: bool = True) -> None:
+def save_replica(
+    directory: str, rank: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, fsync: bool = True
+) -> None:
     """This rank's own model and optimizer, into the checkpoint directory every rank shares; before the manifest,
     which then covers it. No rank gathers another's state, so a checkpoint costs no traffic between workers."""
     import torch
@@ -140,8 +141,11 @@ def sha256_of(path: str) -> str:
 
 def _payload_files(directory: str) -> list[str]:
     """The files a manifest covers: every plain file but the manifest and leftovers of unfinished writes."""
-    return sorted(n for n in os.listdir(directory)
-                  if n != MANIFEST and ".tmp" not in n and os.path.isfile(os.path.join(directory, n)))
+    return sorted(
+        n
+        for n in os.listdir(directory)
+        if n != MANIFEST and ".tmp" not in n and os.path.isfile(os.path.join(directory, n))
+    )
 
 
 def write_manifest(directory: str, step: int, *, fsync: bool = True) -> dict[str, Any]:
@@ -151,8 +155,9 @@ def write_manifest(directory: str, step: int, *, fsync: bool = True) -> dict[str
         path = os.path.join(directory, name)
         files.append({"name": name, "size": os.path.getsize(path), "sha256": sha256_of(path)})
     manifest = {"format": 1, "step": step, "files": files}
-    write_atomic(os.path.join(directory, MANIFEST), lambda f: f.write(json.dumps(manifest, indent=1).encode()),
-                 fsync=fsync)
+    write_atomic(
+        os.path.join(directory, MANIFEST), lambda f: f.write(json.dumps(manifest, indent=1).encode()), fsync=fsync
+    )
     return manifest
 
 
@@ -278,5 +283,7 @@ def set_aside_broken_snapshot(run_dir: str) -> str | None:
         return None
     aside = f"{path}.broken-{time.strftime('%Y%m%d-%H%M%S')}"
     os.replace(path, aside)
-    return (f"[raydist] {RAY_SNAPSHOT} is truncated or corrupt ({len(text)} bytes); moved it to "
-            f"{os.path.basename(aside)} and resuming from the newest valid checkpoint")
+    return (
+        f"[raydist] {RAY_SNAPSHOT} is truncated or corrupt ({len(text)} bytes); moved it to "
+        f"{os.path.basename(aside)} and resuming from the newest valid checkpoint"
+    )

@@ -95,7 +95,7 @@ def stratified_split(y: np.ndarray, test_fraction: float, seed: int) -> tuple[np
     for i in range(len(class_counts)):
         members = class_indices[i].take(rng.permutation(class_counts[i]), mode="clip")
         train.extend(members[: n_i[i]])
-        test.extend(members[n_i[i]: n_i[i] + t_i[i]])
+        test.extend(members[n_i[i] : n_i[i] + t_i[i]])
     return rng.permutation(train), rng.permutation(test)
 
 

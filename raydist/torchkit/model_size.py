@@ -54,8 +54,9 @@ def mlp_width(params: int, in_features: int, out_features: int, depth: int) -> i
     return min(candidates, key=lambda w: abs(mlp_params(in_features, out_features, w, depth) - params))
 
 
-def builtin_params(cfg: ModelConfig, in_features: int, out_features: int,
-                   image_shape: tuple[int, int, int] | None) -> int:
+def builtin_params(
+    cfg: ModelConfig, in_features: int, out_features: int, image_shape: tuple[int, int, int] | None
+) -> int:
     """The parameter count of the model raydist.torchkit.models.build_model builds for model.name (not a model.factory)."""
     if cfg.name == "simple":
         return simple_params(in_features, out_features)
@@ -63,8 +64,11 @@ def builtin_params(cfg: ModelConfig, in_features: int, out_features: int,
         hidden = mlp_width(cfg.params, in_features, out_features, cfg.depth) if cfg.params else cfg.hidden
         return mlp_params(in_features, out_features, hidden, cfg.depth)
     if cfg.name == "transformer":
-        width = (transformer_width(cfg.params, in_features, out_features, cfg.tokens, cfg.heads, cfg.depth)
-                 if cfg.params else cfg.hidden)
+        width = (
+            transformer_width(cfg.params, in_features, out_features, cfg.tokens, cfg.heads, cfg.depth)
+            if cfg.params
+            else cfg.hidden
+        )
         return transformer_params(in_features, out_features, cfg.tokens, width, cfg.depth)
     assert image_shape is not None, "Config.validate rejects cnn without image data"
     return cnn_params(image_shape, out_features)

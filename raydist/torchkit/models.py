@@ -17,8 +17,9 @@ class SimpleModel(nn.Module):
 
     def __init__(self, in_features: int = 10, out_features: int = 2):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(in_features, SIMPLE_HIDDEN), nn.ReLU(),
-                                 nn.Linear(SIMPLE_HIDDEN, out_features))
+        self.net = nn.Sequential(
+            nn.Linear(in_features, SIMPLE_HIDDEN), nn.ReLU(), nn.Linear(SIMPLE_HIDDEN, out_features)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -47,8 +48,11 @@ class SmallCNN(nn.Module):
         c, h, w = image_shape
         self.image_shape = image_shape
         self.features = nn.Sequential(
-            nn.Conv2d(c, 16, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(c, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
         )
         self.head = nn.Sequential(nn.Flatten(), nn.Dropout(dropout), nn.Linear(32 * (h // 2) * (w // 2), out_features))
 
@@ -115,9 +119,13 @@ def build_model(cfg: ModelConfig, data: Splits) -> nn.Module:
         hidden = mlp_width(cfg.params, data.num_features, data.num_classes, cfg.depth) if cfg.params else cfg.hidden
         return MLP(data.num_features, data.num_classes, hidden, cfg.depth, cfg.dropout)
     if cfg.name == "transformer":
-        width = (transformer_width(cfg.params, data.num_features, data.num_classes, cfg.tokens, cfg.heads, cfg.depth)
-                 if cfg.params else cfg.hidden)
-        return TinyTransformer(TransformerShape(data.num_features, data.num_classes, cfg.tokens, width, cfg.heads,
-                                                cfg.depth, cfg.dropout))
+        width = (
+            transformer_width(cfg.params, data.num_features, data.num_classes, cfg.tokens, cfg.heads, cfg.depth)
+            if cfg.params
+            else cfg.hidden
+        )
+        return TinyTransformer(
+            TransformerShape(data.num_features, data.num_classes, cfg.tokens, width, cfg.heads, cfg.depth, cfg.dropout)
+        )
     assert data.image_shape is not None, "Config.validate rejects cnn without image data"
     return SmallCNN(data.image_shape, data.num_classes, cfg.dropout)

@@ -79,7 +79,12 @@ def worker_shard(dataset: Dataset, cfg: Config, rank: int, world_size: int, load
     )
     # A generator of its own: otherwise each iter(loader) draws a seed from the global RNG, and a run
     # resumed mid-epoch (one more iter) would see different dropout masks from an uninterrupted one.
-    loader = DataLoader(dataset, batch_size=cfg.train.batch_size, sampler=sampler, drop_last=True,
-                        generator=torch.Generator().manual_seed(loader_seed))
+    loader = DataLoader(
+        dataset,
+        batch_size=cfg.train.batch_size,
+        sampler=sampler,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(loader_seed),
+    )
     per_epoch = steps_per_epoch(len(dataset), world_size, cfg.train.batch_size, cfg.train.grad_accum)
     return Shard(sampler, loader, per_epoch)

@@ -62,10 +62,11 @@ class SumOnlyCollectives(Collectives):
         sizes[self.rank] = mine.numel()
         self._sum(sizes)
         rows = torch.zeros(self.world_size, int(sizes.max()), dtype=torch.int32)  # int32: sums of bytes cannot wrap
-        rows[self.rank, :mine.numel()] = mine.to(torch.int32)
+        rows[self.rank, : mine.numel()] = mine.to(torch.int32)
         self._sum(rows)
-        return [pickle.loads(rows[r, :int(sizes[r])].to(torch.uint8).numpy().tobytes())
-                for r in range(self.world_size)]
+        return [
+            pickle.loads(rows[r, : int(sizes[r])].to(torch.uint8).numpy().tobytes()) for r in range(self.world_size)
+        ]
 
     def barrier(self) -> None:
         if self.active:

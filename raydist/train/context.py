@@ -68,8 +68,12 @@ class RayTrainContext:
 
             final = os.path.join(self._run_dir, name)
             publish_dir(checkpoint_dir, final)
-            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(final), checkpoint_dir_name=name,
-                             checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
+            ray.train.report(
+                metrics,
+                checkpoint=Checkpoint.from_directory(final),
+                checkpoint_dir_name=name,
+                checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD,
+            )
             return
         ray.train.report(
             metrics,
@@ -163,8 +167,9 @@ class LaunchedContext:
             torch.cuda.set_device(self.device)
         else:
             self.device = torch.device("cpu")
-        dist.init_process_group(cfg.scaling.resolved_backend,
-                                timeout=datetime.timedelta(seconds=cfg.faults.collective_timeout_s))
+        dist.init_process_group(
+            cfg.scaling.resolved_backend, timeout=datetime.timedelta(seconds=cfg.faults.collective_timeout_s)
+        )
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
 
@@ -197,7 +202,7 @@ class LaunchedContext:
         # takes no step, and its summary comes from here.
         write_json_atomic(os.path.join(staging, REPORT_FILE), json.loads(json.dumps(metrics, default=str)))
         publish_dir(staging, os.path.join(self.run_dir, name))
-        for _, old in checkpoint_dirs(self.run_dir)[self.cfg.checkpoint.keep:]:
+        for _, old in checkpoint_dirs(self.run_dir)[self.cfg.checkpoint.keep :]:
             shutil.rmtree(old, ignore_errors=True)
 
     @contextlib.contextmanager

@@ -37,8 +37,9 @@ class Finding:
 def param_checksum(model: torch.nn.Module) -> torch.Tensor:
     """Sum of absolute parameter values in float64: one pass, and a perturbation of any sign moves it. Of a
     sharded model (DTensor parameters), this rank's shards: no collective."""
-    return torch.stack([(p.to_local() if hasattr(p, "to_local") else p).detach().double().abs().sum()
-                        for p in model.parameters()]).sum()
+    return torch.stack(
+        [(p.to_local() if hasattr(p, "to_local") else p).detach().double().abs().sum() for p in model.parameters()]
+    ).sum()
 
 
 def _close(a: float, b: float, tol: float) -> bool:
@@ -70,9 +71,14 @@ def compare(grad_norms: list[float], checksums: list[float] | None, tol: float, 
             off = [r for r in finite if not _close(checksums[r], checksums[ref], tol)]
             if off:
                 worst = max(abs(checksums[r] - checksums[ref]) / max(abs(checksums[ref]), 1e-300) for r in off)
-                findings.append(Finding(
-                    off, f"parameters of {_ranks(off)} differ from rank {ref}'s (relative difference {worst:.2g} "
-                    f"> faults.desync_tolerance={tol:g})", act=True))
+                findings.append(
+                    Finding(
+                        off,
+                        f"parameters of {_ranks(off)} differ from rank {ref}'s (relative difference {worst:.2g} "
+                        f"> faults.desync_tolerance={tol:g})",
+                        act=True,
+                    )
+                )
     if grad_tol > 0 and W > 1:
         finite_norms = sorted(g for g in grad_norms if math.isfinite(g))
         if finite_norms:
@@ -80,9 +86,14 @@ def compare(grad_norms: list[float], checksums: list[float] | None, tol: float, 
             far = [r for r, g in enumerate(grad_norms) if math.isfinite(g) and abs(g - median) > grad_tol * median]
             if far:
                 spread = ", ".join(f"{grad_norms[r]:.3g}" for r in far)
-                findings.append(Finding(
-                    far, f"local gradient norm of {_ranks(far)} ({spread}) is more than "
-                    f"{grad_tol:.0%} from the median {median:.3g} (faults.grad_norm_tolerance)", act=False))
+                findings.append(
+                    Finding(
+                        far,
+                        f"local gradient norm of {_ranks(far)} ({spread}) is more than "
+                        f"{grad_tol:.0%} from the median {median:.3g} (faults.grad_norm_tolerance)",
+                        act=False,
+                    )
+                )
     return findings
 
 
@@ -121,16 +132,19 @@ class Watch:
         if f.inject_desync_rank == self.rank and step == f.inject_desync_step and self.fresh:
             with torch.no_grad():
                 local_tensor(next(model.parameters())).view(-1)[0] += 1.0
-            print(f"[raydist] faults.inject_desync_rank: rank {self.rank} perturbed a parameter after step {step}",
-                  flush=True)
+            print(
+                f"[raydist] faults.inject_desync_rank: rank {self.rank} perturbed a parameter after step {step}",
+                flush=True,
+            )
 
     def verdict(self, rows: list[list[float]], final: bool, step: int, last_checkpoint: int) -> Verdict | None:
         """Judge the fingerprints every rank sees alike (`rows`: per rank, as `fingerprint` made them); None when
         the run goes on (nothing found, or faults.on_desync=warn)."""
         f = self.faults
         agree = self.check.replicas_agree(final) if self.check is not None else self.world_size == 1
-        findings = compare([r[0] for r in rows], [r[1] for r in rows] if agree else None,
-                           f.desync_tolerance, f.grad_norm_tolerance)
+        findings = compare(
+            [r[0] for r in rows], [r[1] for r in rows] if agree else None, f.desync_tolerance, f.grad_norm_tolerance
+        )
         for finding in findings:
             if self.rank == 0:
                 print(f"[raydist] desync at step {step}: {finding.what}", flush=True)

@@ -47,8 +47,13 @@ def _score(output: torch.Tensor, y: torch.Tensor, loss_path: str) -> tuple[float
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, data: Splits, cfg: Config, ctx: WorkerContext,
-             all_reduce: Callable[[torch.Tensor], None] | None = None) -> dict[str, float | None]:
+def evaluate(
+    model: torch.nn.Module,
+    data: Splits,
+    cfg: Config,
+    ctx: WorkerContext,
+    all_reduce: Callable[[torch.Tensor], None] | None = None,
+) -> dict[str, float | None]:
     """Test loss and accuracy over the whole test split: each rank scores a disjoint slice, sums are all-reduced
     (`all_reduce`: the loop's group; else torch.distributed's default one, when up). Accuracy counts argmax hits of
     class scores (per token for a sequence); None where targets are not classes."""

@@ -67,8 +67,11 @@ class Trainer:
         model = build_model(cfg.model, self.data).to(ctx.device)
         self.strategy = strategy(cfg, ctx, self.comm)
         self.forward_model = self.strategy.wrap(model)
-        self.coll = (self.strategy.collectives() if isinstance(self.strategy, FaultTolerant)
-                     else Collectives(ctx.world_size, ctx.rank))
+        self.coll = (
+            self.strategy.collectives()
+            if isinstance(self.strategy, FaultTolerant)
+            else Collectives(ctx.world_size, ctx.rank)
+        )
         """The group of the loop's own collectives (a fault-tolerant strategy's own; torch.distributed's default)."""
         optimizer = build_optimizer(model.parameters(), cfg.optim)
         self.shard = worker_shard(self.data.train, cfg, ctx.rank, ctx.world_size, loader_seed=cfg.train.seed)
@@ -78,7 +81,8 @@ class Trainer:
         self.restorer = Restorer(cfg, ctx, self.strategy, self.coll, self.state)
         # A replacement that takes the state from a live peer (in its first step) reads no checkpoint.
         self.from_peer = isinstance(self.strategy, FaultTolerant) and self.strategy.share_state(
-            self._live_state, self._take_live_state, lambda: self.state.progress, self.total_steps)
+            self._live_state, self._take_live_state, lambda: self.state.progress, self.total_steps
+        )
         self.resumed_from = None if self.from_peer else self.restorer.restore()
         self.schedule = self._fresh_schedule()
         """When to report, evaluate, checkpoint, check for desync and poll for a stop; rank 0's clock decides the
@@ -96,8 +100,11 @@ class Trainer:
 
     def _fresh_schedule(self) -> Schedule:
         cfg = self.cfg
-        cadence = Cadence(report_every_s=cfg.train.report_every_s, checkpoint=Every(cfg.checkpoint.every_steps),
-                          desync=Every(cfg.faults.desync_every_steps))
+        cadence = Cadence(
+            report_every_s=cfg.train.report_every_s,
+            checkpoint=Every(cfg.checkpoint.every_steps),
+            desync=Every(cfg.faults.desync_every_steps),
+        )
         return Schedule.starting(cadence, self.state.progress.step, time.perf_counter(), self._epochs_done())
 
     def _live_state(self) -> dict[str, Any]:
@@ -130,8 +137,10 @@ class Trainer:
             try:
                 metrics = self._sync_point(step, window)
             except peer_lost as lost:  # nothing was reported; training goes on without the peer
-                print(f"[raydist] {self.strategy.name}: step {self.state.progress.step}'s report dropped: {lost}",
-                      flush=True)
+                print(
+                    f"[raydist] {self.strategy.name}: step {self.state.progress.step}'s report dropped: {lost}",
+                    flush=True,
+                )
                 continue
             if self.aborted:
                 break
@@ -174,8 +183,9 @@ class Trainer:
         p.micro_in_epoch += cfg.train.grad_accum
         strategy.after_step(p.step)
         record = self.report.record(p.step, p.epoch, loss_sum, grad_norm, lr, began=t0)
-        return _Step(record, loss_sum, grad_norm, at_end=p.step >= self.total_steps,
-                     stop_at=self.stops.at_limit(p.step))
+        return _Step(
+            record, loss_sum, grad_norm, at_end=p.step >= self.total_steps, stop_at=self.stops.at_limit(p.step)
+        )
 
     def _sync_point(self, step: _Step, window: torch.Tensor) -> dict[str, Any] | None:
         """Every rank is here, at this step: agree on what is due (one all-reduce), check for desync, decide on a
@@ -230,8 +240,11 @@ class Trainer:
         if due.evaluate:
             metrics.update(self._evaluate(step))
         if due.final:  # collectives: every rank is here
-            metrics.update(run_totals(self.coll, self.comm, self.strategy, self.state.model, str(self.ctx.device),
-                                      self.total_steps))
+            metrics.update(
+                run_totals(
+                    self.coll, self.comm, self.strategy, self.state.model, str(self.ctx.device), self.total_steps
+                )
+            )
             if not step.at_end:  # a stop
                 metrics["stop_reason"] = self.stops.reason
                 if self.ctx.rank == 0:

@@ -37,27 +37,39 @@ class Reporter:
         self.ready: float | None = None
         self.samples_per_step = cfg.train.batch_size * cfg.train.grad_accum * ctx.world_size
 
-    def announce(self, resumed_at: int | None, total_steps: int, steps_per_epoch: int,
-                 describe: Callable[[], str]) -> None:
+    def announce(
+        self, resumed_at: int | None, total_steps: int, steps_per_epoch: int, describe: Callable[[], str]
+    ) -> None:
         """Rank 0's start line (`describe`: the strategy's words for it)."""
         if self.ctx.rank != 0:
             return
         where = f"resuming at step {resumed_at}" if resumed_at is not None else "starting"
         backend = dist.get_backend() if dist.is_initialized() else "none"
         extra = describe()
-        print(f"[raydist] {self.strategy_name}: {where}; {total_steps} steps, {steps_per_epoch}/epoch, "
-              f"{self.ctx.world_size} workers, global batch {self.samples_per_step}, backend {backend}"
-              f"{'; ' + extra if extra else ''}", flush=True)
+        print(
+            f"[raydist] {self.strategy_name}: {where}; {total_steps} steps, {steps_per_epoch}/epoch, "
+            f"{self.ctx.world_size} workers, global batch {self.samples_per_step}, backend {backend}"
+            f"{'; ' + extra if extra else ''}",
+            flush=True,
+        )
 
     def session(self, step: int, total_steps: int, from_peer: bool) -> None:
         """Where this session starts and what a step is worth: the driver's progress bar follows metrics.jsonl."""
-        self.log.write({"session_at_step": step, "total_steps": total_steps, "world_size": self.ctx.world_size,
-                        "samples_per_step": self.samples_per_step, "strategy": self.strategy_name,
-                        "from_peer": from_peer})
+        self.log.write(
+            {
+                "session_at_step": step,
+                "total_steps": total_steps,
+                "world_size": self.ctx.world_size,
+                "samples_per_step": self.samples_per_step,
+                "strategy": self.strategy_name,
+                "from_peer": from_peer,
+            }
+        )
         self.ready = time.time()
 
-    def record(self, step: int, epoch: int, loss_sum: torch.Tensor, grad_norm: torch.Tensor, lr: float,
-               began: float) -> dict[str, Any]:
+    def record(
+        self, step: int, epoch: int, loss_sum: torch.Tensor, grad_norm: torch.Tensor, lr: float, began: float
+    ) -> dict[str, Any]:
         """A step this rank took (`began`: its perf_counter start): its metrics.jsonl record."""
         self.speed.add(self.samples_per_step)
         now = time.perf_counter()
@@ -75,21 +87,34 @@ class Reporter:
         """A step is done; the first of the session says where its start-up went (wall clock: the driver subtracts
         its own start)."""
         if first:
-            self.log.write({"startup": {"worker_entered": self.entered, "ready": self.ready,
-                                        "first_step": time.time(), "from_peer": from_peer}})
+            self.log.write(
+                {
+                    "startup": {
+                        "worker_entered": self.entered,
+                        "ready": self.ready,
+                        "first_step": time.time(),
+                        "from_peer": from_peer,
+                    }
+                }
+            )
         self.export.count("samples_per_s", self.samples_per_step / self.ctx.world_size)
         self.export.communication(comm.bytes, comm.wait_s)
 
     def step(self, record: dict[str, Any], total_steps: int) -> None:
         self.log.write(record)
-        self.export.observe(step=record["step"], total_steps=total_steps, loss=record["loss"],
-                            grad_norm=record["grad_norm"], lr=record["lr"], step_time_s=record["step_time_s"])
+        self.export.observe(
+            step=record["step"],
+            total_steps=total_steps,
+            loss=record["loss"],
+            grad_norm=record["grad_norm"],
+            lr=record["lr"],
+            step_time_s=record["step_time_s"],
+        )
         self.export.maybe_export()
 
     def metrics(self, record: dict[str, Any], mean_loss: float) -> dict[str, Any]:
         """A sync point's report: the step's record with the loss over the steps since the last report."""
-        return {**record, "loss": mean_loss, "samples_per_s": self.speed.window_rate(),
-                "strategy": self.strategy_name}
+        return {**record, "loss": mean_loss, "samples_per_s": self.speed.window_rate(), "strategy": self.strategy_name}
 
     def evaluated(self, step: int, time_s: float, scores: dict[str, Any]) -> None:
         self.log.write({"eval_at_step": step, "time_s": time_s, **scores})
@@ -118,16 +143,23 @@ class Reporter:
             write_final_result(self.cfg.run.run_dir, self.ctx.fit_id, last, checkpointed_at)
 
 
-def run_totals(coll: Collectives, comm: CommStats, strategy: Strategy, model: torch.nn.Module, device: str,
-               total_steps: int) -> dict[str, Any]:
+def run_totals(
+    coll: Collectives, comm: CommStats, strategy: Strategy, model: torch.nn.Module, device: str, total_steps: int
+) -> dict[str, Any]:
     """The run's totals at its last sync point: every rank's communication, peak memory (GPU: allocated by torch;
     CPU: the process's peak resident set) and the parameter bytes it holds, in rank order, and the strategy's own
     summary fields. Collectives: every rank calls it."""
     comms = per_worker_summary(coll.all_gather_object(comm.as_dict()))
     memory = coll.all_gather_object((peak_memory_bytes(device), held_param_bytes(model)))
-    totals = {"comm": comms, "memory": {"peak_memory_bytes_per_worker": [int(p) for p, _ in memory],
-                                        "param_bytes_per_worker": [int(b) for _, b in memory]},
-              "total_steps": total_steps, "world_size": coll.world_size}
+    totals = {
+        "comm": comms,
+        "memory": {
+            "peak_memory_bytes_per_worker": [int(p) for p, _ in memory],
+            "param_bytes_per_worker": [int(b) for _, b in memory],
+        },
+        "total_steps": total_steps,
+        "world_size": coll.world_size,
+    }
     if isinstance(strategy, FinalMetrics):
         totals.update(strategy.final_metrics(coll))
     return totals

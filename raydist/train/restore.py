@@ -18,8 +18,15 @@ import torch
 
 from raydist.config import Config
 from raydist.errors import RaydistError
-from raydist.torchkit.checkpoint import (Progress, load_replica, load_state, rng_state, save_replica, save_state,
-                                         set_rng_state)
+from raydist.torchkit.checkpoint import (
+    Progress,
+    load_replica,
+    load_state,
+    rng_state,
+    save_replica,
+    save_state,
+    set_rng_state,
+)
 from raydist.torchkit.seeding import reseed
 from raydist.train.collectives import Collectives
 from raydist.train.context import WorkerContext, new_checkpoint_dir
@@ -62,7 +69,8 @@ class Restorer:
                 raise RaydistError(
                     f"checkpoint {os.path.basename(os.path.normpath(directory))} holds a "
                     f"{'sharded' if sharded else 'full'} model written by {extra.get('strategy_name')}, which "
-                    f"{self.strategy.name} cannot resume from: use a new run.name")
+                    f"{self.strategy.name} cannot resume from: use a new run.name"
+                )
             if sharded:  # every rank reads its part while the directory is at hand (DCP reshards for another W)
                 self.strategy.load_sharded(directory, s.optimizer)
             elif replicas:  # each rank takes back its own; another world size, or one model for all: rank 0's
@@ -85,9 +93,13 @@ class Restorer:
     def live_state(self) -> dict[str, Any]:
         """What a replacement worker takes from a live peer to go on in step with it (`FaultTolerant.share_state`)."""
         s = self.state
-        return {"model": s.model.state_dict(), "optimizer": s.optimizer.state_dict(),
-                "scheduler": s.scheduler.state_dict(), "strategy": self.strategy.state_dict(),
-                "progress": dataclasses.asdict(s.progress)}
+        return {
+            "model": s.model.state_dict(),
+            "optimizer": s.optimizer.state_dict(),
+            "scheduler": s.scheduler.state_dict(),
+            "strategy": self.strategy.state_dict(),
+            "progress": dataclasses.asdict(s.progress),
+        }
 
     def take_live_state(self, live: dict[str, Any]) -> None:
         """A peer's `live_state`, taken in the middle of a step: progress is changed in place, where the data
@@ -116,19 +128,32 @@ class Restorer:
         if rank == 0:
             directory = directory or new_checkpoint_dir()
             self._save_state(directory, rngs)
-        self.ctx.report(metrics, directory if rank == 0 else None, s.progress.step,
-                        on_storage=self.sharded or self.per_rank)
+        self.ctx.report(
+            metrics, directory if rank == 0 else None, s.progress.step, on_storage=self.sharded or self.per_rank
+        )
         self.saved_at = s.progress.step
         return time.perf_counter() - began
 
     def _save_state(self, directory: str, rngs: list[Any]) -> None:
         """Rank 0's part, last: the manifest then covers every rank's files (all written by now)."""
         s, W = self.state, self.ctx.world_size
-        extra = {"config": self.cfg.to_dict(), "world_size": W, "strategy_name": self.strategy.name,
-                 "strategy": self.strategy.state_dict(), **({"replicas": W} if self.per_rank else {})}
+        extra = {
+            "config": self.cfg.to_dict(),
+            "world_size": W,
+            "strategy_name": self.strategy.name,
+            "strategy": self.strategy.state_dict(),
+            **({"replicas": W} if self.per_rank else {}),
+        }
         own = not (self.sharded or self.per_rank)
-        save_state(directory, model=s.model if own else None, optimizer=s.optimizer if own else None,
-                   scheduler=s.scheduler, progress=s.progress, rng_per_rank=rngs, extra=extra)
+        save_state(
+            directory,
+            model=s.model if own else None,
+            optimizer=s.optimizer if own else None,
+            scheduler=s.scheduler,
+            progress=s.progress,
+            rng_per_rank=rngs,
+            extra=extra,
+        )
 
     def _shared_staging_dir(self) -> str:
         """Where every rank writes its part of this step's checkpoint: in the run directory, which all ranks share

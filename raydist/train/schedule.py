@@ -96,8 +96,14 @@ class Schedule:
     def starting(cls, cadence: Cadence, step: int, now: float, epochs: int = 0) -> Schedule:
         """A session that starts at `step` (0, or the checkpoint it resumed from) at time `now`, with `epochs`
         completed: everything counts from there, so a resumed run does not checkpoint again where it resumed."""
-        return cls(cadence, last_report=now, last_poll=now, last_checkpoint=step, last_desync_check=step,
-                   evaluated_epochs=epochs)
+        return cls(
+            cadence,
+            last_report=now,
+            last_poll=now,
+            last_checkpoint=step,
+            last_desync_check=step,
+            evaluated_epochs=epochs,
+        )
 
     def desync_due(self, step: int) -> bool:
         """Whether a desync check is due at `step` (the loop asks one step ahead too, to measure for it)."""
@@ -121,8 +127,11 @@ class Schedule:
     def steps_done(self) -> dict[str, int]:
         """The step- and epoch-counted part (times are this process's own clock): what a replacement worker takes
         from a live peer to see the same things due as it does."""
-        return {"last_checkpoint": self.last_checkpoint, "last_desync_check": self.last_desync_check,
-                "evaluated_epochs": self.evaluated_epochs}
+        return {
+            "last_checkpoint": self.last_checkpoint,
+            "last_desync_check": self.last_desync_check,
+            "evaluated_epochs": self.evaluated_epochs,
+        }
 
     def take_steps_done(self, done: dict[str, int]) -> None:
         self.last_checkpoint, self.last_desync_check = done["last_checkpoint"], done["last_desync_check"]

@@ -160,8 +160,13 @@ class FaultTolerant(abc.ABC):
         during the step. Runs after clipping, before the optimizer."""
 
     @abc.abstractmethod
-    def share_state(self, get: Callable[[], dict[str, Any]], put: Callable[[dict[str, Any]], None],
-                    progress: Callable[[], Progress], total_steps: int) -> bool:
+    def share_state(
+        self,
+        get: Callable[[], dict[str, Any]],
+        put: Callable[[dict[str, Any]], None],
+        progress: Callable[[], Progress],
+        total_steps: int,
+    ) -> bool:
         """The loop's whole state (model, optimizer, scheduler, progress) to read and to replace, its live progress
         and its step count. Called before the loop reads a checkpoint; True when `put` was given a peer's state
         (the loop then reads none)."""

@@ -29,9 +29,11 @@ def write(directory: str | os.PathLike, stand_in: str) -> Path:
     """The interpreter script in `directory` (private to this user: it runs what the warm interpreter forks);
     `stand_in` is the command of raydist.warm.worker_exec (raydist.warm.client.py_executable)."""
     path = Path(directory) / SCRIPT_NAME
-    path.write_text("#!/bin/sh\n"
-                    f'case "$1" in */setup_worker.py) exec {stand_in} "$@";; esac\n'
-                    f'exec {shlex.quote(sys.executable)} "$@"\n')
+    path.write_text(
+        "#!/bin/sh\n"
+        f'case "$1" in */setup_worker.py) exec {stand_in} "$@";; esac\n'
+        f'exec {shlex.quote(sys.executable)} "$@"\n'
+    )
     path.chmod(0o700)
     return path
 

@@ -61,8 +61,9 @@ private_api = _load_private_api()
 PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch.utils.data", private_api.DYNAMO_MODULE)
 """torch._dynamo too: DistributedDataParallel imports it as it is built, and torch's optimizers at their first step
 (torch 2.13): about a second of a fresh process's imports (sympy, inductor's config) before its first step."""
-KEPT_PYTHON_VARS = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE",
-                              "PYTHONBREAKPOINT"})
+KEPT_PYTHON_VARS = frozenset(
+    {"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE", "PYTHONBREAKPOINT"}
+)
 """PYTHON* variables the child applies itself, or that Python reads later (PYTHONBREAKPOINT, which Ray sets for its
 workers, at each breakpoint()); any other that differs from the server's acts at a fresh start and is declined."""
 SAME_AS_SERVER = ("LD_PRELOAD", "LD_LIBRARY_PATH")
@@ -74,8 +75,22 @@ Ray's C++ side reads settings the raylet gives each worker (RAY_JOB_ID, RAY_RAYL
 (_actor_class_ids_from_urandom). Ray Train's import reads RAY_TRAIN_V2_ENABLED, which Ray Train gives its own
 actors: raydist gives it to every worker of its jobs (raydist.warm.client.JOB_WIDE), so that the job's first
 worker on a node, the one this server takes its settings from, has it as Ray Train's actors do."""
-RAY_DEPS_PRELOAD = ("pandas", "pyarrow", "pyarrow.compute", "pyarrow.dataset", "pydantic", "grpc", "google.protobuf",
-                    "requests", "jsonschema", "yaml", "aiohttp", "msgpack", "click", "filelock")
+RAY_DEPS_PRELOAD = (
+    "pandas",
+    "pyarrow",
+    "pyarrow.compute",
+    "pyarrow.dataset",
+    "pydantic",
+    "grpc",
+    "google.protobuf",
+    "requests",
+    "jsonschema",
+    "yaml",
+    "aiohttp",
+    "msgpack",
+    "click",
+    "filelock",
+)
 """What RAY_JOB_PRELOAD imports besides Ray itself: none of it reads the settings Ray gives its workers, so the node's
 server imports it, once it is idle after torch (IDLE_BEFORE_RAY_DEPS_S: a rank asked for meanwhile is forked
 first), and each Ray job's server, its fork, then imports only Ray: about half of what that server imported before
@@ -120,8 +135,11 @@ class Request:
         if not os.path.isdir(self.cwd):
             return f"no directory {self.cwd}"
         # A variable the imports set may also come set to that value (from a process that made the same imports).
-        differ = sorted(k for k in set(self.env) | set(ENV_BEFORE_IMPORT) if _acts_at_start(k)
-                        and self.env.get(k) not in (ENV_BEFORE_IMPORT.get(k), SET_AT_IMPORT.get(k, "\0")))
+        differ = sorted(
+            k
+            for k in set(self.env) | set(ENV_BEFORE_IMPORT)
+            if _acts_at_start(k) and self.env.get(k) not in (ENV_BEFORE_IMPORT.get(k), SET_AT_IMPORT.get(k, "\0"))
+        )
         if differ:
             return f"{', '.join(differ)} differ{'s' if len(differ) == 1 else ''} from the warm interpreter's"
         return None
@@ -136,10 +154,34 @@ user): a fresh interpreter's imports would put it there too, so a fork gets it w
 READ_AT_IMPORT: set[str] = set()
 """The variables the preloaded modules read through os.environ while they were imported: in a fork they keep
 the server's values."""
-RECORDED_PREFIXES = ("RAY_", "TORCH", "PYTORCH_", "PANDAS_", "ARROW_", "GRPC_", "PROTOCOL_BUFFERS_", "MSGPACK_",
-                     "SYMPY_", "MPMATH_", "INDUCTOR_", "AOTINDUCTOR_", "AOT_INDUCTOR_", "AOT_PARTITIONER_",
-                     "PARTITIONER_", "PT2_", "CUTLASS_", "CUTEDSL_", "ENABLE_", "LOG_AUTOTUNE_", "LOG_TLPARSE",
-                     "DUMP_AOTI_", "FAKE_ALLOW_", "UNSAFE_SKIP_FSDP_", "CXX", "CI")
+RECORDED_PREFIXES = (
+    "RAY_",
+    "TORCH",
+    "PYTORCH_",
+    "PANDAS_",
+    "ARROW_",
+    "GRPC_",
+    "PROTOCOL_BUFFERS_",
+    "MSGPACK_",
+    "SYMPY_",
+    "MPMATH_",
+    "INDUCTOR_",
+    "AOTINDUCTOR_",
+    "AOT_INDUCTOR_",
+    "AOT_PARTITIONER_",
+    "PARTITIONER_",
+    "PT2_",
+    "CUTLASS_",
+    "CUTEDSL_",
+    "ENABLE_",
+    "LOG_AUTOTUNE_",
+    "LOG_TLPARSE",
+    "DUMP_AOTI_",
+    "FAKE_ALLOW_",
+    "UNSAFE_SKIP_FSDP_",
+    "CXX",
+    "CI",
+)
 """The preloaded modules' own settings among them (not HOME, PATH and the like, which some read only to pass
 on): these must equal the server's for a fork to be the same process. From SYMPY_ on: what torch._dynamo's import
 reads (sympy, mpmath, inductor's and its partitioner's config, the C++ compiler inductor would use, CI)."""
@@ -163,8 +205,9 @@ def _acts_at_start(key: str) -> bool:
     modules' settings read at their import: it must then equal the server's."""
     if key.startswith("PYTHON"):
         return key not in KEPT_PYTHON_VARS
-    return key in SAME_AS_SERVER or (key in READ_AT_IMPORT and (key.startswith(RECORDED_PREFIXES)
-                                                                or key in RECORDED_NAMES))
+    return key in SAME_AS_SERVER or (
+        key in READ_AT_IMPORT and (key.startswith(RECORDED_PREFIXES) or key in RECORDED_NAMES)
+    )
 
 
 def _which(name: str, path: str, cwd: str) -> str | None:
@@ -180,11 +223,13 @@ def _which(name: str, path: str, cwd: str) -> str | None:
 def _same_python(a: str, b: str) -> bool:
     """The same interpreter of the same environment: a venv's python and python3 are one, the base python that
     its link points to is not (other site-packages)."""
-    return (os.path.dirname(os.path.abspath(a)) == os.path.dirname(os.path.abspath(b))
-            and os.path.realpath(a) == os.path.realpath(b))
+    return os.path.dirname(os.path.abspath(a)) == os.path.dirname(os.path.abspath(b)) and os.path.realpath(
+        a
+    ) == os.path.realpath(b)
 
 
 # ---- the server ------------------------------------------------------------------------------------------------
+
 
 class Server:
     """The node's server, which forks each request from itself; for a Ray worker, from the server of that Ray
@@ -261,8 +306,10 @@ class Server:
     def _import_ray_deps(self) -> None:
         self.ray_deps, start = True, time.monotonic()
         _import_recorded(RAY_DEPS_PRELOAD)
-        print(f"warm interpreter: pid {self.pid} imported Ray's dependencies in {time.monotonic() - start:.1f} s",
-              flush=True)
+        print(
+            f"warm interpreter: pid {self.pid} imported Ray's dependencies in {time.monotonic() - start:.1f} s",
+            flush=True,
+        )
 
     def _job_over(self) -> bool:
         """A Ray job's server ends once it has had no worker for a while (its job is likely over; a later
@@ -417,8 +464,9 @@ class Server:
         READ_AT_IMPORT.update(RAY_READ_ONCE)
         print(f"warm interpreter: pid {self.pid} imported Ray for Ray job {job[0]} (raylet {job[1]})", flush=True)
         if self._ids_repeat_in_forks():
-            self.declines = ("Ray's random IDs would repeat in every worker forked here (an import seeded their "
-                             "generator)")
+            self.declines = (
+                "Ray's random IDs would repeat in every worker forked here (an import seeded their generator)"
+            )
             print(f"warm interpreter: pid {self.pid} forks no worker: {self.declines}", flush=True)
 
     def _ids_repeat_in_forks(self) -> bool:
@@ -524,6 +572,7 @@ def _answer(conn: socket.socket, message: dict) -> None:
 
 # ---- the child: become the script --------------------------------------------------------------------------------
 
+
 def become(request: Request, base_path: list[str]) -> None:
     """This forked process turns into `python script.py args` (or `python -m module args`) as a fresh
     interpreter would be: environment, directory, streams, argv, sys.path, thread count, fresh random state."""
@@ -541,8 +590,9 @@ def become(request: Request, base_path: list[str]) -> None:
     _close([null, *(fd for fd in request.out_fds if fd > 2)])
     sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
     sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
-    sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True,
-                                                   errors="backslashreplace")
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(
+        io.FileIO(2, "w", closefd=False), write_through=True, errors="backslashreplace"
+    )
     global _returned_file
     _returned_file = request.env.pop(RETURNED_ENV, "")  # the agent's, not the script's
     os.environ.clear()
@@ -602,8 +652,12 @@ def _run_script(script: str) -> None:
 
     path = os.path.abspath(script)
     main = sys.modules["__main__"]
-    main.__dict__.update(__file__=path, __cached__=None, __builtins__=builtins,
-                         __loader__=importlib.machinery.SourceFileLoader("__main__", path))
+    main.__dict__.update(
+        __file__=path,
+        __cached__=None,
+        __builtins__=builtins,
+        __loader__=importlib.machinery.SourceFileLoader("__main__", path),
+    )
     with open(path, "rb") as f:
         code = compile(f.read(), path, "exec", dont_inherit=True)
     exec(code, main.__dict__)
@@ -641,8 +695,10 @@ def run(request: Request) -> None:
         raise
     except BaseException as e:
         tb = e.__traceback__
-        while tb is not None and (tb.tb_frame.f_code in (run.__code__, _run_script.__code__)
-                                  or tb.tb_frame.f_globals.get("__name__") == "runpy"):
+        while tb is not None and (
+            tb.tb_frame.f_code in (run.__code__, _run_script.__code__)
+            or tb.tb_frame.f_globals.get("__name__") == "runpy"
+        ):
             tb = tb.tb_next
         sys.excepthook(type(e), e.with_traceback(tb), tb)
         sys.exit(1)

@@ -44,8 +44,9 @@ def forked(path, args):
     try:
         conn.settimeout(ANSWER_TIMEOUT_S)
         conn.connect(path)
-        body = json.dumps({"argv": [sys.executable, *args], "env": dict(os.environ), "cwd": os.getcwd(),
-                           "niceness": None}).encode()
+        body = json.dumps(
+            {"argv": [sys.executable, *args], "env": dict(os.environ), "cwd": os.getcwd(), "niceness": None}
+        ).encode()
         socket.send_fds(conn, [struct.pack("!I", len(body))], [1, 2])
         conn.sendall(body)
         answers = conn.makefile("rb")
@@ -63,6 +64,7 @@ def forked(path, args):
 def wait(pid, answers):
     """The worker's exit code (-N for signal N); the connection closing without one means the warm interpreter
     died, and the worker with it."""
+
     def forward(sig, _frame):
         try:
             os.kill(pid, sig)
@@ -96,9 +98,9 @@ def setup_worker(args):
     worker, context, language = [], None, None
     for arg in args[1:]:
         if arg.startswith(CONTEXT_ARG):
-            context = arg[len(CONTEXT_ARG):]
+            context = arg[len(CONTEXT_ARG) :]
         elif arg.startswith(LANGUAGE_ARG):
-            language = arg[len(LANGUAGE_ARG):]
+            language = arg[len(LANGUAGE_ARG) :]
         elif arg.startswith(("--serialized-runtime-env", "--language")):
             return None  # a form this file does not read the way argparse would
         else:

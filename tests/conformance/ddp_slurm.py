@@ -5,6 +5,7 @@ init_process_group from MASTER_ADDR/MASTER_PORT, a DistributedSampler. Rank 0 pr
     torchrun --standalone --nproc-per-node 2 tests/conformance/ddp_slurm.py
     raydist launch --workers 2 -- python tests/conformance/ddp_slurm.py
 """
+
 import json
 import os
 
@@ -40,9 +41,19 @@ dist.all_reduce(mean)
 checksum = sum(p.detach().double().sum().item() for p in model.parameters())
 launcher = "torchrun" if "TORCHELASTIC_RUN_ID" in os.environ else "slurm" if "SLURM_PROCID" in os.environ else "env"
 if rank == 0:
-    print("CONFORMANCE " + json.dumps({"script": "ddp_slurm", "world": world, "steps": steps,
-                                       "loss": f"{mean.item() / world:.6f}", "checksum": f"{checksum:.10e}",
-                                       "env": {"read": "SLURM_PROCID" if "SLURM_PROCID" in os.environ else "RANK"}}),
-          flush=True)
+    print(
+        "CONFORMANCE "
+        + json.dumps(
+            {
+                "script": "ddp_slurm",
+                "world": world,
+                "steps": steps,
+                "loss": f"{mean.item() / world:.6f}",
+                "checksum": f"{checksum:.10e}",
+                "env": {"read": "SLURM_PROCID" if "SLURM_PROCID" in os.environ else "RANK"},
+            }
+        ),
+        flush=True,
+    )
 dist.barrier()
 dist.destroy_process_group()

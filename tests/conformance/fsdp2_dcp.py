@@ -5,6 +5,7 @@ step with the same parameters as a run never interrupted. Rank 0 prints one CONF
     torchrun --standalone --nproc-per-node 2 tests/conformance/fsdp2_dcp.py SNAPSHOT_DIR [STEP_SLEEP_S]
     raydist launch --workers 2 -- python tests/conformance/fsdp2_dcp.py SNAPSHOT_DIR
 """
+
 import json
 import os
 import signal
@@ -65,7 +66,19 @@ mean = loss.detach().clone()
 dist.all_reduce(mean)
 checksum = sum(p.full_tensor().double().sum().item() for p in model.parameters())
 if rank == 0:
-    print("CONFORMANCE " + json.dumps({"script": "fsdp2_dcp", "world": world, "steps": STEPS, "resumed_from": start,
-                                       "loss": f"{mean.item() / world:.6f}", "checksum": f"{checksum:.10e}",
-                                       "env": {"sharded": type(next(model.parameters())).__name__}}), flush=True)
+    print(
+        "CONFORMANCE "
+        + json.dumps(
+            {
+                "script": "fsdp2_dcp",
+                "world": world,
+                "steps": STEPS,
+                "resumed_from": start,
+                "loss": f"{mean.item() / world:.6f}",
+                "checksum": f"{checksum:.10e}",
+                "env": {"sharded": type(next(model.parameters())).__name__},
+            }
+        ),
+        flush=True,
+    )
 dist.destroy_process_group()

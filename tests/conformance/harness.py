@@ -33,9 +33,11 @@ def same(a: dict, b: dict) -> bool:
     return all(a[k] == b[k] for k in ("world", "steps", "loss", "checksum"))
 
 
-EXIT_FAULT_SIGNS = ("every rank's script returned, but",  # raydist launch's exit fault (docs/launch.md)
-                    "Signal 6 (SIGABRT) received by PID",  # torchrun's line for a rank that aborted
-                    "terminate called without an active exception")  # gloo's teardown race, under any launcher
+EXIT_FAULT_SIGNS = (
+    "every rank's script returned, but",  # raydist launch's exit fault (docs/launch.md)
+    "Signal 6 (SIGABRT) received by PID",  # torchrun's line for a rank that aborted
+    "terminate called without an active exception",
+)  # gloo's teardown race, under any launcher
 """A rank that died on its way out after the script's last line: gloo's teardown race aborts a finished DDP
 process now and then under torchrun and srun too (pytorch#107298). The training's result stands."""
 
@@ -56,19 +58,40 @@ def torchrun(name: str, work: Path, n: int, env: dict[str, str], timeout: float 
 
 
 def launch_argv(name: str, work: Path, n: int, run: str, *options: str) -> list[str]:
-    return [str(BIN / "raydist"), "launch", "--workers", str(n), "--name", run, "--storage", str(work / "runs"),
-            *options, "--", *script_argv(name, work)]
+    return [
+        str(BIN / "raydist"),
+        "launch",
+        "--workers",
+        str(n),
+        "--name",
+        run,
+        "--storage",
+        str(work / "runs"),
+        *options,
+        "--",
+        *script_argv(name, work),
+    ]
 
 
 def srun_argv(name: str, work: Path, job_id: int, hosts: list, port: int) -> list[str]:
     """One `srun --overlap` step in the job, one task per host, each picking its interface and exporting torchrun's
     variables from srun's, as a hand-written sbatch script does."""
     cases = " ".join(f"{h.name}) IF={h.iface};;" for h in hosts)
-    script = (f"case $(hostname) in {cases} esac; export GLOO_SOCKET_IFNAME=$IF NCCL_SOCKET_IFNAME=$IF "
-              f"MASTER_ADDR={hosts[0].ip} MASTER_PORT={port} RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS "
-              f"LOCAL_RANK=$SLURM_LOCALID LOCAL_WORLD_SIZE=1 OMP_NUM_THREADS=1; exec "
-              + " ".join(script_argv(name, work)))
+    script = (
+        f"case $(hostname) in {cases} esac; export GLOO_SOCKET_IFNAME=$IF NCCL_SOCKET_IFNAME=$IF "
+        f"MASTER_ADDR={hosts[0].ip} MASTER_PORT={port} RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS "
+        f"LOCAL_RANK=$SLURM_LOCALID LOCAL_WORLD_SIZE=1 OMP_NUM_THREADS=1; exec " + " ".join(script_argv(name, work))
+    )
     # --job-name: a step started outside the batch shell is named after its program ("bash" here), which Lightning
     # takes for an interactive session and then ignores SLURM's variables; in a batch script it is the job's name.
-    return ["srun", f"--jobid={job_id}", "--overlap", f"--nodes={len(hosts)}", "--ntasks-per-node=1",
-            f"--job-name={name}", "bash", "-c", script]
+    return [
+        "srun",
+        f"--jobid={job_id}",
+        "--overlap",
+        f"--nodes={len(hosts)}",
+        "--ntasks-per-node=1",
+        f"--job-name={name}",
+        "bash",
+        "-c",
+        script,
+    ]

@@ -4,6 +4,7 @@ torchrun and raydist launch, SLURMEnvironment under srun) and runs DDP over it. 
     torchrun --standalone --nproc-per-node 2 tests/conformance/lightning_trainer.py
     raydist launch --workers 2 -- python tests/conformance/lightning_trainer.py
 """
+
 import json
 import os
 import warnings
@@ -38,19 +39,37 @@ def main():
     data = TensorDataset(x, (x[:, :4].sum(1) > 0).long())
     nodes = int(os.environ.get("GROUP_WORLD_SIZE", os.environ.get("SLURM_NNODES", "1")))
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", "1")))
-    trainer = pl.Trainer(accelerator="cpu", devices=per_node, num_nodes=nodes, strategy="ddp", max_epochs=3,
-                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, deterministic=True)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=per_node,
+        num_nodes=nodes,
+        strategy="ddp",
+        max_epochs=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        deterministic=True,
+    )
     model = Net()
     trainer.fit(model, DataLoader(data, batch_size=32, shuffle=True))
     checksum = sum(p.detach().double().sum().item() for p in model.parameters())
     if trainer.global_rank == 0:
         env = type(trainer.strategy.cluster_environment).__name__
-        print("CONFORMANCE " + json.dumps({"script": "lightning_trainer", "world": trainer.world_size,
-                                           "steps": trainer.global_step,
-                                           "loss": f"{trainer.callback_metrics['loss'].item():.6f}",
-                                           "checksum": f"{checksum:.10e}", "env": {"cluster_environment": env}}),
-              flush=True)
+        print(
+            "CONFORMANCE "
+            + json.dumps(
+                {
+                    "script": "lightning_trainer",
+                    "world": trainer.world_size,
+                    "steps": trainer.global_step,
+                    "loss": f"{trainer.callback_metrics['loss'].item():.6f}",
+                    "checksum": f"{checksum:.10e}",
+                    "env": {"cluster_environment": env},
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ Every rank prints one last line; whatever comes after it is the interpreter's wa
     srun python tests/launch_scripts/ddp_teardown.py          (reads SLURM_PROCID/SLURM_NTASKS, or RANK/WORLD_SIZE)
     raydist launch --workers 3 --output all -- python tests/launch_scripts/ddp_teardown.py
 """
+
 import os
 
 import torch

@@ -6,6 +6,7 @@ env: writes what it sees of its environment to DIR/rank<RANK>.json. abort-at-exi
 atexit (as gloo's teardown race does). hang-at-exit: rank 0 returns, leaving a silent non-daemon thread that never
 ends (as a teardown deadlock does). record: rank 1 raises in a function decorated with torch's @record.
 """
+
 import json
 import os
 import sys
@@ -15,8 +16,18 @@ import time
 mode, where = sys.argv[1], sys.argv[2]
 rank = int(os.environ["RANK"])
 if mode == "env":
-    seen = {k: os.environ.get(k) for k in ("CLIENT_EPOCHS", "FROM_ENV_FLAG", "PYTHONPATH", "HOSTNAME",
-                                           "TORCHELASTIC_ERROR_FILE", "RANK", "GLOO_SOCKET_IFNAME")}
+    seen = {
+        k: os.environ.get(k)
+        for k in (
+            "CLIENT_EPOCHS",
+            "FROM_ENV_FLAG",
+            "PYTHONPATH",
+            "HOSTNAME",
+            "TORCHELASTIC_ERROR_FILE",
+            "RANK",
+            "GLOO_SOCKET_IFNAME",
+        )
+    }
     seen["host"] = os.uname().nodename
     seen["raydist_variables"] = sorted(k for k in os.environ if k.startswith("RAYDIST_") and k != "RAYDIST_STATUS_FILE")
     seen["sys_path_has_raydist_site"] = any("rank_site" in p for p in sys.path)

@@ -1,7 +1,8 @@
 """Lightning Fabric picks its cluster environment from the launcher's variables; writes what it chose per rank.
 
-    raydist launch --workers 2 -- python tests/launch_scripts/fabric_env.py DIR
+raydist launch --workers 2 -- python tests/launch_scripts/fabric_env.py DIR
 """
+
 import json
 import os
 import sys
@@ -18,9 +19,24 @@ views = {}
 for cls in (TorchElasticEnvironment, SLURMEnvironment):
     if cls.detect():
         e = cls()
-        views[cls.__name__] = [e.global_rank(), e.world_size(), e.local_rank(), e.node_rank(), e.main_address,
-                               e.main_port]
+        views[cls.__name__] = [
+            e.global_rank(),
+            e.world_size(),
+            e.local_rank(),
+            e.node_rank(),
+            e.main_address,
+            e.main_port,
+        ]
 with open(os.path.join(sys.argv[1], f"rank{fabric.global_rank}.json"), "w") as f:
-    json.dump({"chosen": type(env).__name__, "global_rank": fabric.global_rank, "world_size": fabric.world_size,
-               "local_rank": fabric.local_rank, "node_rank": fabric.node_rank, "rank_sum": rank_sum,
-               "views": views}, f)
+    json.dump(
+        {
+            "chosen": type(env).__name__,
+            "global_rank": fabric.global_rank,
+            "world_size": fabric.world_size,
+            "local_rank": fabric.local_rank,
+            "node_rank": fabric.node_rank,
+            "rank_sum": rank_sum,
+            "views": views,
+        },
+        f,
+    )

@@ -17,10 +17,22 @@ from pathlib import Path
 from typing import Iterator
 
 APT_PACKAGES = ["chromium"]
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-default-apps", "--disable-extensions", "--mute-audio", "--window-size=1600,1000",
-         "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-default-apps",
+    "--disable-extensions",
+    "--mute-audio",
+    "--window-size=1600,1000",
+    "--remote-debugging-address=127.0.0.1",
+    "--remote-debugging-port=0",
+]
 
 
 class BrowserUnavailable(RuntimeError):
@@ -90,7 +102,9 @@ class Page:
             if not missing:
                 return text
             if time.monotonic() > deadline:
-                raise AssertionError(f"not in the page after {timeout:g} s: {missing}\n--- page text ---\n{text[:3000]}")
+                raise AssertionError(
+                    f"not in the page after {timeout:g} s: {missing}\n--- page text ---\n{text[:3000]}"
+                )
             time.sleep(0.5)
 
     def screenshot(self, path: Path) -> None:
@@ -118,16 +132,21 @@ def headless_chromium() -> Iterator[Page]:
 
     binary = chromium()
     profile = tempfile.mkdtemp(prefix="rd-chromium-")
-    proc = subprocess.Popen([binary, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        [binary, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     page = None
     try:
         port_file = Path(profile, "DevToolsActivePort")
         deadline = time.monotonic() + 60
         while not (port_file.exists() and port_file.read_text().strip()):
             if proc.poll() is not None:
-                raise BrowserUnavailable(f"chromium exited {proc.returncode}: "
-                                         f"{proc.stderr.read().decode(errors='replace')[-1500:]}")
+                raise BrowserUnavailable(
+                    f"chromium exited {proc.returncode}: {proc.stderr.read().decode(errors='replace')[-1500:]}"
+                )
             if time.monotonic() > deadline:
                 raise BrowserUnavailable("chromium did not open its DevTools port within 60 s")
             time.sleep(0.1)
@@ -155,7 +174,9 @@ def log_in(page: Page, dashboard_url: str, token: str) -> None:
     deadline = time.monotonic() + 30
     while page.evaluate("document.readyState") != "complete" and time.monotonic() < deadline:
         time.sleep(0.2)
-    status = page.evaluate(f"fetch('/api/authenticate', {{method: 'POST', headers: {{Authorization: 'Bearer {token}'}}}})"
-                           ".then(r => r.status)")
+    status = page.evaluate(
+        f"fetch('/api/authenticate', {{method: 'POST', headers: {{Authorization: 'Bearer {token}'}}}})"
+        ".then(r => r.status)"
+    )
     if status != 200:
         raise AssertionError(f"the dashboard refused the token: HTTP {status}")

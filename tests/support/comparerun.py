@@ -16,15 +16,29 @@ from tests.support.jobutil import REPO, summary
 STRATEGIES = ("sync", "local_sgd", "async")
 EPOCHS = 25
 """Long enough (a few seconds of training per strategy) for metrics exported every second to be seen."""
-METRICS = ("step", "total_steps", "loss", "samples_per_s", "comm_wait_share", "staleness", "ps_updates_per_s",
-           "peak_memory_bytes", "last_checkpoint_step", "test_accuracy", "comm_bytes_total")
+METRICS = (
+    "step",
+    "total_steps",
+    "loss",
+    "samples_per_s",
+    "comm_wait_share",
+    "staleness",
+    "ps_updates_per_s",
+    "peak_memory_bytes",
+    "last_checkpoint_step",
+    "test_accuracy",
+    "comm_bytes_total",
+)
 
 
 def prometheus_queries(session: str) -> dict[str, str]:
     """The largest value each (strategy, role, rank) series of this head's session reached during the run
     (staleness: per worker). Only this session's: other tests' Ray instances may run beside this one."""
-    return {name: f"max by (strategy, role, rank{', worker' if name == 'staleness' else ''}) "
-                  f"(max_over_time(ray_raydist_{name}{{SessionName=\"{session}\"}}[30m]))" for name in METRICS}
+    return {
+        name: f"max by (strategy, role, rank{', worker' if name == 'staleness' else ''}) "
+        f'(max_over_time(ray_raydist_{name}{{SessionName="{session}"}}[30m]))'
+        for name in METRICS
+    }
 
 
 class Compared(tuple):
@@ -46,19 +60,29 @@ def compared(tmp_path_factory):
     storage = tmp_path_factory.mktemp("compare")
     logs = tmp_path_factory.mktemp("compare-logs")
     # Metrics reach the node's agent every second (Ray's default: 10 s), as raydist's own instances do every 2 s.
-    with ray_head(num_cpus=4, env={"RAY_metrics_report_interval_ms": "1000"}) as head, \
-            prometheus(scrape_config(dashboard_url=head.dashboard_url, token_file=head.token_path, interval_s=1,
-                                     refresh_s=2)) as prom:
-        source = top.Source("test head", dashboard_url=head.dashboard_url,
-                            token=Path(head.token_path).read_text().strip())
+    with (
+        ray_head(num_cpus=4, env={"RAY_metrics_report_interval_ms": "1000"}) as head,
+        prometheus(
+            scrape_config(dashboard_url=head.dashboard_url, token_file=head.token_path, interval_s=1, refresh_s=2)
+        ) as prom,
+    ):
+        source = top.Source(
+            "test head", dashboard_url=head.dashboard_url, token=Path(head.token_path).read_text().strip()
+        )
         # Start once Prometheus scrapes every target the head lists now (it asks for the list every 2 s here).
         deadline = time.monotonic() + 90
         while not set(source.targets()) <= {t["labels"]["instance"] for t in prom.targets() if t["health"] == "up"}:
             assert time.monotonic() < deadline, (source.targets(), prom.targets())
             time.sleep(0.5)
         args = [sys.executable, str(REPO / "jobs" / "compare.py")]
-        for o in (f"run.storage_path={storage}", "run.name=cmp", "compare.plot_width=900", "compare.plot_height=400",
-                  f"train.epochs={EPOCHS}", f"run.address={head.gcs_address}"):
+        for o in (
+            f"run.storage_path={storage}",
+            "run.name=cmp",
+            "compare.plot_width=900",
+            "compare.plot_height=400",
+            f"train.epochs={EPOCHS}",
+            f"run.address={head.gcs_address}",
+        ):
             args += ["--set", o]
         out_path, err_path = logs / "stdout", logs / "stderr"
         snapshots = []

@@ -29,8 +29,9 @@ def ensure(binaries: str | list[str], packages: list[str], install: bool = True)
                 r = subprocess.run(cmd, env=env, capture_output=True, text=True)
                 if r.returncode != 0:
                     tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["?"]
-                    raise Unavailable(f"`{' '.join(cmd[:1] + cmd[3:5])} ...` failed ({tail[0]}): "
-                                      f"apt-get install {what} by hand")
+                    raise Unavailable(
+                        f"`{' '.join(cmd[:1] + cmd[3:5])} ...` failed ({tail[0]}): apt-get install {what} by hand"
+                    )
         missing = [b for b in wanted if shutil.which(b) is None]
     if missing:
         raise Unavailable(f"missing {', '.join(missing)}: apt-get install {what}")

@@ -24,7 +24,9 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_job(job: str, *overrides: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_job(
+    job: str, *overrides: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
     args = [sys.executable, str(REPO / "jobs" / f"{job}.py")]
     for o in overrides:
         args += ["--set", o]
@@ -37,8 +39,7 @@ def tinygpt_job(job: str, *overrides: str, timeout: float = 600) -> subprocess.C
     args = [sys.executable, "-m", "raydist.job", job, "--config", "tinygpt/tinygpt.yaml"]
     for o in overrides:
         args += ["--set", o]
-    return subprocess.run(args, cwd=REPO / "examples", env=clean_env(), capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(args, cwd=REPO / "examples", env=clean_env(), capture_output=True, text=True, timeout=timeout)
 
 
 def summary(proc: subprocess.CompletedProcess) -> dict:
@@ -56,11 +57,21 @@ def refusal(job: str, *args: str, timeout: float = 120, started: bool = False, c
     """Run a job that must fail with one `raydist: error:` line on stderr and exit `code` (2: bad input, 1: a
     runtime failure); returns that line. Unless it `started` (and printed progress), its stdout must be empty too.
     """
-    proc = subprocess.run([sys.executable, str(REPO / "jobs" / f"{job}.py"), *args], cwd=REPO, env=clean_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "jobs" / f"{job}.py"), *args],
+        cwd=REPO,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     lines = proc.stderr.strip().splitlines()
     quiet = started or proc.stdout.strip() == ""
-    assert proc.returncode == code and quiet and len(lines) == 1, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert proc.returncode == code and quiet and len(lines) == 1, (
+        proc.returncode,
+        proc.stdout[-2000:],
+        proc.stderr[-2000:],
+    )
     assert lines[0].startswith("raydist: error:"), lines[0]
     return lines[0]
 
@@ -153,8 +164,10 @@ def launched_rank_pid(run_dir: Path, rank: int, start: int = 1) -> int:
     log = run_dir / "logs" / f"rank{rank}.log"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        m = re.search(rf"=== raydist launch: start {start}, rank {rank} on \S+ \(pid (\d+)\)",
-                      log.read_text() if log.exists() else "")
+        m = re.search(
+            rf"=== raydist launch: start {start}, rank {rank} on \S+ \(pid (\d+)\)",
+            log.read_text() if log.exists() else "",
+        )
         if m:
             return int(m.group(1))
         time.sleep(0.2)

@@ -45,9 +45,17 @@ def prometheus(config_text: str) -> Iterator[Prometheus]:
     port = free_ports(1)[0]
     log = work / "prometheus.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([binary, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'data'}",
-                                 f"--web.listen-address=127.0.0.1:{port}"], stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={work / 'prometheus.yml'}",
+                f"--storage.tsdb.path={work / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     prom = Prometheus(f"http://127.0.0.1:{port}", log)
     try:
         deadline = time.time() + 60

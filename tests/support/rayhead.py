@@ -64,8 +64,12 @@ class Head:
 
     def job_env(self) -> dict[str, str]:
         """What a job's environment adds to join this head (its address and token, as `raydist env` prints them)."""
-        return {"RAY_ADDRESS": self.gcs_address, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": self.token_path,
-                **(self.warm or {})}
+        return {
+            "RAY_ADDRESS": self.gcs_address,
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": self.token_path,
+            **(self.warm or {}),
+        }
 
     def forked_jobs(self) -> int:
         """How many Ray jobs' workers its warm interpreter has forked (a server per job: raydist/warm/server.py's log)."""
@@ -137,8 +141,13 @@ def _worker_block() -> Iterator[int]:
 
 
 @contextlib.contextmanager
-def ray_head(num_cpus: int = 2, num_gpus: int | None = None, stop_wait_s: float = 5,
-             env: dict[str, str] | None = None, warm: bool = True) -> Iterator[Head]:
+def ray_head(
+    num_cpus: int = 2,
+    num_gpus: int | None = None,
+    stop_wait_s: float = 5,
+    env: dict[str, str] | None = None,
+    warm: bool = True,
+) -> Iterator[Head]:
     """num_gpus: None lets Ray count this machine's; stop_wait_s: how long `ray start --block` gets to stop the
     daemons after SIGTERM before what is left of them is killed (it first drains its node, for up to 30 s, which
     a test head has no use for); env: more environment for the head's processes; warm: a warm interpreter beside
@@ -155,16 +164,37 @@ def ray_head(num_cpus: int = 2, num_gpus: int | None = None, stop_wait_s: float 
     # RAY_API_SERVER_ADDRESS: Ray's own actors find this head's state API, not another test's Ray (launch.py).
     # RAY_USAGE_STATS_ENABLED=0: the dashboard would otherwise try to report to Ray's project over the internet,
     # which a test never reaches out to (the cluster's bring-up and the embedded instance switch it off too).
-    env = clean_env(PATH=f"{VENV_BIN}:{os.environ['PATH']}", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token_path,
-                    RAY_API_SERVER_ADDRESS=f"http://127.0.0.1:{dash}", RAY_USAGE_STATS_ENABLED="0", **extra_env)
+    env = clean_env(
+        PATH=f"{VENV_BIN}:{os.environ['PATH']}",
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN_PATH=token_path,
+        RAY_API_SERVER_ADDRESS=f"http://127.0.0.1:{dash}",
+        RAY_USAGE_STATS_ENABLED="0",
+        **extra_env,
+    )
     args = [
-        str(VENV_BIN / "ray"), "start", "--head", "--block", f"--temp-dir={temp_dir}",
-        "--node-ip-address=127.0.0.1", f"--port={gcs}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
-        f"--ray-client-server-port={client}", f"--node-manager-port={nm}", f"--object-manager-port={om}",
-        f"--dashboard-agent-listen-port={agent_l}", f"--dashboard-agent-grpc-port={agent_g}",
-        f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={rtenv}",
-        f"--min-worker-port={wmin}", f"--max-worker-port={wmin + WORKER_BLOCK - 1}",
-        f"--num-cpus={num_cpus}", "--object-store-memory=200000000", "--include-dashboard=true", "--disable-usage-stats",
+        str(VENV_BIN / "ray"),
+        "start",
+        "--head",
+        "--block",
+        f"--temp-dir={temp_dir}",
+        "--node-ip-address=127.0.0.1",
+        f"--port={gcs}",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dash}",
+        f"--ray-client-server-port={client}",
+        f"--node-manager-port={nm}",
+        f"--object-manager-port={om}",
+        f"--dashboard-agent-listen-port={agent_l}",
+        f"--dashboard-agent-grpc-port={agent_g}",
+        f"--metrics-export-port={metrics}",
+        f"--runtime-env-agent-port={rtenv}",
+        f"--min-worker-port={wmin}",
+        f"--max-worker-port={wmin + WORKER_BLOCK - 1}",
+        f"--num-cpus={num_cpus}",
+        "--object-store-memory=200000000",
+        "--include-dashboard=true",
+        "--disable-usage-stats",
         *([f"--num-gpus={num_gpus}"] if num_gpus is not None else []),
     ]
     warm_env = None
@@ -173,9 +203,15 @@ def ray_head(num_cpus: int = 2, num_gpus: int | None = None, stop_wait_s: float 
         env.update(warm_env, **NO_PRESTART)
         # Started by the shell that becomes `ray start`: a descendant of the head's pid like Ray's processes, so that
         # the tests find the workers it forks (jobutil.processes_titled), and ending with it (--parent).
-        args = ["bash", "-c", f'"$0" {WARM_SERVER} "$1" --parent $$ >> "$2" 2>&1 & shift 2; exec "$@"',
-                sys.executable, warm_env[WARM_ENV], os.path.join(temp_dir, WARM_LOG),
-                *ray_python.command(ray_python.write(temp_dir, py_executable()), args)]
+        args = [
+            "bash",
+            "-c",
+            f'"$0" {WARM_SERVER} "$1" --parent $$ >> "$2" 2>&1 & shift 2; exec "$@"',
+            sys.executable,
+            warm_env[WARM_ENV],
+            os.path.join(temp_dir, WARM_LOG),
+            *ray_python.command(ray_python.write(temp_dir, py_executable()), args),
+        ]
     log = open(os.path.join(temp_dir, "ray_start.log"), "w")
     proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     head = Head(f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dash}", token_path, temp_dir, proc.pid, warm_env)
@@ -201,9 +237,13 @@ def _wait_for_dashboard(head: Head, proc: subprocess.Popen, deadline: float) -> 
     token = Path(head.token_path).read_text().strip()
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"ray start exited {proc.returncode}: {Path(head.temp_dir, 'ray_start.log').read_text()[-2000:]}")
+            raise RuntimeError(
+                f"ray start exited {proc.returncode}: {Path(head.temp_dir, 'ray_start.log').read_text()[-2000:]}"
+            )
         try:
-            req = urllib.request.Request(f"{head.dashboard_url}/api/version", headers={"Authorization": f"Bearer {token}"})
+            req = urllib.request.Request(
+                f"{head.dashboard_url}/api/version", headers={"Authorization": f"Bearer {token}"}
+            )
             with urllib.request.urlopen(req, timeout=2):
                 return
         except OSError:

@@ -12,7 +12,15 @@ from typing import Any
 import torch
 
 from raydist.errors import RaydistError, UsageError
-from raydist.torchkit.checkpoint import checkpoint_dirs, newest_valid, publish_dir, skipped_line, verify, write_atomic, write_manifest
+from raydist.torchkit.checkpoint import (
+    checkpoint_dirs,
+    newest_valid,
+    publish_dir,
+    skipped_line,
+    verify,
+    write_atomic,
+    write_manifest,
+)
 
 STATE_FILE = "ps_state.pt"
 
@@ -60,7 +68,9 @@ def _prune(run_dir: str, newest: int, keep: int) -> None:
             kept += 1
             continue
         shutil.rmtree(path, ignore_errors=True)
-    for leftover in glob.glob(os.path.join(run_dir, ".tmp-checkpoint_step*")) + glob.glob(os.path.join(run_dir, ".old-checkpoint_step*")):
+    for leftover in glob.glob(os.path.join(run_dir, ".tmp-checkpoint_step*")) + glob.glob(
+        os.path.join(run_dir, ".old-checkpoint_step*")
+    ):
         shutil.rmtree(leftover, ignore_errors=True)
 
 
@@ -81,8 +91,10 @@ class Resume:
             return cls()
         state = torch.load(os.path.join(checkpoint_dir, STATE_FILE), map_location="cpu", weights_only=False)
         if len(state["shards"]) != num_servers:
-            raise UsageError(f"{checkpoint_dir} holds {len(state['shards'])} server shards but "
-                             f"async_ps.num_servers={num_servers}: keep the shard count or use a new run.name")
+            raise UsageError(
+                f"{checkpoint_dir} holds {len(state['shards'])} server shards but "
+                f"async_ps.num_servers={num_servers}: keep the shard count or use a new run.name"
+            )
         done = {int(k): v for k, v in state["shards"][0]["done"].items()}
         if state["workers"] != num_workers:  # other shards of the data now: each worker starts at the average position
             done = {k: sum(done.values()) // num_workers for k in range(num_workers)}

@@ -13,8 +13,9 @@ def check_async(cfg: Config, data=None) -> None:
 
     s, ps = cfg.scaling, cfg.async_ps
     if s.elastic:
-        raise ConfigError(f"scaling.num_workers={s.num_workers}: the async PS runs a fixed number of workers; give "
-                          f"one count")
+        raise ConfigError(
+            f"scaling.num_workers={s.num_workers}: the async PS runs a fixed number of workers; give one count"
+        )
     if cfg.train.grad_accum != 1:
         raise ConfigError("train.grad_accum: the async PS pushes every batch's gradient as it comes; set it to 1")
     num_params = check_loop(cfg, data)
@@ -25,4 +26,5 @@ def check_async(cfg: Config, data=None) -> None:
         if need > local_cpus(cfg):
             raise UsageError(
                 f"the async job needs {need:g} CPUs (scaling.num_workers x scaling.cpus_per_worker + "
-                f"async_ps.num_servers x async_ps.cpus_per_server) but the local Ray instance has {local_cpus(cfg)}")
+                f"async_ps.num_servers x async_ps.cpus_per_server) but the local Ray instance has {local_cpus(cfg)}"
+            )

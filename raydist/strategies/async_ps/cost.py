@@ -48,8 +48,10 @@ def ps_worker_bound(fit: Fit, s: Setting) -> float:
     rate = rate_bytes_per_s(s.link_mbit, fit.ps_efficiency or fit.efficiency)
     workers, shards = ps_placement(s)
     hops = 2 * min(s.servers, s.workers)  # a push to and a fetch from each shard
-    return sum(1 / (base_for(fit, s) + ps_worker_remote_bytes(s.grad_bytes, w, shards) / rate
-                    + hops * fit.latency_s) for w in workers)
+    return sum(
+        1 / (base_for(fit, s) + ps_worker_remote_bytes(s.grad_bytes, w, shards) / rate + hops * fit.latency_s)
+        for w in workers
+    )
 
 
 def ps_link_bound(fit: Fit, s: Setting) -> float:
@@ -118,8 +120,11 @@ class AsyncPSCost(CostTerms):
             raw = Fit(1.0, {slow[0]["strategy"]: 0.0}, slow[0]["params"])
             result.ps_efficiency = min(1.0, slow[0]["steps_per_s"] / ps_link_bound(raw, setting_of(slow[0])))
         # At the fastest link the links should not bound it, else its base cannot be seen.
-        bases = {setting_of(p).servers: fitted_base(result, setting_of(p), p["steps_per_s"])
-                 for p in mine if p["link_mbit"] == top}
+        bases = {
+            setting_of(p).servers: fitted_base(result, setting_of(p), p["steps_per_s"])
+            for p in mine
+            if p["link_mbit"] == top
+        }
         if not bases:
             return
         few, most = min(bases), max(bases)  # a line through the fewest and the most shards: base + per_shard x S

@@ -168,9 +168,12 @@ class Crew:
 
     def hung(self, actor: Any, seconds: float, bound: float, what: str) -> Death:
         key = actor_id(actor)
-        return Death(self.names.get(key, "an actor of the run"),
-                     f"{what} for {seconds:.0f} s, faults.hang_timeout_s={bound:g}",
-                     self.hosts.get(key, UNKNOWN_NODE), verb="stopped answering")
+        return Death(
+            self.names.get(key, "an actor of the run"),
+            f"{what} for {seconds:.0f} s, faults.hang_timeout_s={bound:g}",
+            self.hosts.get(key, UNKNOWN_NODE),
+            verb="stopped answering",
+        )
 
     def death(self, error: BaseException) -> Death:
         """Who died, why and where, from the error the driver caught. The error names the dead actor's id: a call

@@ -20,12 +20,15 @@ PLACEMENT_TIMEOUT_S = 120
 def check_resources(cfg: Config) -> None:
     import ray
 
-    need = cfg.scaling.max_workers * cfg.scaling.cpus_per_worker + cfg.async_ps.num_servers * cfg.async_ps.cpus_per_server
+    need = (
+        cfg.scaling.max_workers * cfg.scaling.cpus_per_worker + cfg.async_ps.num_servers * cfg.async_ps.cpus_per_server
+    )
     have = ray.cluster_resources().get("CPU", 0)
     if need > have:
         raise UsageError(
             f"the async job needs {need:g} CPUs (scaling.num_workers x scaling.cpus_per_worker + async_ps.num_servers"
-            f" x async_ps.cpus_per_server) but the Ray cluster has {have:g}")
+            f" x async_ps.cpus_per_server) but the Ray cluster has {have:g}"
+        )
     gpus = ray.cluster_resources().get("GPU", 0)
     if cfg.scaling.use_gpu and gpus < cfg.scaling.max_workers:
         raise UsageError(f"scaling.use_gpu needs {cfg.scaling.max_workers} GPUs; the Ray cluster has {gpus:g}")
@@ -49,7 +52,9 @@ def wait_placed(pg: Any, num_workers: int) -> None:
     try:
         ray.get(pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
     except ray.exceptions.GetTimeoutError:
-        raise RaydistError(f"could not place {num_workers} workers within {PLACEMENT_TIMEOUT_S} s (free CPUs/GPUs?)") from None
+        raise RaydistError(
+            f"could not place {num_workers} workers within {PLACEMENT_TIMEOUT_S} s (free CPUs/GPUs?)"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -80,14 +85,21 @@ class CrewStart:
         if resume.shards is not None:
             ray.get([s.load_state_dict.remote(st, resume.done) for s, st in zip(crew.shards, resume.shards)])
         if ps.on_stale == "wait" and ps.max_staleness >= 0:
-            crew.gate = crew.add(ray.remote(StalenessGate).options(num_cpus=0, **named("gate")).remote(ps.max_staleness),
-                                 "staleness gate")
+            crew.gate = crew.add(
+                ray.remote(StalenessGate).options(num_cpus=0, **named("gate")).remote(ps.max_staleness),
+                "staleness gate",
+            )
         for k in range(W):
-            worker = ray.remote(DownpourWorker).options(
-                num_cpus=cfg.scaling.cpus_per_worker, num_gpus=1 if cfg.scaling.use_gpu else 0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=k),
-                **named("worker", k),
-            ).remote(config, k, W, crew.shards, self.bounds, crew.gate)
+            worker = (
+                ray.remote(DownpourWorker)
+                .options(
+                    num_cpus=cfg.scaling.cpus_per_worker,
+                    num_gpus=1 if cfg.scaling.use_gpu else 0,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=k),
+                    **named("worker", k),
+                )
+                .remote(config, k, W, crew.shards, self.bounds, crew.gate)
+            )
             crew.workers.append(crew.add(worker, f"worker {k}"))
         crew.locate()  # data loaded: start the clock together
         servers = ", ".join(actor_name(cfg.run.name, "server", i, self.view.attempt) for i in range(len(crew.shards)))
@@ -108,11 +120,18 @@ class CrewStart:
         for i, (a, b) in enumerate(self.bounds):
             # Hard affinity: with soft=True, Ray 2.60 placed these 0-CPU actors wherever it liked (measured on the
             # emulated cluster: 0 of 6 on the node asked for). The nodes are the ones alive at this start.
-            placement = ({"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[i], soft=False)} if nodes else
-                         {"scheduling_strategy": "SPREAD"} if spread else {})
-            shard = ray.remote(ParameterShard).options(num_cpus=ps.cpus_per_server, **placement,
-                                                       **self.view.options("server", i)).remote(
-                i, self.initial[a:b].numpy(), config, self.total_steps, grant_limit)
+            placement = (
+                {"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[i], soft=False)}
+                if nodes
+                else {"scheduling_strategy": "SPREAD"}
+                if spread
+                else {}
+            )
+            shard = (
+                ray.remote(ParameterShard)
+                .options(num_cpus=ps.cpus_per_server, **placement, **self.view.options("server", i))
+                .remote(i, self.initial[a:b].numpy(), config, self.total_steps, grant_limit)
+            )
             crew.shards.append(crew.add(shard, f"server shard {i}"))
 
     def _shard_nodes(self, num_servers: int) -> list[str]:

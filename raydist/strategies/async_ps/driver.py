@@ -96,13 +96,27 @@ class AsyncPSRun:
         self.evaluator = Evaluator(cfg, self.data, self.bounds)
         print(start_line(STRATEGY, cfg.run.run_dir), file=sys.stderr, flush=True)
         # One async step is one worker's gradient on train.batch_size samples.
-        bar = ProgressBar(STRATEGY, self.budget.total, samples_per_step=cfg.train.batch_size,
-                          export=Exporter(cfg.run.name, STRATEGY, "driver", 0))
+        bar = ProgressBar(
+            STRATEGY,
+            self.budget.total,
+            samples_per_step=cfg.train.batch_size,
+            export=Exporter(cfg.run.name, STRATEGY, "driver", 0),
+        )
         self.progress = Progress(cfg, log, bar, self.resume.steps)
-        self.view = TrainView(RunDescription(
-            name=cfg.run.name, strategy=STRATEGY, num_workers=s.max_workers, cpus_per_worker=s.cpus_per_worker,
-            use_gpu=s.use_gpu, max_failures=s.max_failures, storage_dir=cfg.run.storage_dir,
-            config=cfg.to_dict(), backend={"num_servers": cfg.async_ps.num_servers}, keep=cfg.checkpoint.keep))
+        self.view = TrainView(
+            RunDescription(
+                name=cfg.run.name,
+                strategy=STRATEGY,
+                num_workers=s.max_workers,
+                cpus_per_worker=s.cpus_per_worker,
+                use_gpu=s.use_gpu,
+                max_failures=s.max_failures,
+                storage_dir=cfg.run.storage_dir,
+                config=cfg.to_dict(),
+                backend={"num_servers": cfg.async_ps.num_servers},
+                keep=cfg.checkpoint.keep,
+            )
+        )
         self.crew_start = CrewStart(cfg, pg, self.view, self.init, self.bounds, self.budget.total)
 
     def _attempt(self, pg) -> tuple[policy.Event, JobSummary | None]:
@@ -135,9 +149,15 @@ class AsyncPSRun:
             crew.kill()
 
     def _summary(self, end: Ending) -> JobSummary:
-        session = Session(ray_address=self.ray_address, wall_s=round(time.perf_counter() - self.started, 3),
-                          total_steps=self.budget.total, resumed_from=self.resumed_from, start_done=self.start_done,
-                          restarts=self.restarts, stop_reason=self.grants.stop_reason)
+        session = Session(
+            ray_address=self.ray_address,
+            wall_s=round(time.perf_counter() - self.started, 3),
+            total_steps=self.budget.total,
+            resumed_from=self.resumed_from,
+            start_done=self.start_done,
+            restarts=self.restarts,
+            stop_reason=self.grants.stop_reason,
+        )
         return summarise(self.cfg, session, self.progress, end)
 
     def _recover(self, event: policy.Event, decision: policy.Decision) -> None:
@@ -153,8 +173,10 @@ class AsyncPSRun:
         self.resume = self._latest_resume()
         self.progress.restarted(self.resume.steps)
         origin = f"checkpoint step {self.resume.steps}" if self.resume.shards is not None else "the initial parameters"
-        print(f"[raydist] async: {event.describe()}; restarting servers and workers from {origin} ({decision.reason})",
-              flush=True)
+        print(
+            f"[raydist] async: {event.describe()}; restarting servers and workers from {origin} ({decision.reason})",
+            flush=True,
+        )
 
 
 def train(cfg: Config, ray_address: str = "local", started: float | None = None) -> JobSummary:

@@ -61,6 +61,10 @@ def decide(event: Event, restarts: int, max_failures: int) -> Decision:
         return Decision(Kind.RAISE, restarts, f"training failed: {event.describe()}")
     failure = restarts + 1
     if 0 <= max_failures < failure:
-        return Decision(Kind.RAISE, restarts, f"training failed: {event.describe()}: failure {failure}, more than "
-                                              f"scaling.max_failures={max_failures} allows")
+        return Decision(
+            Kind.RAISE,
+            restarts,
+            f"training failed: {event.describe()}: failure {failure}, more than "
+            f"scaling.max_failures={max_failures} allows",
+        )
     return Decision(Kind.RESTART, failure, f"failure {failure} of {max_failures if max_failures >= 0 else 'unlimited'}")

@@ -43,8 +43,12 @@ class Progress:
         applied = [r["staleness"] for r in self.window if "step" in r]
         loss = sum(r["loss"] for r in self.window) / len(self.window) if self.window else None
         accuracy = self.scores["test_accuracy"]
-        self.bar.update(self.steps, loss=loss, test_accuracy=None if accuracy != accuracy else accuracy,
-                        extra={"staleness": f"{sum(applied) / len(applied):.3g}"} if applied else None)
+        self.bar.update(
+            self.steps,
+            loss=loss,
+            test_accuracy=None if accuracy != accuracy else accuracy,
+            extra={"staleness": f"{sum(applied) / len(applied):.3g}"} if applied else None,
+        )
 
     def report(self) -> None:
         """A plain line about every train.report_every_s with run.verbose; a new window either way."""

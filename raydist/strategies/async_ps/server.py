@@ -107,8 +107,12 @@ class ParameterShard:
         return Drained(records, sum(self.done.values()))
 
     def stats(self) -> dict[str, Any]:
-        return {"version": self.version, "staleness": dict(self.staleness), "dropped": self.dropped,
-                "done": dict(self.done)}
+        return {
+            "version": self.version,
+            "staleness": dict(self.staleness),
+            "dropped": self.dropped,
+            "done": dict(self.done),
+        }
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -43,13 +43,15 @@ class TrainingLoop:
     """Trains one start of the crew: `watch` until the workers end, then `finish`. A worker that fails, dies or
     hangs, or a shard that leaves a call unanswered, ends it with Ray's error or crew.Hung, for the driver's policy."""
 
-    def __init__(self, cfg: Config, crew: Crew, progress: Progress, grants: Grants, budget: Budget,
-                 evaluator: Evaluator):
+    def __init__(
+        self, cfg: Config, crew: Crew, progress: Progress, grants: Grants, budget: Budget, evaluator: Evaluator
+    ):
         self.cfg, self.crew, self.progress, self.grants = cfg, crew, progress, grants
         self.budget, self.evaluator = budget, evaluator
         # Checkpoints count from the last one: the steps done jump by what the workers did between two polls.
-        self.cadence = Cadence(report_every_s=cfg.train.report_every_s,
-                               checkpoint=Every(budget.checkpoint_every, since_last=True))
+        self.cadence = Cadence(
+            report_every_s=cfg.train.report_every_s, checkpoint=Every(budget.checkpoint_every, since_last=True)
+        )
         self.schedule: Schedule | None = None  # both from when the workers start (`watch`)
         self.watchdog: Watchdog | None = None
 

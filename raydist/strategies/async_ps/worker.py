@@ -47,8 +47,9 @@ class _Run:
 
 
 class DownpourWorker:
-    def __init__(self, config: dict[str, Any], rank: int, world_size: int, shards: list, bounds: list[tuple[int, int]],
-                 gate=None):
+    def __init__(
+        self, config: dict[str, Any], rank: int, world_size: int, shards: list, bounds: list[tuple[int, int]], gate=None
+    ):
         self.cfg = cfg = Config.from_dict(config)
         torch.set_num_threads(max(1, int(cfg.scaling.cpus_per_worker)))
         self.rank, self.world_size = rank, world_size
@@ -79,8 +80,15 @@ class DownpourWorker:
             self._step(r, start_time)
         r.export.maybe_export(force=True)
         steps = r.progress.step - start_step
-        return WorkerReport(rank=self.rank, steps=steps, samples=steps * self.cfg.train.batch_size, dropped=r.dropped,
-                            train_time_s=time.perf_counter() - began, bytes=r.comm.bytes, wait_s=r.comm.wait_s)
+        return WorkerReport(
+            rank=self.rank,
+            steps=steps,
+            samples=steps * self.cfg.train.batch_size,
+            dropped=r.dropped,
+            train_time_s=time.perf_counter() - began,
+            bytes=r.comm.bytes,
+            wait_s=r.comm.wait_s,
+        )
 
     def _start(self, start_step: int) -> _Run:
         """This worker's batches, epoch after epoch, from `start_step` on."""
@@ -90,9 +98,15 @@ class DownpourWorker:
         progress = Progress(step=start_step, epoch=epoch, micro_in_epoch=offset)
         batches = shard.steps(progress, 1, finished=lambda: False)
         reseed(cfg.train.seed, rank, start_step)  # dropout differs per worker and per resume
-        return _Run(progress, batches, CommStats(), Straggler(cfg.straggler, rank),
-                    Exporter(cfg.run.name, "async", "worker", rank, device=str(self.device)), lr=cfg.optim.lr,
-                    versions=[0] * len(self.shards))
+        return _Run(
+            progress,
+            batches,
+            CommStats(),
+            Straggler(cfg.straggler, rank),
+            Exporter(cfg.run.name, "async", "worker", rank, device=str(self.device)),
+            lr=cfg.optim.lr,
+            versions=[0] * len(self.shards),
+        )
 
     def _admit(self, r: _Run) -> None:
         """The staleness gate's ticket for the next step (async_ps.on_stale=wait)."""
@@ -128,14 +142,21 @@ class DownpourWorker:
         t0 = time.perf_counter()
         self.grads.zero_()
         loss = compute_gradients(self.model, next(r.batches), cfg, self.device)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                                   cfg.train.grad_clip if cfg.train.grad_clip > 0 else math.inf)
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), cfg.train.grad_clip if cfg.train.grad_clip > 0 else math.inf
+        )
         p.step += 1
         p.micro_in_epoch += 1
         step_time = time.perf_counter() - t0
         r.straggler.after_step(p.step, step_time)  # a slow worker's gradient arrives late, as it would
-        meta = {"worker": self.rank, "epoch": p.epoch, "loss": loss.item(), "grad_norm": grad_norm.item(),
-                "step_time_s": step_time, "time_s": time.time() - start_time}
+        meta = {
+            "worker": self.rank,
+            "epoch": p.epoch,
+            "loss": loss.item(),
+            "grad_norm": grad_norm.item(),
+            "step_time_s": step_time,
+            "time_s": time.time() - start_time,
+        }
         self._push(r, meta)
         r.export.observe(step=p.step, loss=meta["loss"], grad_norm=meta["grad_norm"], lr=r.lr, step_time_s=step_time)
         r.export.maybe_export()
@@ -148,8 +169,10 @@ class DownpourWorker:
     def _push(self, r: _Run, meta: dict[str, Any]) -> None:
         grads = self.grads.cpu()  # a no-op on CPU
         # Each slice is a view of the flat gradient; Ray copies it into the object store as it submits.
-        r.pending += [s.push.remote(grads[a:b].numpy(), r.versions[i], self.rank, meta if i == 0 else None)
-                      for i, (s, (a, b)) in enumerate(zip(self.shards, self.bounds))]
+        r.pending += [
+            s.push.remote(grads[a:b].numpy(), r.versions[i], self.rank, meta if i == 0 else None)
+            for i, (s, (a, b)) in enumerate(zip(self.shards, self.bounds))
+        ]
         r.comm.add(self.nbytes)
         r.export.count("samples_per_s", self.cfg.train.batch_size)
         r.export.communication(r.comm.bytes, r.comm.wait_s)

@@ -113,5 +113,7 @@ class FSDP(Strategy, ShardedState):
 
     def describe(self) -> str:
         held, full = held_param_bytes(self.model), tensor_bytes(self.skeleton)
-        return (f"parameters sharded over {self.world_size} ranks ({held / 1e6:.2f} of {full / 1e6:.2f} MB on rank "
-                f"{self.ctx.rank}), reshard_after_forward={str(self.cfg.fsdp.reshard_after_forward).lower()}")
+        return (
+            f"parameters sharded over {self.world_size} ranks ({held / 1e6:.2f} of {full / 1e6:.2f} MB on rank "
+            f"{self.ctx.rank}), reshard_after_forward={str(self.cfg.fsdp.reshard_after_forward).lower()}"
+        )

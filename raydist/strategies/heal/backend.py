@@ -30,8 +30,9 @@ class _Backend(QuietController, PlainVersions, QuietShutdown, torchft_backend_cl
         if isinstance(group, ReplicaGroup):
             lost = _dead_nodes_of(group)
             if lost:
-                raise ReplicaNodeLost(f"the failed replica's node {', '.join(lost)} is gone: it cannot be replaced "
-                                      f"in place")
+                raise ReplicaNodeLost(
+                    f"the failed replica's node {', '.join(lost)} is gone: it cannot be replaced in place"
+                )
         super().on_shutdown(group, backend_config)
 
     def lighthouse_address(self, backend_config) -> str:
@@ -47,7 +48,9 @@ class _Backend(QuietController, PlainVersions, QuietShutdown, torchft_backend_cl
             kwargs = {"bind": "[::]:0"} | backend_config.lighthouse_kwargs
             level = {"env_vars": {"RUST_LOG": backend_config.rust_log}}
             self.lighthouse_actor = LighthouseActor.options(
-                num_cpus=0, scheduling_strategy=here, runtime_env=level,
+                num_cpus=0,
+                scheduling_strategy=here,
+                runtime_env=level,
             ).remote(lighthouse_kwargs=kwargs, log_path=backend_config.log_path)
         address = ray.get(self.lighthouse_actor.address.remote())  # read again: the actor may have restarted
         scheme, _, rest = address.rpartition("//")
@@ -104,10 +107,13 @@ def torchft_config(cfg: Config) -> TorchftConfig:
     lighthouse = {"min_replicas": 1, "heartbeat_timeout_ms": max(1, round(cfg.heal.heartbeat_timeout_s * 1000))}
     # run.verbose: its log on the console, every quorum included; else warnings and errors in the run directory
     verbose = cfg.run.verbose
-    return HealTorchftConfig(lighthouse_kwargs=lighthouse, rust_log="info" if verbose else "warn",
-                             log_path=None if verbose else os.path.join(cfg.run.run_dir, LIGHTHOUSE_LOG),
-                             backend=cfg.scaling.resolved_backend,
-                             timeout_s=max(1, round(cfg.faults.collective_timeout_s)))
+    return HealTorchftConfig(
+        lighthouse_kwargs=lighthouse,
+        rust_log="info" if verbose else "warn",
+        log_path=None if verbose else os.path.join(cfg.run.run_dir, LIGHTHOUSE_LOG),
+        backend=cfg.scaling.resolved_backend,
+        timeout_s=max(1, round(cfg.faults.collective_timeout_s)),
+    )
 
 
 def _bracketed(ip: str) -> str:
@@ -124,8 +130,11 @@ def _dead_nodes_of(group, probe_s: float = 2.0) -> list[str]:
     lost = set()
     for w in group.get_workers():
         node = nodes.get(w.metadata.node_id)
-        if node is None or not node["Alive"] or not _answers(node["NodeManagerAddress"], node["NodeManagerPort"],
-                                                             probe_s):
+        if (
+            node is None
+            or not node["Alive"]
+            or not _answers(node["NodeManagerAddress"], node["NodeManagerPort"], probe_s)
+        ):
             lost.add(f"{w.metadata.hostname} ({w.metadata.node_ip})")
     return sorted(lost)
 

@@ -83,8 +83,10 @@ class HealBook:
             if self.since is not None:
                 self.heals.append((self.steps, round(now - self.since, 3), round(self.stall or 0.0, 3)))
                 self.stall = None
-                news = (f"healed at step {step}: the replacement took the state from a peer, {now - self.since:.1f} s "
-                        f"and {self.steps} steps after the failure")
+                news = (
+                    f"healed at step {step}: the replacement took the state from a peer, {now - self.since:.1f} s "
+                    f"and {self.steps} steps after the failure"
+                )
                 self.since = None
             self.whole_once = True
         if committed:
@@ -122,10 +124,19 @@ class Heal(Strategy, FaultTolerant, DesyncCheck, FinalMetrics):
         # init_sync=False: at step 0 the replicas already agree (one seed, or one checkpoint each reads itself);
         # torchft's default would make all but one take a peer's state before that peer has read its checkpoint.
         return Manager(
-            pg=pg, load_state_dict=None, state_dict=None, min_replica_size=1, world_size=1, rank=0, init_sync=False,
-            replica_id=f"raydist_{self.ctx.rank}", timeout=timedelta(seconds=self.cfg.heal.quorum_timeout_s),
-            quorum_timeout=timedelta(seconds=self.cfg.heal.quorum_timeout_s), checkpoint_transport=transport,
-            hostname=_reachable_hostname())
+            pg=pg,
+            load_state_dict=None,
+            state_dict=None,
+            min_replica_size=1,
+            world_size=1,
+            rank=0,
+            init_sync=False,
+            replica_id=f"raydist_{self.ctx.rank}",
+            timeout=timedelta(seconds=self.cfg.heal.quorum_timeout_s),
+            quorum_timeout=timedelta(seconds=self.cfg.heal.quorum_timeout_s),
+            checkpoint_transport=transport,
+            hostname=_reachable_hostname(),
+        )
 
     def _start_together(self) -> None:
         """The group's first start waits for every worker (Ray Train's barrier), so that none trains alone while
@@ -138,8 +149,13 @@ class Heal(Strategy, FaultTolerant, DesyncCheck, FinalMetrics):
             if self.ctx.rank == 0:
                 marker.touch()
 
-    def share_state(self, get: Callable[[], dict[str, Any]], put: Callable[[dict[str, Any]], None],
-                    progress: Callable[[], Progress], total_steps: int) -> bool:
+    def share_state(
+        self,
+        get: Callable[[], dict[str, Any]],
+        put: Callable[[dict[str, Any]], None],
+        progress: Callable[[], Progress],
+        total_steps: int,
+    ) -> bool:
         """The first step's quorum (each later one starts in zero_grad): a replica behind the others (a replacement,
         whose torchft step is 0) is healing, and takes their state in that step. When none is ahead (a fresh start,
         or every worker restarted) the loop reads the checkpoint, if any, as the other strategies do."""
@@ -224,8 +240,13 @@ class Heal(Strategy, FaultTolerant, DesyncCheck, FinalMetrics):
         path = self._heals_file()
         lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
         heals = list({h["at"]: h for h in reversed(lines)}.values())[::-1]  # each heal once, as first written
-        return {"heals": len(heals), "joined_from_peer": joined, "steps_during_heals": [h["steps"] for h in heals],
-                "heal_s": [h["s"] for h in heals], "heal_stall_s": [h["stall"] for h in heals]}
+        return {
+            "heals": len(heals),
+            "joined_from_peer": joined,
+            "steps_during_heals": [h["steps"] for h in heals],
+            "heal_s": [h["s"] for h in heals],
+            "heal_stall_s": [h["stall"] for h in heals],
+        }
 
     def close(self) -> None:
         self.manager.shutdown(wait=False)

@@ -14,7 +14,8 @@ class LocalSGDConfig:
 
     sync_every: int = opt(8, "local steps between two averagings (H)", ge=1)
     averaging: Literal["allreduce", "ring"] = opt(
-        "allreduce", "allreduce: every worker takes the mean of all; ring: each mixes in its left neighbour's parameters (Polyak, `alpha`)"
+        "allreduce",
+        "allreduce: every worker takes the mean of all; ring: each mixes in its left neighbour's parameters (Polyak, `alpha`)",
     )
     alpha: float = opt(0.5, "ring: weight of the neighbour's parameters, p <- (1 - alpha) p + alpha p_left", gt=0, le=1)
     warmup_sync_steps: int = opt(

@@ -41,10 +41,16 @@ class LocalSGDCost(CostTerms):
         # do not carry: the mean over its runs.
         result.base_s[mine[0]["strategy"]] = result.base_s[COMPUTES_LIKE]
         probe = Fit(result.efficiency, dict(result.base_s), result.base_params, result.latency_s)
-        per_ckpt = [(1 / p["steps_per_s"] - step_s(probe, replace(setting_of(p), checkpoint_every=0)))
-                    * setting_of(p).checkpoint_every * result.base_params / p["params"] for p in mine]
+        per_ckpt = [
+            (1 / p["steps_per_s"] - step_s(probe, replace(setting_of(p), checkpoint_every=0)))
+            * setting_of(p).checkpoint_every
+            * result.base_params
+            / p["params"]
+            for p in mine
+        ]
         result.checkpoint_s = max(0.0, statistics.fmean(per_ckpt))
 
     def label(self, p: dict[str, Any]) -> str:
         return (", ring" if p.get("averaging") == "ring" else "") + (
-            ", a checkpoint every epoch" if p.get("checkpoint_every") else ", no checkpoint but the last")
+            ", a checkpoint every epoch" if p.get("checkpoint_every") else ", no checkpoint but the last"
+        )

@@ -34,7 +34,10 @@ def ring_polyak(flat: torch.Tensor, alpha: float, rank: int, world_size: int) ->
     if world_size == 1:
         return
     received = torch.empty_like(flat)
-    ops = [dist.P2POp(dist.isend, flat, (rank + 1) % world_size), dist.P2POp(dist.irecv, received, (rank - 1) % world_size)]
+    ops = [
+        dist.P2POp(dist.isend, flat, (rank + 1) % world_size),
+        dist.P2POp(dist.irecv, received, (rank - 1) % world_size),
+    ]
     for request in dist.batch_isend_irecv(ops):
         request.wait()
     flat.mul_(1.0 - alpha).add_(received, alpha=alpha)
@@ -94,8 +97,11 @@ class LocalSGD(Strategy, PerRankState, DesyncCheck):  # between averagings each 
 
     def replicas_agree(self, final: bool) -> bool:
         """Right after an all-reduce averaging (the end's always is one) or a synchronous warm-up step."""
-        return self.world_size == 1 or self.since_sync == 0 and (
-            self.lcfg.averaging == "allreduce" or final or self.step <= self.lcfg.warmup_sync_steps)
+        return (
+            self.world_size == 1
+            or self.since_sync == 0
+            and (self.lcfg.averaging == "allreduce" or final or self.step <= self.lcfg.warmup_sync_steps)
+        )
 
     def eval_model(self, final: bool) -> torch.nn.Module:
         """The workers' mean (the same as each worker's model right after an all-reduce)."""
@@ -113,5 +119,7 @@ class LocalSGD(Strategy, PerRankState, DesyncCheck):  # between averagings each 
         self.since_sync = state.get("since_sync", 0) if same_world else 0
 
     def describe(self) -> str:
-        return (f"averaging {self.lcfg.averaging} every {self.lcfg.sync_every} steps after "
-                f"{self.lcfg.warmup_sync_steps} synchronous")
+        return (
+            f"averaging {self.lcfg.averaging} every {self.lcfg.sync_every} steps after "
+            f"{self.lcfg.warmup_sync_steps} synchronous"
+        )

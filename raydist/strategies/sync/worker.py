@@ -19,7 +19,9 @@ class SyncDDP(Strategy, DesyncCheck):
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         self.model = model
-        self.ddp = DistributedDataParallel(model, device_ids=[self.ctx.device] if self.ctx.device.type == "cuda" else None)
+        self.ddp = DistributedDataParallel(
+            model, device_ids=[self.ctx.device] if self.ctx.device.type == "cuda" else None
+        )
         self.step_bytes = allreduce_bytes(tensor_bytes(model), self.world_size)  # every gradient, once a step
         self.measuring = False
         self.local_norm: torch.Tensor | None = None

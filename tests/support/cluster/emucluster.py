@@ -35,9 +35,23 @@ def shared_tmp_paths() -> list[Path]:
     paths = {REPO, Path(sys.prefix).resolve()}
     under_tmp = sorted(p for p in paths if p.is_relative_to("/tmp") and p != Path("/tmp"))
     return [p for p in under_tmp if not any(p != q and p.is_relative_to(q) for q in under_tmp)]
+
+
 APT_PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", "iproute2", "util-linux", "procps"]
-REQUIRED_BINARIES = ["slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "munged", "ip", "nsenter", "unshare",
-                     "runuser", "ps", "ss"]
+REQUIRED_BINARIES = [
+    "slurmctld",
+    "slurmd",
+    "sbatch",
+    "squeue",
+    "scontrol",
+    "munged",
+    "ip",
+    "nsenter",
+    "unshare",
+    "runuser",
+    "ps",
+    "ss",
+]
 MARKER = "raydist-emucluster"
 SUBNET_PREFIX = 24
 
@@ -94,24 +108,33 @@ def _cmdline(pid: int) -> str:
 def check_prerequisites(install: bool = True) -> None:
     """Root, namespaces and the Debian packages; installs missing packages with apt-get when allowed."""
     if os.geteuid() != 0:
-        raise ClusterUnavailable("the emulated SLURM cluster needs root (namespaces, mounts, slurmd); "
-                                 "run the slurm tests as root, or deselect them with -m 'not slurm'")
+        raise ClusterUnavailable(
+            "the emulated SLURM cluster needs root (namespaces, mounts, slurmd); "
+            "run the slurm tests as root, or deselect them with -m 'not slurm'"
+        )
     try:
         debian.ensure(REQUIRED_BINARIES, APT_PACKAGES, install=install)
     except debian.Unavailable as e:
         raise ClusterUnavailable(str(e)) from None
-    probe = subprocess.run(["unshare", "--net", "--uts", "--mount", "--pid", "--fork", "true"],
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        ["unshare", "--net", "--uts", "--mount", "--pid", "--fork", "true"], capture_output=True, text=True
+    )
     if probe.returncode != 0:
-        raise ClusterUnavailable(f"cannot create namespaces here ({probe.stderr.strip()}); "
-                                 "the emulated cluster needs CAP_SYS_ADMIN")
+        raise ClusterUnavailable(
+            f"cannot create namespaces here ({probe.stderr.strip()}); the emulated cluster needs CAP_SYS_ADMIN"
+        )
 
 
 class EmulatedCluster:
     """A running (or stoppable) emulated cluster whose whole state lives under `workdir`."""
 
-    def __init__(self, workdir: str | os.PathLike | None = None, hosts=DEFAULT_HOSTS, cpus_per_host: int = 2,
-                 tie_to_parent: bool = True):
+    def __init__(
+        self,
+        workdir: str | os.PathLike | None = None,
+        hosts=DEFAULT_HOSTS,
+        cpus_per_host: int = 2,
+        tie_to_parent: bool = True,
+    ):
         # Not under /tmp: each host mounts its own /tmp, and the state dir must be the same path on every host.
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="raydist-emu-", dir="/var/tmp"))
         self.hosts = {h.name: h for h in hosts}
@@ -183,10 +206,10 @@ class EmulatedCluster:
     def env(self, **extra: str) -> dict[str, str]:
         """The environment a user of the cluster would have: the project's venv first on PATH."""
         venv_bin = str(REPO / ".venv" / "bin")
-        path = os.pathsep.join([venv_bin, "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin",
-                                "/sbin", "/bin"])
-        env = {"PATH": path, "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8",
-               "PYTHONDONTWRITEBYTECODE": "1"}
+        path = os.pathsep.join(
+            [venv_bin, "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
+        )
+        env = {"PATH": path, "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
         env.update(extra)
         return env
 
@@ -194,8 +217,17 @@ class EmulatedCluster:
         pid = self.init_pids[host]
         return ["nsenter", "-t", str(pid), "--net", "--uts", "--mount", "--pid", "--"]
 
-    def run(self, host: str, cmd: str | list[str], *, env: dict | None = None, cwd: str | os.PathLike = REPO,
-            timeout: float = 120, check: bool = False, **kw) -> subprocess.CompletedProcess:
+    def run(
+        self,
+        host: str,
+        cmd: str | list[str],
+        *,
+        env: dict | None = None,
+        cwd: str | os.PathLike = REPO,
+        timeout: float = 120,
+        check: bool = False,
+        **kw,
+    ) -> subprocess.CompletedProcess:
         """Run a command (a list, or a string for bash) inside `host`; returns the completed process (text)."""
         argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         full = self.nsenter(host) + ["env", "-C", str(cwd)] + argv
@@ -204,8 +236,9 @@ class EmulatedCluster:
             raise RuntimeError(f"on {host}: {argv} exited {r.returncode}:\n{r.stdout}\n{r.stderr}")
         return r
 
-    def popen(self, host: str, cmd: str | list[str], *, env: dict | None = None,
-              cwd: str | os.PathLike = REPO, **kw) -> subprocess.Popen:
+    def popen(
+        self, host: str, cmd: str | list[str], *, env: dict | None = None, cwd: str | os.PathLike = REPO, **kw
+    ) -> subprocess.Popen:
         """Start a command inside `host`. The Popen is nsenter's, which forks into the host's PID namespace:
         killing it does not end the command, so give the command a way to end (its stdin closing, say)."""
         argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
@@ -238,8 +271,12 @@ class EmulatedCluster:
                 return field.split("=", 1)[1]
         return "UNKNOWN"
 
-    def wait_job(self, job_id: int, states=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
-                                            "OUT_OF_MEMORY"), timeout: float = 120) -> str:
+    def wait_job(
+        self,
+        job_id: int,
+        states=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"),
+        timeout: float = 120,
+    ) -> str:
         deadline = time.monotonic() + timeout
         while True:
             state = self.job_state(job_id)
@@ -260,8 +297,10 @@ class EmulatedCluster:
             if r.returncode == 0 and set(states) == set(self.hosts) and set(states.values()) == {"idle"}:
                 return
             time.sleep(0.2)
-        raise ClusterUnavailable(f"SLURM nodes not idle after {timeout:.0f}s: {out.strip()!r}; "
-                                 f"logs: {self.workdir / 'slurm' / 'log'}\n{self.log_tail()}")
+        raise ClusterUnavailable(
+            f"SLURM nodes not idle after {timeout:.0f}s: {out.strip()!r}; "
+            f"logs: {self.workdir / 'slurm' / 'log'}\n{self.log_tail()}"
+        )
 
     def log_tail(self, lines: int = 15) -> str:
         chunks = []
@@ -295,16 +334,19 @@ class EmulatedCluster:
             shutil.chown(hd / "munge", "munge", "munge")
         (w / "etc" / "slurm" / "slurm.conf").write_text(self._slurm_conf())
         # slurmd loads a cgroup plugin whatever the config says (cluster-facts #1); keep it from mounting anything.
-        (w / "etc" / "slurm" / "cgroup.conf").write_text("CgroupAutomount=no\nConstrainCores=no\n"
-                                                         "ConstrainRAMSpace=no\n")
+        (w / "etc" / "slurm" / "cgroup.conf").write_text(
+            "CgroupAutomount=no\nConstrainCores=no\nConstrainRAMSpace=no\n"
+        )
         shutil.copy("/etc/slurm/plugstack.conf", w / "etc" / "slurm") if Path(
-            "/etc/slurm/plugstack.conf").exists() else None
+            "/etc/slurm/plugstack.conf"
+        ).exists() else None
 
     def _slurm_conf(self) -> str:
         s = self.workdir / "slurm"
         head = self.hosts[self.head]
-        nodes = "".join(f"NodeName={h.name} NodeAddr={h.ip} CPUs={self.cpus_per_host} State=UNKNOWN\n"
-                        for h in self.hosts.values())
+        nodes = "".join(
+            f"NodeName={h.name} NodeAddr={h.ip} CPUs={self.cpus_per_host} State=UNKNOWN\n" for h in self.hosts.values()
+        )
         return f"""# Generated by tests/support/cluster/emucluster.py for an emulated cluster; see {self.workdir}
 ClusterName=raydistemu
 SlurmctldHost={head.name}({head.ip})
@@ -341,11 +383,15 @@ MessageTimeout=10
 
     def _anchor(self, unshare_args: list[str], tag: str) -> int:
         """Start an init in new namespaces; returns the PID (in our namespace) that holds them."""
-        argv = ["unshare", *unshare_args, "--", sys.executable, "-c", _INIT, MARKER, tag,
-                str(self.workdir)]
-        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             preexec_fn=_set_pdeathsig if self.tie_to_parent else None,
-                             start_new_session=not self.tie_to_parent)
+        argv = ["unshare", *unshare_args, "--", sys.executable, "-c", _INIT, MARKER, tag, str(self.workdir)]
+        p = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=_set_pdeathsig if self.tie_to_parent else None,
+            start_new_session=not self.tie_to_parent,
+        )
         self._anchors.append(p)
         # With --fork the namespaces' init is unshare's child: that is the PID nsenter must target.
         deadline = time.monotonic() + 10
@@ -360,8 +406,12 @@ MessageTimeout=10
 
     def _sh(self, pid_or_host, script: str) -> None:
         pid = self.init_pids[pid_or_host] if isinstance(pid_or_host, str) else pid_or_host
-        r = subprocess.run(["nsenter", "-t", str(pid), "--net", "--uts", "--mount", "--pid", "--",
-                            "bash", "-ec", script], capture_output=True, text=True, env=self.env())
+        r = subprocess.run(
+            ["nsenter", "-t", str(pid), "--net", "--uts", "--mount", "--pid", "--", "bash", "-ec", script],
+            capture_output=True,
+            text=True,
+            env=self.env(),
+        )
         if r.returncode != 0:
             raise ClusterUnavailable(f"setting up {pid_or_host} failed: {r.stderr.strip()}")
 
@@ -369,22 +419,48 @@ MessageTimeout=10
     def _keep_visible(hd: Path) -> str:
         """Shell that re-mounts, over the host's private /tmp, the paths of the machine's /tmp that every host
         needs at the same place: the repo and its venv (a CI clone may well live in /tmp)."""
-        return "\n".join(f"mkdir -p {p} && mount --bind {hd}/machine-tmp/{p.relative_to('/tmp')} {p}"
-                         for p in shared_tmp_paths())
+        return "\n".join(
+            f"mkdir -p {p} && mount --bind {hd}/machine-tmp/{p.relative_to('/tmp')} {p}" for p in shared_tmp_paths()
+        )
 
     def _start_namespaces(self) -> None:
         # The bridge (the "switch") lives in a namespace of its own so that no host owns it.
         self.init_pids["bridge"] = self._anchor(["--net", "--fork", "--kill-child"], "bridge")
         br = str(self.init_pids["bridge"])
-        subprocess.run(["nsenter", "-t", br, "--net", "--", "bash", "-ec",
-                        "ip link set lo up; ip link add br0 type bridge; ip link set br0 up"], check=True)
+        subprocess.run(
+            [
+                "nsenter",
+                "-t",
+                br,
+                "--net",
+                "--",
+                "bash",
+                "-ec",
+                "ip link set lo up; ip link add br0 type bridge; ip link set br0 up",
+            ],
+            check=True,
+        )
         for i, h in enumerate(self.hosts.values()):
-            pid = self._anchor(["--net", "--uts", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc",
-                                "--propagation", "private"], h.name)
+            pid = self._anchor(
+                [
+                    "--net",
+                    "--uts",
+                    "--mount",
+                    "--pid",
+                    "--fork",
+                    "--kill-child",
+                    "--mount-proc",
+                    "--propagation",
+                    "private",
+                ],
+                h.name,
+            )
             self.init_pids[h.name] = pid
             hd = self.host_dir(h.name)
             w = self.workdir
-            self._sh(h.name, f"""
+            self._sh(
+                h.name,
+                f"""
                 hostname {h.name}
                 mkdir -p {hd}/machine-tmp && mount --bind /tmp {hd}/machine-tmp
                 mount --bind {hd}/tmp /tmp
@@ -400,14 +476,28 @@ MessageTimeout=10
                 ip link add docker0 type bridge
                 ip addr add 172.17.0.1/16 dev docker0
                 ip link set docker0 up
-            """)
+            """,
+            )
             peer = f"v{i}-{h.name}"[:15]
-            subprocess.run(["nsenter", "-t", br, "--net", "--", "bash", "-ec",
-                            f"ip link add {peer} type veth peer name {h.iface} netns {pid}; "
-                            f"ip link set {peer} master br0 up"], check=True)
+            subprocess.run(
+                [
+                    "nsenter",
+                    "-t",
+                    br,
+                    "--net",
+                    "--",
+                    "bash",
+                    "-ec",
+                    f"ip link add {peer} type veth peer name {h.iface} netns {pid}; ip link set {peer} master br0 up",
+                ],
+                check=True,
+            )
             self._sh(h.name, f"ip addr add {h.ip}/{SUBNET_PREFIX} dev {h.iface}; ip link set {h.iface} up")
-        self.state_file.write_text(json.dumps({"init_pids": self.init_pids, "hosts": [
-            dataclasses.asdict(h) for h in self.hosts.values()]}, indent=1))
+        self.state_file.write_text(
+            json.dumps(
+                {"init_pids": self.init_pids, "hosts": [dataclasses.asdict(h) for h in self.hosts.values()]}, indent=1
+            )
+        )
 
     # ---- the network -------------------------------------------------------------------------------------
     def link_names(self) -> dict[str, tuple[str, str]]:
@@ -432,16 +522,23 @@ MessageTimeout=10
                     # queue 20 ms, about what a switch port buffers.
                     burst = max(64 * 1024, int(rate_mbit * 1e6 / 8 / 100))
                     cmd = f"tc qdisc replace dev {dev} root tbf rate {rate_mbit:g}mbit burst {burst} latency 20ms"
-                subprocess.run(["nsenter", "-t", pid, "--net", "--", "bash", "-ec", cmd], check=True,
-                               capture_output=True, text=True)
+                subprocess.run(
+                    ["nsenter", "-t", pid, "--net", "--", "bash", "-ec", cmd],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                )
 
     def _start_daemons(self) -> None:
         w = self.workdir
         for name in self.hosts:
             hd = self.host_dir(name)
-            self._sh(name, f"runuser -u munge -- munged --key-file={w}/munge/munge.key "
-                           f"--log-file={hd}/munge/munged.log --seed-file={hd}/munge/munged.seed "
-                           f"--pid-file=/run/munge/munged.pid")
+            self._sh(
+                name,
+                f"runuser -u munge -- munged --key-file={w}/munge/munge.key "
+                f"--log-file={hd}/munge/munged.log --seed-file={hd}/munge/munged.seed "
+                f"--pid-file=/run/munge/munged.pid",
+            )
         self._sh(self.head, "slurmctld -c")
         for name in self.hosts:
             self._sh(name, f"slurmd -N {name}")
@@ -476,8 +573,9 @@ def _main(argv: list[str]) -> int:
         else:
             c = EmulatedCluster(a.workdir)
             c.init_pids = json.loads(c.state_file.read_text())["init_pids"]
-            return subprocess.run(c.nsenter(a.host) + ["env", "-C", str(REPO)] + (a.command or ["bash"]),
-                                  env=c.env()).returncode
+            return subprocess.run(
+                c.nsenter(a.host) + ["env", "-C", str(REPO)] + (a.command or ["bash"]), env=c.env()
+            ).returncode
     except ClusterUnavailable as e:
         print(f"emucluster: error: {e}", file=sys.stderr)
         return 2

@@ -21,8 +21,11 @@ NO_TORCH = {"warm_python": False}
 def write_config(cluster: EmulatedCluster, name: str, **changes) -> Path:
     """The shipped cluster/cluster.yaml with test-sized settings and `changes`, as a file every host sees."""
     data = yaml.safe_load((REPO / "cluster" / "cluster.yaml").read_text())
-    data.update(object_store_memory="200MB", job_dir=str(cluster.shared / "jobs"),
-                timeouts={"ready": 120, "head_reachable": 30, "teardown": 10})
+    data.update(
+        object_store_memory="200MB",
+        job_dir=str(cluster.shared / "jobs"),
+        timeouts={"ready": 120, "head_reachable": 30, "teardown": 10},
+    )
     data.update(changes)
     path = cluster.shared / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -61,26 +64,38 @@ class RayUpJob:
     def env(self, **extra: str) -> dict[str, str]:
         """A login-node shell after `eval "$(raydist env --job ID)"`."""
         conn = self.job_dir / "connection.env"
-        values = dict(line.split("=", 1) for line in conn.read_text().splitlines()
-                      if line and not line.startswith("#"))
+        values = dict(line.split("=", 1) for line in conn.read_text().splitlines() if line and not line.startswith("#"))
         values = {k: v.strip("'") for k, v in values.items()}
-        return self.cluster.env(RAY_ADDRESS=values["RAY_ADDRESS"], RAY_AUTH_MODE="token",
-                                RAY_AUTH_TOKEN_PATH=values["RAY_AUTH_TOKEN_PATH"],
-                                RAYDIST_CONNECTION=str(conn), RAYDIST_CLUSTER_CONFIG=str(self.config), **extra)
+        return self.cluster.env(
+            RAY_ADDRESS=values["RAY_ADDRESS"],
+            RAY_AUTH_MODE="token",
+            RAY_AUTH_TOKEN_PATH=values["RAY_AUTH_TOKEN_PATH"],
+            RAYDIST_CONNECTION=str(conn),
+            RAYDIST_CLUSTER_CONFIG=str(self.config),
+            **extra,
+        )
 
 
-def submit(cluster: EmulatedCluster, config: Path, *sbatch_args: str, nodes: int = 3,
-           command: tuple[str, ...] = ()) -> RayUpJob:
+def submit(
+    cluster: EmulatedCluster, config: Path, *sbatch_args: str, nodes: int = 3, command: tuple[str, ...] = ()
+) -> RayUpJob:
     """sbatch cluster/ray_up.slurm (batch mode when `command` is given); output appended across requeues."""
     output = cluster.shared / "ray-up-%j.out"
     t = time.monotonic()
-    job = cluster.sbatch(f"--output={output}", "--open-mode=append", f"--nodes={nodes}", *sbatch_args,
-                         "cluster/ray_up.slurm", *command, env=cluster.env(RAYDIST_CLUSTER_CONFIG=str(config)))
+    job = cluster.sbatch(
+        f"--output={output}",
+        "--open-mode=append",
+        f"--nodes={nodes}",
+        *sbatch_args,
+        "cluster/ray_up.slurm",
+        *command,
+        env=cluster.env(RAYDIST_CLUSTER_CONFIG=str(config)),
+    )
     return RayUpJob(cluster, job, config, Path(str(output).replace("%j", str(job))), t)
 
 
 # Where the repo is mounted into a host's private /tmp (when it lives under /tmp): not a leftover.
-MOUNT_POINTS = {p.relative_to('/tmp').parts[0] for p in shared_tmp_paths()}
+MOUNT_POINTS = {p.relative_to("/tmp").parts[0] for p in shared_tmp_paths()}
 # torch's own compile cache (DDP imports torch._dynamo), left by a user's script run under plain srun
 # (examples/srun_before.sbatch in tests/test_slurm_launch.py), as on any machine torch runs on: not raydist's.
 TORCH_CACHES = ("torchinductor_",)
@@ -90,10 +105,14 @@ def leftovers(cluster: EmulatedCluster, job_id: int) -> dict[str, list[str]]:
     """Anything of job `job_id` still on a host: processes beyond the SLURM daemons, temp dirs, listening ports."""
     found: dict[str, list[str]] = {}
     for host in cluster.hosts:
-        issues = [f"process {pid}: {args[:120]}" for pid, args in cluster.processes(host)
-                  if not args.startswith(DAEMONS)]
-        issues += [f"temp dir /tmp/{p.name}" for p in (cluster.host_dir(host) / "tmp").iterdir()
-                   if p.name not in MOUNT_POINTS and not p.name.startswith(TORCH_CACHES)]
+        issues = [
+            f"process {pid}: {args[:120]}" for pid, args in cluster.processes(host) if not args.startswith(DAEMONS)
+        ]
+        issues += [
+            f"temp dir /tmp/{p.name}"
+            for p in (cluster.host_dir(host) / "tmp").iterdir()
+            if p.name not in MOUNT_POINTS and not p.name.startswith(TORCH_CACHES)
+        ]
         issues += [f"port {p} listening" for p in sorted(cluster.listening_ports(host) - SLURM_PORTS)]
         if issues:
             found[host] = issues
@@ -102,9 +121,11 @@ def leftovers(cluster: EmulatedCluster, job_id: int) -> dict[str, list[str]]:
 
 def job_leftovers(cluster: EmulatedCluster, job_id: int) -> dict[str, list[str]]:
     """Only job `job_id`'s traces: processes tagged with its id, its temp dir."""
-    probe = ("import glob,sys\nfor f in glob.glob('/proc/[0-9]*/environ'):\n"
-             "    try: env=open(f,'rb').read().split(b'\\0')\n    except OSError: continue\n"
-             f"    if any(e.startswith(b'RAYDIST_RAY_TAG={job_id}@') for e in env): print(f.split('/')[2])")
+    probe = (
+        "import glob,sys\nfor f in glob.glob('/proc/[0-9]*/environ'):\n"
+        "    try: env=open(f,'rb').read().split(b'\\0')\n    except OSError: continue\n"
+        f"    if any(e.startswith(b'RAYDIST_RAY_TAG={job_id}@') for e in env): print(f.split('/')[2])"
+    )
     found: dict[str, list[str]] = {}
     for host in cluster.hosts:
         r = cluster.run(host, ["python3", "-c", probe], check=True)
@@ -127,9 +148,11 @@ def wait_no_leftovers(cluster: EmulatedCluster, job_id: int, timeout: float = 40
 
 def memory_mib(cluster: EmulatedCluster) -> float:
     """Proportional set size of every process on every host (shared pages counted once), in MiB."""
-    probe = ("import glob\nt=0\nfor f in glob.glob('/proc/[0-9]*/smaps_rollup'):\n"
-             "    try: t+=sum(int(l.split()[1]) for l in open(f) if l.startswith('Pss:'))\n"
-             "    except OSError: pass\nprint(t)")
+    probe = (
+        "import glob\nt=0\nfor f in glob.glob('/proc/[0-9]*/smaps_rollup'):\n"
+        "    try: t+=sum(int(l.split()[1]) for l in open(f) if l.startswith('Pss:'))\n"
+        "    except OSError: pass\nprint(t)"
+    )
     total_kib = 0
     for host in cluster.hosts:
         r = cluster.run(host, ["python3", "-c", probe], check=True)
@@ -151,9 +174,11 @@ def kill_node_ray(cluster: EmulatedCluster, host: str, job_id: int) -> None:
 
 def tagged_pids(cluster: EmulatedCluster, host: str, job_id: int) -> list[str]:
     """PIDs on `host` of job `job_id`'s Ray (tagged by bring-up): what killing that node's Ray means."""
-    probe = ("import glob\nfor f in glob.glob('/proc/[0-9]*/environ'):\n"
-             "    try: env=open(f,'rb').read().split(b'\\0')\n    except OSError: continue\n"
-             f"    if any(e.startswith(b'RAYDIST_RAY_TAG={job_id}@') for e in env): print(f.split('/')[2])")
+    probe = (
+        "import glob\nfor f in glob.glob('/proc/[0-9]*/environ'):\n"
+        "    try: env=open(f,'rb').read().split(b'\\0')\n    except OSError: continue\n"
+        f"    if any(e.startswith(b'RAYDIST_RAY_TAG={job_id}@') for e in env): print(f.split('/')[2])"
+    )
     return cluster.run(host, ["python3", "-c", probe], check=True).stdout.split()
 
 

@@ -76,16 +76,18 @@ class Warned:
     held_back_s: float  # SLURM's delay before the requeued job may start again (its BeginTime), cut short here
 
 
-def warn_and_resume(cluster: EmulatedCluster, name: str, command: list[str], run_dir: Path,
-                    after: str = "", nodes: int = 3) -> Warned:
+def warn_and_resume(
+    cluster: EmulatedCluster, name: str, command: list[str], run_dir: Path, after: str = "", nodes: int = 3
+) -> Warned:
     """Batch job on `nodes` nodes; the time-limit warning once `run_dir`'s run trains (and `after` exists); waits
     until the job completes after its requeue."""
     cluster.wait_idle(60)
     job = rayup.submit(cluster, rayup.write_config(cluster, name), nodes=nodes, command=tuple(command))
     deadline = time.monotonic() + 240
     while not trained_past(run_dir, 0) or (after and not Path(after).exists()):
-        assert time.monotonic() < deadline and cluster.job_state(job.job_id) in ("PENDING", "RUNNING"), \
-            job.text()[-4000:]
+        assert time.monotonic() < deadline and cluster.job_state(job.job_id) in ("PENDING", "RUNNING"), job.text()[
+            -4000:
+        ]
         time.sleep(0.2)
     warned = time.time()
     cluster.run("master-node", ["scancel", "--batch", "--signal=USR1", str(job.job_id)], check=True)
@@ -102,8 +104,14 @@ def warn_and_resume(cluster: EmulatedCluster, name: str, command: list[str], run
 def submit_sync(cluster: EmulatedCluster, job: rayup.RayUpJob, *overrides: str) -> subprocess.Popen:
     """`ray job submit` of jobs/sync.py with `overrides` to `job`'s Ray cluster, from the head node."""
     sets = " ".join(f"--set {o}" for o in overrides)
-    return cluster.popen("master-node", f"ray job submit --working-dir . -- python jobs/sync.py {sets}",
-                         env=job.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return cluster.popen(
+        "master-node",
+        f"ray job submit --working-dir . -- python jobs/sync.py {sets}",
+        env=job.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 @dataclasses.dataclass
@@ -122,10 +130,18 @@ def lose_a_node_mid_run(cluster: EmulatedCluster, name: str, node_loss_timeout_s
     try:
         job.wait_for("Ray cluster ready", timeout=150)
         run_dir = cluster.shared / "runs" / name
-        proc = submit_sync(cluster, job, "scaling.num_workers=3",
-                           f"scaling.node_loss_timeout_s={node_loss_timeout_s:g}",
-                           f"run.storage_path={cluster.shared}/runs", f"run.name={name}", "train.epochs=25",
-                           "checkpoint.every_steps=20", "straggler.worker=0", "straggler.slowdown=3")
+        proc = submit_sync(
+            cluster,
+            job,
+            "scaling.num_workers=3",
+            f"scaling.node_loss_timeout_s={node_loss_timeout_s:g}",
+            f"run.storage_path={cluster.shared}/runs",
+            f"run.name={name}",
+            "train.epochs=25",
+            "checkpoint.every_steps=20",
+            "straggler.worker=0",
+            "straggler.slowdown=3",
+        )
         deadline = time.monotonic() + 240
         while not trained_past(run_dir, 5):
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-4000:]
