@@ -332,8 +332,8 @@ def _saver(overrides: list[str]):
     optimizer state and two ranks' RNG, as every real checkpoint), and the model's parameter bytes."""
     import torch
 
-    from raydist.torchkit.checkpoint import Progress, rng_state, save_state
     from raydist.config import job_defaults, load_config
+    from raydist.torchkit.checkpoint import Progress, rng_state, save_state
     from raydist.torchkit.data import load_splits
     from raydist.torchkit.models import build_model
     from raydist.torchkit.optim import build_optimizer, build_scheduler

@@ -35,11 +35,11 @@ def _rank(rank: int, port: int, args: argparse.Namespace, out) -> None:
     import torch
     import torch.distributed as dist
 
-    from raydist.torchkit.commstats import CommStats
     from raydist.config import load_config
+    from raydist.strategies.sync.worker import SyncDDP
+    from raydist.torchkit.commstats import CommStats
     from raydist.torchkit.data import load_splits
     from raydist.torchkit.models import build_model
-    from raydist.strategies.sync.worker import SyncDDP
     from raydist.train.desync import param_checksum
 
     torch.set_num_threads(1)

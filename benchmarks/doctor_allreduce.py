@@ -90,7 +90,7 @@ def run_raw(cluster, nbytes: int, iters: int) -> float:
             )
         )
     outs = [p.communicate(timeout=300) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs):
         if p.returncode != 0:
             raise SystemExit(f"raw rank failed ({p.returncode}): {err[-2000:]}")
     return json.loads(outs[0][0].strip().splitlines()[-1])["bus_gbps"]

@@ -81,7 +81,7 @@ class CpuBusy:
                 self.samples.append((b - busy) / (t - total))
             busy, total = b, t
 
-    def __enter__(self) -> "CpuBusy":
+    def __enter__(self) -> CpuBusy:
         self._thread.start()
         return self
 

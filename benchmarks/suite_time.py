@@ -205,7 +205,10 @@ def report(stored: dict) -> str:
     if not rounds:
         return "no passing round stored"
     walls, pytests = [r["wall_s"] for r in rounds], [r["pytest_s"] for r in rounds]
-    span = lambda v: minutes(v[0]) if len(v) == 1 else f"{minutes(min(v))} to {minutes(max(v))}"
+
+    def span(v):
+        return minutes(v[0]) if len(v) == 1 else f"{minutes(min(v))} to {minutes(max(v))}"
+
     return (
         f"`make test` from a fresh clone: {span(sorted(walls))} with set-up, {span(sorted(pytests))} of pytest "
         f"({rounds[-1]['tests']} tests; {len(rounds)} round(s) on {stored['machine']['cpus']} CPUs, "

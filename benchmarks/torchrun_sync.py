@@ -10,11 +10,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from raydist.train.context import TorchrunContext  # noqa: E402
 from raydist.errors import exits_cleanly  # noqa: E402
 from raydist.job import parse_job_args  # noqa: E402
 from raydist.strategies.sync.worker import SyncDDP  # noqa: E402
 from raydist.train import Trainer  # noqa: E402
+from raydist.train.context import TorchrunContext  # noqa: E402
 
 
 @exits_cleanly

@@ -16,8 +16,9 @@ from __future__ import annotations
 import importlib
 import sys
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from raydist import registry
 from raydist.config import Config, job_defaults, named
@@ -58,9 +59,9 @@ def fit(
         config=config,
         sections=sections,
     )
-    from raydist.job import run_job
-
     import ray
+
+    from raydist.job import run_job
 
     ours = not ray.is_initialized()
     try:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, Any
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[IO[bytes]], Any], *, fsync: bool = True) -> None:

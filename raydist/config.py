@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
 
 from raydist import registry
 from raydist.typedconfig import (
@@ -361,14 +362,14 @@ class RunSchema:
                 f"must be a multiple of model.heads={self.model.heads} (got {self.model.hidden})",
             )
 
-    def validate(self) -> "Config":
+    def validate(self) -> Config:
         return validate(self)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Config":
+    def from_dict(cls, data: dict[str, Any]) -> Config:
         cfg = cls()
         apply(cfg, data)
         return validate(cfg)

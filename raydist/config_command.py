@@ -10,8 +10,8 @@ import yaml
 
 from raydist import registry
 from raydist.config import Config, job_defaults, load_config
-from raydist.typedconfig import reference_markdown
 from raydist.errors import ConfigError
+from raydist.typedconfig import reference_markdown
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 

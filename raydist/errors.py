@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Callable, NoReturn, TypeVar
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
 
 F = TypeVar("F", bound=Callable[..., int | None])
 

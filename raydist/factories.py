@@ -9,7 +9,8 @@ import importlib
 import inspect
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from raydist.errors import ConfigError
 

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from raydist import registry
-from raydist.engines import finished
 from raydist.atomic import write_json_atomic
 from raydist.cli import OneLineParser
 from raydist.config import Config, job_defaults, load_config
-from raydist.errors import UsageError, exits_cleanly
 from raydist.driver.preflight import check_before_ray
 from raydist.driver.session import Session, prepare_ray_environment
+from raydist.engines import finished
+from raydist.errors import UsageError, exits_cleanly
 from raydist.summary import RESULT_ENV
 
 

@@ -87,7 +87,7 @@ class CommonSummary:
         return write_json_atomic(Path(self.run_dir) / SUMMARY_FILE, self.to_dict())
 
     @classmethod
-    def read(cls, path: str | Path) -> "CommonSummary":
+    def read(cls, path: str | Path) -> CommonSummary:
         path = Path(path)
         if path.is_dir():
             path = path / SUMMARY_FILE

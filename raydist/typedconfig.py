@@ -15,9 +15,10 @@ import copy
 import dataclasses
 import difflib
 import operator
+from collections.abc import Callable, Iterable
 from dataclasses import field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterable, Literal, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Literal, get_args, get_origin, get_type_hints
 
 import yaml
 

@@ -10,7 +10,6 @@ import pytest
 from tests.support.cluster.pytest_emucluster import slurm_cluster  # noqa: F401
 from tests.support.comparerun import compared  # noqa: F401
 
-
 SHARED_MODULES = pytest.StashKey[set]()
 
 
@@ -78,8 +77,7 @@ def _shared_ray(request):
     if request.node.get_closest_marker("shared_ray") is None or os.environ.get("RAYDIST_TESTS_EMBEDDED") == "1":
         yield
         return
-    from tests.support import jobutil
-    from tests.support import sharedray
+    from tests.support import jobutil, sharedray
 
     jobutil.SHARED_RAY.update(sharedray.job_env())
     try:

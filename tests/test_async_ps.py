@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from raydist.observability.metrics import read_steps
 from tests.support.boardutil import config_texts, read_board, scalar_steps
 from tests.support.jobutil import refusal, run_job, summary
-from raydist.observability.metrics import read_steps
 
 
 @pytest.fixture

@@ -660,8 +660,7 @@ def machine_values() -> dict[str, str]:
     import torch
 
     from raydist.config import Config
-    from raydist.driver.preflight import local_cpus
-    from raydist.driver.preflight import GiB, _memory
+    from raydist.driver.preflight import GiB, _memory, local_cpus
 
     cfg = Config()
     cfg.async_ps.cpus_per_server = 64

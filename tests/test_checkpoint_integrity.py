@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from raydist.errors import RaydistError
 from raydist.torchkit.checkpoint import (
     MANIFEST,
     RAY_SNAPSHOT,
@@ -25,7 +26,6 @@ from raydist.torchkit.checkpoint import (
     skipped_line,
     verify,
 )
-from raydist.errors import RaydistError
 
 
 def _save(directory: Path, step: int) -> Path:

@@ -6,12 +6,12 @@ import re
 
 import pytest
 
-from tests.support.jobutil import REPO
 from raydist import registry
-from raydist.config_command import refreshed
 from raydist.config import Config, job_defaults, load_config
-from raydist.typedconfig import reference_markdown
+from raydist.config_command import refreshed
 from raydist.errors import ConfigError
+from raydist.typedconfig import reference_markdown
+from tests.support.jobutil import REPO
 
 
 def test_job_defaults_load_and_validate():

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from raydist.planning import costmodel as cm
 from raydist.planning import command as plan_cmd
+from raydist.planning import costmodel as cm
 from raydist.strategies.async_ps import cost as ps_cost
 from raydist.strategies.async_ps.placement import shard_nodes
 

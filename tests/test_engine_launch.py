@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from raydist.observability.metrics import read_steps
 from tests.support.jobutil import (
     REPO,
     SHARED_RAY,
@@ -32,7 +33,6 @@ from tests.support.jobutil import (
     tinygpt_job,
     wait_for_steps,
 )
-from raydist.observability.metrics import read_steps
 
 pytestmark = pytest.mark.slow
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import shutil
 
-from raydist.engines import finished
 from raydist.config import job_defaults, load_config
+from raydist.engines import finished
 from raydist.summary import JobSummary
 
 

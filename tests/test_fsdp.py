@@ -15,9 +15,9 @@ import tempfile
 
 import pytest
 
-from tests.support.jobutil import REPO, summary
-from raydist.torchkit.checkpoint import MANIFEST, STATE_FILE, checkpoint_dirs, read_manifest, verify
 from raydist.observability.metrics import read_steps
+from raydist.torchkit.checkpoint import MANIFEST, STATE_FILE, checkpoint_dirs, read_manifest, verify
+from tests.support.jobutil import REPO, summary
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
 

@@ -11,8 +11,8 @@ import sys
 import pytest
 import torch
 
-from tests.support.jobutil import REPO, clean_env, summary, tinygpt_job
 from raydist import registry
+from tests.support.jobutil import REPO, clean_env, summary, tinygpt_job
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU that torch can use")
 

@@ -14,9 +14,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tests.support.jobutil import REPO, clean_env
 from raydist.strategies.heal.worker import HealBook
 from raydist.train.collectives import SumOnlyCollectives
+from tests.support.jobutil import REPO, clean_env
 
 
 class Clock:
@@ -97,8 +97,8 @@ def test_where_heal_cannot_run_the_job_runs_as_sync_and_says_why(setting, words)
 def test_without_torchft_heal_falls_back_to_sync(monkeypatch):
     import importlib.util
 
-    from raydist.strategies.heal import checks
     from raydist.config import load_config
+    from raydist.strategies.heal import checks
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchft" else real(name, *a))

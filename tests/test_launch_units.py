@@ -414,8 +414,8 @@ def test_the_ray_interpreter_script_runs_anything_but_ray_worker_set_up_as_pytho
     import subprocess
     import sys
 
-    from raydist.warm import ray_python
     from raydist.warm import client as warm
+    from raydist.warm import ray_python
 
     script = ray_python.write(tmp_path, warm.py_executable())
     probe = "import json, sys; print(json.dumps([sys.executable, sys.argv[1:]]))"

@@ -100,8 +100,8 @@ def test_stopped_local_sgd_run_resumes_with_identical_losses(tmp_path):
     """Stopped between two averagings (each rank's own model and optimizer in the checkpoint), resumed, it matches
     an uninterrupted run loss for loss; ring averaging makes every sync point exchange, dropout draws randoms.
     Resumed again with fewer workers, it goes on from rank 0's replica."""
-    from tests.support.jobutil import run_job, summary
     from raydist.observability.metrics import read_steps
+    from tests.support.jobutil import run_job, summary
 
     common = [
         f"run.storage_path={tmp_path}",

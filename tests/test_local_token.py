@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.jobutil import REPO, clean_env
 from raydist.cluster.local_auth import AUTH_DIR_PREFIX, private_auth_token
+from tests.support.jobutil import REPO, clean_env
 
 TOKEN_LINE = re.compile(r"the dashboard's token is in (\S+) ")
 

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
+from raydist.observability import ray_metrics, top
 from tests.support.comparerun import STRATEGIES
 from tests.support.jobutil import REPO
-from raydist.observability import ray_metrics, top
 
 HOST = socket.gethostname()
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.jobutil import REPO, SHARED_RAY, load_benchmark
 from raydist.observability.metrics import read_steps
+from tests.support.jobutil import REPO, SHARED_RAY, load_benchmark
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
 
@@ -98,8 +98,8 @@ def _alive_actor_pid(name: str) -> int | None:
     holds shows in no process title)."""
     import urllib.parse
 
-    from tests.support import sharedray
     from raydist.cluster.dashboard_client import get_json
+    from tests.support import sharedray
 
     head = sharedray.head()
     query = urllib.parse.urlencode(

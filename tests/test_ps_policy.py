@@ -61,7 +61,8 @@ def test_the_event_names_the_actor_and_the_step():
 
 
 def test_the_driver_s_states_move_only_as_the_table_says():
-    from raydist.strategies.async_ps.run_state import AFTER, Lifecycle, RunState as S
+    from raydist.strategies.async_ps.run_state import AFTER, Lifecycle
+    from raydist.strategies.async_ps.run_state import RunState as S
 
     life = Lifecycle()
     # A first start that dies, a restart that trains to the end: each decision names the next state.
@@ -85,7 +86,8 @@ def test_the_driver_s_states_move_only_as_the_table_says():
 
 @pytest.mark.parametrize("at", ["scheduling", "running", "finishing"])
 def test_a_raise_decision_or_an_error_ends_the_session_errored_from_any_state_of_a_start(at):
-    from raydist.strategies.async_ps.run_state import AFTER, TRANSITIONS, Lifecycle, RunState as S
+    from raydist.strategies.async_ps.run_state import AFTER, TRANSITIONS, Lifecycle
+    from raydist.strategies.async_ps.run_state import RunState as S
 
     life = Lifecycle(S(at))
     assert life.to(AFTER[Kind.RAISE]) is S.ERRORED

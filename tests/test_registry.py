@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.jobutil import REPO
 from raydist import registry
 from raydist.config import Config, job_defaults, load_config
 from raydist.train import Strategy
+from tests.support.jobutil import REPO
 
 
 @pytest.mark.parametrize("name", registry.jobs())

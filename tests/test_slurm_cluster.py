@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.cluster import rayup
-from raydist.warm import ray_python
 from raydist.slurm import ports, teardown
+from raydist.warm import ray_python
+from tests.support.cluster import rayup
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 

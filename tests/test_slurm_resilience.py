@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from raydist.observability.metrics import read_steps
 from tests.support.cluster import rayup
 from tests.support.cluster.resilience import (
     lose_a_node_mid_run,
@@ -27,7 +28,6 @@ from tests.support.cluster.resilience import (
     wait_text,
     warn_and_resume,
 )
-from raydist.observability.metrics import read_steps
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from raydist.cluster import connection
 from raydist.errors import ConfigError, RaydistError
 from raydist.slurm import netif, ports, readiness, settings, sweep, teardown
-from raydist.cluster import connection
 from raydist.slurm.bringup import private_dir
 from raydist.slurm.jobdir import JobDir, Plan
 from raydist.slurm.nodes import Allocation, cpus_from_env, expand_hostlist, gpus_from_env

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.jobutil import run_job, summary
 from raydist.config import StragglerConfig
 from raydist.torchkit.straggler import delay_s
+from tests.support.jobutil import run_job, summary
 
 
 def test_only_the_named_worker_sleeps_in_proportion_to_its_own_step_time():

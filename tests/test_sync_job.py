@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from tests.support.boardutil import config_texts, read_board, scalar_steps
-from tests.support import jobutil
-from tests.support.jobutil import REPO, clean_env, run_job, summary
 from raydist.observability.metrics import read_steps
+from tests.support import jobutil
+from tests.support.boardutil import config_texts, read_board, scalar_steps
+from tests.support.jobutil import REPO, clean_env, run_job, summary
 
 pytestmark = pytest.mark.slow
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tests.support.boardutil import config_texts, read_board, scalar_steps
 from raydist.config import Config, load_config
 from raydist.observability.tensorboard_log import RunLog, tensorboard_dir
+from tests.support.boardutil import config_texts, read_board, scalar_steps
 
 
 def _config(tmp_path: Path, *overrides: str) -> Config:

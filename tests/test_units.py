@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from raydist.torchkit.checkpoint import Progress, load_state, rng_state, save_state, set_rng_state
 from raydist.config import ScheduleConfig
+from raydist.torchkit.checkpoint import Progress, load_state, rng_state, save_state, set_rng_state
 from raydist.torchkit.optim import lr_factor
 from raydist.torchkit.sampler import ResumableDistributedSampler
 

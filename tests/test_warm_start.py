@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from raydist.warm import server as warm_server
 from raydist.launcher.agent import RankAgent
+from raydist.warm import server as warm_server
 from raydist.warm.client import WARM_ENV
 
 # Slow: its ranks fork from interpreters that import torch (half a minute in all on 2 cores), and `make test` sends
@@ -125,8 +125,8 @@ def test_lightning_fabric_forked_warm_finds_its_launcher_and_trains(agent, serve
     """A framework that detects its launcher from the environment (Lightning Fabric), in two forked ranks with the
     variables raydist launch gives: it sees the ranks' environment, not the warm interpreter's."""
     pytest.importorskip("lightning_fabric")
-    from raydist.launcher import environment as E
     from raydist.cluster.listen_port import free_port
+    from raydist.launcher import environment as E
 
     host = os.uname().nodename
     slots = E.assign_ranks([E.Place("n1", host, "127.0.0.1"), E.Place("n1", host, "127.0.0.1")])

@@ -132,9 +132,10 @@ def test_the_example_script_runs_unmodified_under_raydist_launch(tmp_path):
 
 def test_functions_become_import_paths_the_workers_can_import():
     sys.path.insert(0, str(EXAMPLES))
+    from tinygpt.model import TinyGPT, make_model
+
     from raydist.api import import_path_of
     from raydist.errors import UsageError
-    from tinygpt.model import TinyGPT, make_model
 
     assert import_path_of(make_model, "model") == "tinygpt.model:make_model"
     assert import_path_of(TinyGPT, "model") == "tinygpt.model:TinyGPT"

@@ -19,8 +19,9 @@ def check_token_accepted(address: str) -> None:
     if address.startswith("ray://") or address in ("auto", "local"):
         return
     try:
-        from raydist.private_api import GcsClient
         from ray.exceptions import AuthenticationError
+
+        from raydist.private_api import GcsClient
     except ImportError:
         return
     try:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from raydist.cluster.dashboard_client import HOST_LABEL  # set on every node by SLURM bring-up
 
@@ -41,7 +42,7 @@ class NodeWatcher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="raydist-node-watcher", daemon=True)
 
-    def __enter__(self) -> "NodeWatcher":
+    def __enter__(self) -> NodeWatcher:
         self._thread.start()
         return self
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from raydist.compare.runner import output_dir, strategy_config
 from raydist.config import Config
-from raydist.errors import RaydistError
 from raydist.driver.preflight import check_before_ray, check_writable
+from raydist.errors import RaydistError
 
 
 def check_compare(cfg: Config) -> None:

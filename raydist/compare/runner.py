@@ -17,9 +17,9 @@ from typing import Any
 import yaml
 
 from raydist import registry
+from raydist.atomic import write_json_atomic
 from raydist.config import COMMON_SECTIONS, Config, job_defaults
 from raydist.errors import RaydistError
-from raydist.atomic import write_json_atomic
 from raydist.summary import SUMMARY_FILE, JobSummary
 from raydist.typedconfig import apply, merge, validate
 

@@ -27,7 +27,7 @@ def _probe(src_ip: str | None, dst_ip: str, port: int, timeout: float) -> Probe:
                 s.bind((src_ip, 0))
             s.connect((dst_ip, port))
         return Probe(True, ms=(time.perf_counter() - start) * 1000)
-    except socket.timeout:
+    except TimeoutError:
         return Probe(False, error=f"no answer from {dst_ip}:{port} within {timeout:g}s")
     except OSError as e:
         why = "refused" if e.errno == errno.ECONNREFUSED else (e.strerror or str(e)).lower()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 ALL = "all"  # the node column of rows about the cluster as a whole
@@ -69,7 +69,7 @@ class NodeFacts:
     storage: Space | None = None
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "NodeFacts":
+    def from_dict(cls, d: Mapping) -> NodeFacts:
         spaces = {k: Space(**d[k]) if d.get(k) else None for k in ("shm", "temp", "storage")}
         return cls(**{**d, **spaces})
 

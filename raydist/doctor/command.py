@@ -51,8 +51,8 @@ def _ratio(text: str) -> float:
 def _target(args):
     """(GCS address, token path or None, connection or None): --address, else --job/--connection, else a
     RAY_ADDRESS that is a GCS address (as inside `ray job submit`), else the connection raydist env points at."""
-    from raydist.slurm import settings
     from raydist.cluster import connection
+    from raydist.slurm import settings
 
     if args.address:
         if "://" in args.address:

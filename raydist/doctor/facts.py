@@ -10,8 +10,8 @@ import shutil
 import socket
 import subprocess
 import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
 
 from raydist.doctor.checks import NodeFacts, Space
 from raydist.errors import RaydistError

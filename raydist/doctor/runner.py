@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from raydist.doctor import checks
 from raydist.doctor.bandwidth import algo_bandwidth_gbps, bus_bandwidth_gbps

@@ -11,9 +11,9 @@ import socket
 import tempfile
 
 from raydist import registry
+from raydist.cluster.local_auth import check_auth_env, check_token_accepted
 from raydist.config import Config
 from raydist.errors import ConfigError, RaydistError, UsageError
-from raydist.cluster.local_auth import check_auth_env, check_token_accepted
 
 
 def ray_address(cfg: Config) -> str:
@@ -86,7 +86,7 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
                 if not chunk:
                     break
                 answer += chunk
-    except socket.timeout:
+    except TimeoutError:
         raise RaydistError(f"cannot reach Ray at {address}: no answer within {timeout_s:g} s") from None
     except OSError:
         pass  # reset: judged by what arrived

@@ -11,11 +11,11 @@ import sys
 import time
 from dataclasses import dataclass
 
-from raydist.config import Config
-from raydist.errors import RaydistError
 from raydist.cluster.listen_port import free_port
 from raydist.cluster.local_auth import private_auth_token
+from raydist.config import Config
 from raydist.driver.preflight import check_cluster_fits, check_reachable, local_cpus, ray_address
+from raydist.errors import RaydistError
 
 
 @dataclass
@@ -111,8 +111,8 @@ def start_local(num_cpus: int, logging_level: int = logging.INFO, notice=None, w
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     # RUST_LOG: torchft's lighthouse (the heal strategy) logs every quorum at its default level.
     env = {"PYTHONWARNINGS": QUIET_WARNINGS, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
-    from raydist.warm.ray_python import starting_ray_with
     from raydist.warm.client import NO_PRESTART, start_for_embedded
+    from raydist.warm.ray_python import starting_ray_with
 
     # What ray.init would set (to 1) before it starts the instance's processes, set first so that the warm
     # interpreter has it too; a private loopback instance reports no usage.

@@ -228,6 +228,7 @@ class TrainView:
 
     def _new_run(self, controller: str):
         import ray
+
         from raydist.private_api import DataConfig, state_schema, state_util
 
         s = state_schema

@@ -22,8 +22,8 @@ def main(argv: list[str]) -> int:
     from raydist import registry
     from raydist.atomic import write_json_atomic
     from raydist.config import Config
-    from raydist.train.context import LaunchedContext
     from raydist.engines.raytrain_worker import FAILURE_FILE
+    from raydist.train.context import LaunchedContext
     from raydist.train.loop import Trainer
 
     job = json.loads(Path(argv[0]).read_text())

@@ -19,12 +19,12 @@ from types import SimpleNamespace
 from raydist import registry
 from raydist.atomic import write_json_atomic
 from raydist.config import Config
+from raydist.driver.session import Session, connect, starts_embedded
+from raydist.engines.raytrain_worker import FAILURE_FILE
 from raydist.errors import RaydistError
 from raydist.launcher.settings import LaunchConfig
 from raydist.observability.metrics import METRICS_FILE
-from raydist.driver.session import Session, connect, starts_embedded
 from raydist.summary import JobSummary
-from raydist.engines.raytrain_worker import FAILURE_FILE
 
 STOP_GRACE_S = 60.0
 """After the stop signal, how long the ranks have to reach a sync point and checkpoint (less when the cluster's

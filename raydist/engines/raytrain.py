@@ -15,13 +15,12 @@ from pathlib import Path
 
 from raydist import registry
 from raydist.config import Config
+from raydist.driver.session import Session, connect, process_start_time
+from raydist.engines.raytrain_trainer import PLACEMENT_GROUP_FILE, release_placement_group
+from raydist.engines.raytrain_worker import FAILURE_FILE, train_worker
 from raydist.errors import RaydistError, last_error_line
 from raydist.observability.metrics import METRICS_FILE
-from raydist.driver.session import Session, connect, process_start_time
 from raydist.summary import JobSummary
-from raydist.engines.raytrain_worker import FAILURE_FILE, train_worker
-from raydist.engines.raytrain_trainer import PLACEMENT_GROUP_FILE, release_placement_group
-
 
 ELASTIC_PLACEMENT_RETRIES = 3
 
@@ -86,9 +85,9 @@ def refit_after_node_loss(cfg: Config, lost: list[str], unplaced: bool, refits: 
 def build_trainer(cfg: Config, spec: registry.StrategySpec):
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
-    from raydist.observability.console import ray_train_log_level
     from raydist.engines.raytrain_backend import QuietTorchConfig
     from raydist.engines.raytrain_trainer import torch_trainer
+    from raydist.observability.console import ray_train_log_level
 
     s = cfg.scaling
     torch_config = (
@@ -208,10 +207,10 @@ def _newly_dead(before: set[str], wait_s: float) -> list[str]:
 
 def _fit(trainer, cfg: Config, spec: registry.StrategySpec, failure: Path):
     """One `trainer.fit()`, with the console's progress bar and the driver's node watcher around it."""
-    from raydist.torchkit.checkpoint import set_aside_broken_snapshot
     from raydist.cluster.watch import NodeWatcher
     from raydist.observability.console import MetricsTail, ProgressBar, start_line
     from raydist.observability.ray_metrics import Exporter
+    from raydist.torchkit.checkpoint import set_aside_broken_snapshot
 
     moved = set_aside_broken_snapshot(cfg.run.run_dir)  # Ray would refuse to start on a truncated snapshot
     if moved:

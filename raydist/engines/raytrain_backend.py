@@ -59,8 +59,8 @@ class QuietController:
         return {**self.__dict__, "_quiet_controller": True}  # a state at all, so that __setstate__ runs
 
     def __setstate__(self, state: dict) -> None:
-        from raydist.observability.console import quiet_controller_logs
         from raydist.driver.session import DEPRECATION_SKIPPED
+        from raydist.observability.console import quiet_controller_logs
 
         state.pop("_quiet_controller", None)
         self.__dict__.update(state)
@@ -125,7 +125,7 @@ def _shutdown(destroy_process_group: bool) -> None:
 class _TorchBackend(Backend):
     """What Ray's `_TorchBackend` does for a Ray Train V2 worker group, gloo or NCCL, `env://`."""
 
-    def on_start(self, worker_group, backend_config: "QuietTorchConfig") -> None:
+    def on_start(self, worker_group, backend_config: QuietTorchConfig) -> None:
         backend = backend_config.backend or (
             "nccl" if worker_group.get_resources_per_worker().get("GPU", 0) > 0 else "gloo"
         )

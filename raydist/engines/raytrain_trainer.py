@@ -42,8 +42,8 @@ def torch_trainer(*, torch_config=None, **kwargs):
     a driver that sizes a built-in model without torch (raydist.driver.preflight) then never imports it."""
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-    from raydist.private_api import trainer_class_filtering_default_callbacks
     from raydist.engines.raytrain_backend import QuietTorchConfig
+    from raydist.private_api import trainer_class_filtering_default_callbacks
 
     RaydistTorchTrainer = trainer_class_filtering_default_callbacks(
         DataParallelTrainer, lambda trainer, c: not UNUSED.get(type(c).__name__, lambda _: False)(trainer)

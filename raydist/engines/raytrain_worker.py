@@ -13,9 +13,9 @@ from raydist.config import Config
 
 def train_worker(config: dict[str, Any]) -> None:
     """Ray Train's train_loop_per_worker for every loop strategy: the registry names the `Strategy` class."""
+    from raydist.engines.raytrain_trainer import note_placement_group
     from raydist.train.context import RayTrainContext
     from raydist.train.loop import Trainer
-    from raydist.engines.raytrain_trainer import note_placement_group
 
     entered = time.time()
     _threads_from_ray()

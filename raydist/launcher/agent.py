@@ -24,8 +24,8 @@ from typing import Any
 
 from raydist.hook import STATUS_ENV, read
 from raydist.launcher.errorfile import ERROR_FILE_ENV, read_error_file
-from raydist.warm.client import COLD_BY_CHOICE, WarmProcess, spawn
 from raydist.observability.ray_metrics import export_relayed
+from raydist.warm.client import COLD_BY_CHOICE, WarmProcess, spawn
 
 RETURNED_ENV = "RAYDIST_RETURNED_FILE"  # these three: as raydist/launcher/rank_site/sitecustomize.py reads them
 PID_ENV = "RAYDIST_RANK_PID"

@@ -158,8 +158,8 @@ def connect(cfg) -> str:
 
     import ray
 
-    from raydist.driver.session import prepare_ray_environment, start_local
     from raydist.driver.preflight import check_reachable
+    from raydist.driver.session import prepare_ray_environment, start_local
 
     prepare_ray_environment()
     address = cluster_address(cfg)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 from raydist.errors import RaydistError
 from raydist.launcher import outcome, policy

@@ -152,7 +152,7 @@ class Export:
     named: tuple[tuple[str, str | None], ...] = ()
 
     @classmethod
-    def parse(cls, spec: str) -> "Export":
+    def parse(cls, spec: str) -> Export:
         """'ALL', 'NONE', or '[ALL,]NAME[=VALUE][,...]' as srun spells it. ValueError names what is wrong."""
         parts = [p for p in spec.split(",") if p.strip()] if spec.strip() else ["NONE"]
         if [p.strip().upper() for p in parts] == ["NONE"]:
@@ -210,7 +210,7 @@ class RankEnv:
     named: dict[str, str]
 
     @classmethod
-    def of(cls, caller: dict[str, str], export: str, env: dict[str, str]) -> "RankEnv":
+    def of(cls, caller: dict[str, str], export: str, env: dict[str, str]) -> RankEnv:
         """From the caller's environment and the run's `export` and `env` settings."""
         spec = Export.parse(export)
         return cls(exported(caller, spec), given(caller, spec, env))

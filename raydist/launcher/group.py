@@ -153,7 +153,7 @@ class Group:
         self.stand_ins: list[Any] = []
 
     @classmethod
-    def here(cls, cfg: LaunchConfig, label: str) -> "Group":
+    def here(cls, cfg: LaunchConfig, label: str) -> Group:
         """The first start on the embedded instance: every rank on this machine, its agent in this process, so that
         the ranks start (and import torch) while Ray does. Its view is set once Ray is up."""
         from raydist.launcher.agent import RankAgent

@@ -7,8 +7,9 @@ import contextlib
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from raydist.launcher.settings import LaunchConfig
 from raydist.warm.client import COLD_BY_CHOICE, NO_WARM

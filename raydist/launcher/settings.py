@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import re
 import signal
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterable, Literal
+from typing import Any, ClassVar, Literal
 
 from raydist.typedconfig import WorkerRange, check, free, merge, opt, run_name, shared_path, validate, worker_count
 

@@ -59,7 +59,7 @@ class LaunchSummary:
         return write_json_atomic(Path(self.run_dir) / SUMMARY_FILE, self.to_dict())
 
     @classmethod
-    def read(cls, path: str | Path) -> "LaunchSummary":
+    def read(cls, path: str | Path) -> LaunchSummary:
         path = Path(path)
         return cls(**json.loads((path / SUMMARY_FILE if path.is_dir() else path).read_text()))
 

@@ -21,7 +21,8 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 PREFIX = "[raydist] "
 PLAIN_LINES = 10
@@ -47,7 +48,7 @@ class _Guard:
     """Stands in for sys.stdout / sys.stderr while a terminal bar is up: anything written clears the bar first,
     and the bar is drawn again (at its next refresh) only where a line has ended."""
 
-    def __init__(self, stream: TextIO, bar: "ProgressBar"):
+    def __init__(self, stream: TextIO, bar: ProgressBar):
         self._stream, self._bar = stream, bar
 
     def write(self, text: str) -> int:
@@ -268,7 +269,7 @@ class ProgressBar:
             elif completed and self._plain_step != self.step:
                 self._plain(self.clock())
 
-    def __enter__(self) -> "ProgressBar":
+    def __enter__(self) -> ProgressBar:
         return self
 
     def __exit__(self, kind, *_: Any) -> None:
@@ -302,7 +303,7 @@ class MetricsTail:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="raydist-progress", daemon=True)
 
-    def start(self) -> "MetricsTail":
+    def start(self) -> MetricsTail:
         self._thread.start()
         return self
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import resource
 import socket
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from raydist.observability.metric import Metric
 
@@ -206,7 +206,7 @@ RELAYED_BYTES = "comm_bytes_so_far"
 """The hook's key for a relaying rank's cumulative comm_bytes (the agent exports the counter's increments)."""
 
 
-def export_relayed(exporter: "Exporter", status: dict[str, float]) -> None:
+def export_relayed(exporter: Exporter, status: dict[str, float]) -> None:
     """A launched rank's relayed values (its hook file), exported by its agent: every known metric, and the
     comm_bytes counter's increment since the last time."""
     exporter.observe(**{k: v for k, v in status.items() if k in BY_NAME and BY_NAME[k].kind == "gauge"})

@@ -14,10 +14,11 @@ import re
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from raydist.errors import RaydistError
 from raydist.observability.ray_metrics import EXPORTED_PREFIX, METRICS

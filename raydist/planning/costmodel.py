@@ -117,14 +117,14 @@ class CostTerms:
         """Message hops per step that each pay the latency."""
         raise NotImplementedError
 
-    def base(self, fit: "Fit", s: Setting) -> float:
+    def base(self, fit: Fit, s: Setting) -> float:
         return fit.base_s[s.strategy] * s.params / fit.base_params
 
-    def checkpoint_s(self, fit: "Fit", s: Setting) -> float:
+    def checkpoint_s(self, fit: Fit, s: Setting) -> float:
         """Seconds one checkpoint costs beyond what the fitted base holds."""
         return 0.0
 
-    def step_s(self, fit: "Fit", s: Setting) -> float:
+    def step_s(self, fit: Fit, s: Setting) -> float:
         """Seconds per step per worker: the time between one worker's steps."""
         return (
             base_for(fit, s)
@@ -133,7 +133,7 @@ class CostTerms:
             + self.checkpoint_s(fit, s) / (s.checkpoint_every or 1)
         )
 
-    def steps_per_s(self, fit: "Fit", s: Setting) -> float:
+    def steps_per_s(self, fit: Fit, s: Setting) -> float:
         """Steps per second as its summaries count them (a synchronous step: all workers together)."""
         return 1.0 / self.step_s(fit, s)
 
@@ -144,7 +144,7 @@ class CostTerms:
         """Which of its measured runs (all of one model size) the fit reads: by default its first at the top rate."""
         return [p for p in runs if p["link_mbit"] == top][:1]
 
-    def fit_into(self, result: "Fit", mine: list[dict[str, Any]], top: float) -> None:
+    def fit_into(self, result: Fit, mine: list[dict[str, Any]], top: float) -> None:
         """Fill in its base (and any parameter of its own) from its chosen runs, the network term taken out."""
         for p in mine:
             st = setting_of(p)
@@ -156,7 +156,7 @@ class CostTerms:
         """What a measured run's row adds to its name (its shards, its averaging)."""
         return ""
 
-    def plan(self, fit: "Fit", s: Setting) -> tuple[Setting, dict[str, Any]]:
+    def plan(self, fit: Fit, s: Setting) -> tuple[Setting, dict[str, Any]]:
         """The setting `raydist plan` predicts for (it may pick, say, a shard count) and what its row adds."""
         return s, {}
 

@@ -15,15 +15,15 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from raydist.errors import RaydistError
 from raydist.slurm.settings import Requeue
+from raydist.summary import RESULT_ENV  # a raydist job also writes its summary there: how batch mode learns its status
 
 TIME_LIMIT, PREEMPTION = "time_limit", "preemption"
-from raydist.summary import RESULT_ENV  # a raydist job also writes its summary there: how batch mode learns its status
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ class Supervisor:
         argv: list[str],
         env: dict[str, str],
         result_file: Path,
-        on_warning: Callable[[str, "Supervisor"], None],
+        on_warning: Callable[[str, Supervisor], None],
         stop_wait_s: float,
         log: Callable[[str], None] = print,
     ):

@@ -6,21 +6,20 @@ import errno
 import os
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from raydist.errors import RaydistError
-from raydist.warm import ray_python
-from raydist.warm.client import NO_PRESTART, WARM_EXEC_ENV, py_executable
-from raydist.slurm import netif, ports, sweep, teardown
 from raydist.cluster.dashboard_client import HOST_LABEL, IFACE_LABEL
+from raydist.errors import RaydistError
+from raydist.slurm import netif, ports, sweep, teardown
 from raydist.slurm.jobdir import JobDir, Plan
 from raydist.slurm.nodes import Allocation
 from raydist.slurm.settings import ClusterConfig
+from raydist.warm import ray_python
+from raydist.warm.client import NO_PRESTART, WARM_EXEC_ENV, py_executable
 
 # Variables of the submitting shell that would point `ray start` at some other cluster or token.
 _STALE_RAY_ENV = ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_API_SERVER_ADDRESS")
@@ -93,7 +92,7 @@ def wait_for_head(node: str, choice: netif.Choice, plan: Plan, timeout: float) -
         try:
             netif.check_reachable(node, choice, plan.head, plan.head_ip, port, timeout=min(5.0, timeout))
             return
-        except socket.timeout:
+        except TimeoutError:
             reason = "no answer"
         except OSError as e:
             if e.errno == errno.EADDRNOTAVAIL:

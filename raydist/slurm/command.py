@@ -81,8 +81,8 @@ def _down(args) -> int:
 
 def _stop(args) -> int:
     """Interactive mode's answer to the time-limit warning: every run checkpoints and stops."""
-    from raydist.slurm import batch, interrupt
     from raydist.cluster import connection
+    from raydist.slurm import batch, interrupt
     from raydist.slurm.jobdir import JobDir
 
     cfg, alloc = _load(args), _alloc()
@@ -102,8 +102,8 @@ def _stop(args) -> int:
 
 def _run(args) -> int:
     """Batch mode: the command is the job's driver; the warning stops it at a checkpoint; maybe requeue."""
-    from raydist.slurm import batch, interrupt
     from raydist.cluster import connection
+    from raydist.slurm import batch, interrupt
     from raydist.slurm.jobdir import JobDir
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command  # later "--" are the command's
@@ -115,7 +115,7 @@ def _run(args) -> int:
     restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
     _say(f"job {alloc.job_id}: batch mode, run {restarts + 1}: {interrupt.quoted(command)}")
 
-    def on_warning(kind: str, sup: "batch.Supervisor") -> None:
+    def on_warning(kind: str, sup: batch.Supervisor) -> None:
         reason = "SLURM time limit"
         try:
             interrupt.stop_cluster_runs(

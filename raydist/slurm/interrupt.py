@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import shlex
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from raydist.cluster.connection import Connection
 

@@ -35,7 +35,7 @@ class Plan:
     config_source: str
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Plan":
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
         data = dict(data)
         data["nodes"] = tuple(data["nodes"])
         return cls(**data)

@@ -8,7 +8,7 @@ import json
 import shutil
 import socket
 import subprocess
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from raydist.errors import RaydistError
 

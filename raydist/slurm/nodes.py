@@ -8,7 +8,7 @@ import os
 import re
 import shutil
 import subprocess
-from typing import Mapping
+from collections.abc import Mapping
 
 from raydist.errors import RaydistError
 
@@ -125,7 +125,7 @@ class Allocation:
         return self.nodes[1:]
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, expand=hostnames) -> "Allocation":
+    def from_env(cls, env: Mapping[str, str] | None = None, expand=hostnames) -> Allocation:
         env = os.environ if env is None else env
         job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
         nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")

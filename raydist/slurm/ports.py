@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import socket
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from raydist.errors import RaydistError
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
-from raydist.errors import RaydistError
-from raydist.slurm import ports
 from raydist.cluster import dashboard_client
 from raydist.cluster.connection import Connection
+from raydist.errors import RaydistError
+from raydist.slurm import ports
 from raydist.slurm.jobdir import JobDir, Plan
 
 

@@ -10,12 +10,13 @@ import dataclasses
 import ipaddress
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from raydist.typedconfig import apply, check, internal, merge, opt, validate
 from raydist.errors import ConfigError
 from raydist.slurm.nodes import expand_hostlist
+from raydist.typedconfig import apply, check, internal, merge, opt, validate
 
 CONFIG_ENV = "RAYDIST_CLUSTER_CONFIG"
 DEFAULT_PATH = Path("cluster") / "cluster.yaml"

@@ -18,8 +18,8 @@ import re
 import shutil
 import stat
 import subprocess
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 TEMP = "temp dir"
 JOB = "job dir"

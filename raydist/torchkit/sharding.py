@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING
 
-from raydist.torchkit.checkpoint import Progress
 from raydist.config import Config
 from raydist.errors import ConfigError
+from raydist.torchkit.checkpoint import Progress
 
 if TYPE_CHECKING:  # torch is imported where a shard is built: the driver's check_fits needs none
     from torch.utils.data import DataLoader, Dataset

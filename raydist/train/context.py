@@ -7,7 +7,8 @@ import contextlib
 import os
 import shutil
 import tempfile
-from typing import Any, Iterator, Protocol
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist

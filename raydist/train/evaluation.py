@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -11,9 +11,9 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from raydist.config import Config
-from raydist.train.context import WorkerContext
-from raydist.torchkit.data import Splits
 from raydist.factories import loss_function
+from raydist.torchkit.data import Splits
+from raydist.train.context import WorkerContext
 
 
 def autocast(cfg: Config, device: torch.device) -> contextlib.AbstractContextManager:

@@ -27,7 +27,8 @@ from raydist.torchkit.commstats import CommStats
 from raydist.torchkit.data import load_splits
 from raydist.torchkit.models import build_model
 from raydist.torchkit.optim import build_optimizer, build_scheduler
-from raydist.torchkit.sharding import total_steps as run_length, worker_shard
+from raydist.torchkit.sharding import total_steps as run_length
+from raydist.torchkit.sharding import worker_shard
 from raydist.torchkit.straggler import Straggler
 from raydist.train import desync
 from raydist.train.collectives import Collectives

@@ -8,7 +8,8 @@ throughput and writes each sink. It takes no decisions: what is due is the sched
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist

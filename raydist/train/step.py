@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from raydist.config import Config
-from raydist.train.evaluation import autocast
 from raydist.factories import loss_function
+from raydist.train.evaluation import autocast
 
 
 def compute_gradients(

@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import torch
 
+from raydist.config import Config
 from raydist.torchkit.checkpoint import Progress
 from raydist.torchkit.commstats import CommStats
-from raydist.config import Config
-from raydist.train.context import WorkerContext
 from raydist.train.collectives import Collectives
+from raydist.train.context import WorkerContext
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -109,7 +110,7 @@ class DesyncCheck(abc.ABC):
         """Right after this sync point's exchange, must every rank hold the same parameters? The desync check
         compares parameter checksums only where they must."""
 
-    def measure_local_grad_norm(self, on: bool) -> None:
+    def measure_local_grad_norm(self, on: bool) -> None:  # noqa: B027 (optional: most strategies need not act)
         """Whether the next step must keep this rank's gradient norm from before any exchange (a desync check
         is due); only strategies that exchange gradients inside backward need to act on it."""
 

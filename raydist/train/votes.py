@@ -4,7 +4,7 @@ turns the stop vote into the same decision on every rank."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -13,8 +13,8 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 APT_PACKAGES = ["chromium"]
 FLAGS = [

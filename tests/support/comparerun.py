@@ -52,10 +52,10 @@ class Compared(tuple):
 
 @pytest.fixture(scope="session")  # not module: under xdist a module fixture can be built twice
 def compared(tmp_path_factory):
-    from tests.support.promserver import prometheus
-    from tests.support.rayhead import ray_head
     from raydist.observability import top
     from raydist.observability.prometheus import scrape_config
+    from tests.support.promserver import prometheus
+    from tests.support.rayhead import ray_head
 
     storage = tmp_path_factory.mktemp("compare")
     logs = tmp_path_factory.mktemp("compare-logs")

@@ -11,9 +11,9 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from tests.support.debian import ensure
 from tests.support.rayhead import free_ports

@@ -13,14 +13,14 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
-from tests.support.jobutil import REPO, clean_env
+from raydist.cluster.listen_port import free_port
 from raydist.warm import ray_python
 from raydist.warm.client import NO_PRESTART, WARM_ENV, WARM_EXEC, WARM_EXEC_ENV, WARM_LOG, WARM_SERVER, py_executable
-from raydist.cluster.listen_port import free_port
+from tests.support.jobutil import REPO, clean_env
 
 VENV_BIN = Path(os.sys.executable).parent  # the venv that runs the tests runs the cluster too
 

@@ -22,7 +22,7 @@ class Budget:
     checkpoint_every: int
 
     @classmethod
-    def of(cls, cfg: Config, num_train: int) -> "Budget":
+    def of(cls, cfg: Config, num_train: int) -> Budget:
         W = cfg.scaling.max_workers
         per_worker_epoch = sharding.steps_per_epoch(num_train, W, cfg.train.batch_size)  # as sync's, per worker
         total = W * (cfg.train.max_steps or cfg.train.epochs * per_worker_epoch)

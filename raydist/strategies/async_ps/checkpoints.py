@@ -86,7 +86,7 @@ class Resume:
     steps: int = 0
 
     @classmethod
-    def read(cls, checkpoint_dir: str | None, num_servers: int, num_workers: int) -> "Resume":
+    def read(cls, checkpoint_dir: str | None, num_servers: int, num_workers: int) -> Resume:
         if not checkpoint_dir:
             return cls()
         state = torch.load(os.path.join(checkpoint_dir, STATE_FILE), map_location="cpu", weights_only=False)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from raydist.config import Config
-from raydist.errors import ConfigError, UsageError
 from raydist.driver.preflight import check_loop, local_cpus, ray_address
+from raydist.errors import ConfigError, UsageError
 
 
 def check_async(cfg: Config, data=None) -> None:

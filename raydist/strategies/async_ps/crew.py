@@ -76,7 +76,7 @@ class Watchdog:
     Workers are judged by their step records (shard 0's drain), shards by a probe every PROBE_S; a worker that
     waits on a stopped shard stalls too, so when workers stall a silent shard is blamed first."""
 
-    def __init__(self, crew: "Crew", bound: float, now: float):
+    def __init__(self, crew: Crew, bound: float, now: float):
         self.crew, self.bound = crew, bound
         self.last_step = {k: now for k in range(len(crew.workers))}
         self.probes: dict[int, tuple[Any, float]] = {}  # shard index -> (its pending probe, sent at)

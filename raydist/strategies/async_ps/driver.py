@@ -23,8 +23,8 @@ from raydist.observability.ray_metrics import Exporter
 from raydist.observability.tensorboard_log import RunLog
 from raydist.strategies.async_ps import STRATEGY, policy
 from raydist.strategies.async_ps.budget import Budget
-from raydist.strategies.async_ps.checks import check_async
 from raydist.strategies.async_ps.checkpoints import Resume, latest_checkpoint
+from raydist.strategies.async_ps.checks import check_async
 from raydist.strategies.async_ps.crew import Crew, Hung
 from raydist.strategies.async_ps.crew_start import CrewStart, check_resources, placement_group, wait_placed
 from raydist.strategies.async_ps.evaluator import Evaluator

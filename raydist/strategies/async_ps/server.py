@@ -14,10 +14,10 @@ import numpy as np
 import torch
 
 from raydist.config import Config
+from raydist.observability.ray_metrics import Exporter
+from raydist.strategies.async_ps.messages import Drained, PullReply
 from raydist.torchkit.flat import as_tensor
 from raydist.torchkit.optim import build_optimizer, lr_factor
-from raydist.strategies.async_ps.messages import Drained, PullReply
-from raydist.observability.ray_metrics import Exporter
 
 
 class ParameterShard:

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import ray
 import torch
 
+from raydist.config import Config
+from raydist.observability.ray_metrics import Exporter
+from raydist.strategies.async_ps.messages import PullReply, WorkerReport
 from raydist.torchkit.checkpoint import Progress
 from raydist.torchkit.commstats import CommStats
-from raydist.config import Config
 from raydist.torchkit.data import load_splits
 from raydist.torchkit.flat import as_tensor, flatten_
 from raydist.torchkit.models import build_model
-from raydist.strategies.async_ps.messages import PullReply, WorkerReport
-from raydist.observability.ray_metrics import Exporter
 from raydist.torchkit.seeding import reseed
 from raydist.torchkit.sharding import worker_shard
 from raydist.torchkit.straggler import Straggler

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from raydist.torchkit.commstats import allreduce_bytes, tensor_bytes
 from raydist.errors import RaydistError
+from raydist.torchkit.commstats import allreduce_bytes, tensor_bytes
 from raydist.train.strategy import ShardedState, Strategy, held_param_bytes
 
 MODEL_KEY, OPTIM_KEY = "model", "optimizer"

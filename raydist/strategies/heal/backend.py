@@ -6,12 +6,10 @@ import os
 import socket
 
 import ray
-from raydist.private_api import ReplicaGroup
-from raydist.private_api import TorchftConfig, torchft_backend_class
 
 from raydist.config import Config
 from raydist.engines.raytrain_backend import PlainVersions, QuietController, QuietShutdown, driver_shutdown_timeout_s
-
+from raydist.private_api import ReplicaGroup, TorchftConfig, torchft_backend_class
 
 LIGHTHOUSE_LOG = "lighthouse.log"
 

@@ -18,9 +18,10 @@ import logging
 import os
 import time
 import warnings
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.distributed import ReduceOp

@@ -6,10 +6,10 @@ import contextlib
 
 import torch
 import torch.distributed as dist
-from raydist.private_api import flatten_dense_tensors as _flatten_dense_tensors
-from raydist.private_api import unflatten_dense_tensors as _unflatten_dense_tensors
 from torch.nn.parallel import DistributedDataParallel
 
+from raydist.private_api import flatten_dense_tensors as _flatten_dense_tensors
+from raydist.private_api import unflatten_dense_tensors as _unflatten_dense_tensors
 from raydist.torchkit.commstats import allreduce_bytes, tensor_bytes
 from raydist.train.strategy import DesyncCheck, Strategy
 

@@ -158,7 +158,7 @@ class EmulatedCluster:
         return self.workdir / "state.json"
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
-    def start(self, timeout: float = 60.0) -> "EmulatedCluster":
+    def start(self, timeout: float = 60.0) -> EmulatedCluster:
         check_prerequisites()
         try:
             self._write_files()
@@ -175,7 +175,7 @@ class EmulatedCluster:
         pids = dict(self.init_pids)
         if not pids and self.state_file.exists():
             pids = json.loads(self.state_file.read_text()).get("init_pids", {})
-        for name, pid in pids.items():
+        for pid in pids.values():
             if MARKER in _cmdline(int(pid)):  # a recycled PID is not ours
                 try:
                     os.kill(int(pid), signal.SIGKILL)
