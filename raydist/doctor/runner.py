@@ -214,29 +214,50 @@ def run(opts: Options, log: Callable[[str], None] = lambda _: None) -> Report:
 
 
 def _diagnose(report: Report, cluster: _Cluster) -> None:
-    alive, agents, names, opts, log = cluster.alive, cluster.agents, cluster.names, cluster.opts, cluster.log
-    head_name, head_ip = cluster.head_name, cluster.head_ip
-    t = opts.timeout_s
-    log(f"doctor: {len(alive)} node(s); gathering facts")
+    facts, errors = _gather_facts(report, cluster)
+    offsets = {h: _clock(cluster.agents[h], min(cluster.opts.timeout_s, 5.0)) for h in facts}
+    targets, matrix = _probe_pairs(report, cluster, facts, errors)
+    unreached = checks.unreachable_from(matrix)
+    chosen = {h: f.ip for h, f in facts.items() if f.ip}
+    by_ip = {n.hostname: n.ip for n in cluster.alive}
+    for h in cluster.names:
+        if h in errors and h not in facts:
+            detail = (
+                f"{errors[h]}: the node does not respond through Ray (link down, node overloaded or Ray's node dying)"
+            )
+            report.rows.append(Row(h, "agent", FAIL, "-", detail))
+            continue
+        report.rows += _node_rows(h, facts[h], by_ip.get(h), chosen, offsets.get(h), cluster.opts)
+        report.rows.append(_reachability_row(h, errors, targets, matrix, unreached))
+    cut_off = {h for h, row in matrix.items() if any(not p.ok for p in row.values())}
+    bad = sorted(set(errors) | (set(cluster.names) - set(targets)) | cut_off)
+    _bandwidth(report, cluster, facts, targets, bad)
+
+
+def _gather_facts(report: Report, cluster: _Cluster) -> tuple[dict[str, checks.NodeFacts], dict[str, str]]:
+    names, opts = cluster.names, cluster.opts
+    cluster.log(f"doctor: {len(cluster.alive)} node(s); gathering facts")
     refs = {}
-    for n in alive:
+    for n in cluster.alive:
         where = Where(
             node=n.hostname,
-            head=head_name,
-            head_ip=head_ip,
-            workers=tuple(h for h in names if h != head_name),
+            head=cluster.head_name,
+            head_ip=cluster.head_ip,
+            workers=tuple(h for h in names if h != cluster.head_name),
             configured=opts.interfaces.get(n.hostname),
             peers=tuple(h for h in names if h != n.hostname),
             storage_path=opts.storage_path,
         )
-        refs[n.hostname] = agents[n.hostname].facts.remote(where)
-    raw, errors = _collect(refs, t, "the facts request (agent start included)")
-    facts = {h: checks.NodeFacts.from_dict(d) for h, d in raw.items()}
+        refs[n.hostname] = cluster.agents[n.hostname].facts.remote(where)
+    raw, errors = _collect(refs, opts.timeout_s, "the facts request (agent start included)")
     report.facts = raw
-    chosen = {h: f.ip for h, f in facts.items() if f.ip}
+    return {h: checks.NodeFacts.from_dict(d) for h, d in raw.items()}, errors
 
-    offsets = {h: _clock(agents[h], min(t, 5.0)) for h in facts}
-    log("doctor: probing every pair of nodes")
+
+def _probe_pairs(report: Report, cluster: _Cluster, facts: dict, errors: dict[str, str]) -> tuple[dict, dict]:
+    """Every node listens, every node connects to every other: (listening address per node, the probe matrix)."""
+    agents, opts, t = cluster.agents, cluster.opts, cluster.opts.timeout_s
+    cluster.log("doctor: probing every pair of nodes")
     listeners, listen_errors = _collect({h: agents[h].listen.remote() for h in facts}, t, "opening a listener")
     errors.update(listen_errors)
     targets = {h: addr for h, addr in listeners.items() if addr}
@@ -248,59 +269,36 @@ def _diagnose(report: Report, cluster: _Cluster) -> None:
     errors.update(probe_errors)
     matrix = {src: {dst: Probe(**p) for dst, p in row.items()} for src, row in probed.items()}
     report.matrix = {src: {dst: dataclasses.asdict(p) for dst, p in row.items()} for src, row in matrix.items()}
-    unreached = checks.unreachable_from(matrix)
+    return targets, matrix
 
-    by_ip = {n.hostname: n.ip for n in alive}
-    for h in names:
-        if h in errors and h not in facts:
-            report.rows.append(
-                Row(
-                    h,
-                    "agent",
-                    FAIL,
-                    "-",
-                    f"{errors[h]}: the node does not respond through Ray "
-                    f"(link down, node overloaded or Ray's node dying)",
-                )
-            )
-            continue
-        f = facts[h]
-        report.rows += [
-            checks.check_interface(f, by_ip.get(h)),
-            checks.check_link_speed(f, opts.link_gbps),
-            checks.check_socket_env(f),
-            checks.check_hostname(f, chosen),
-        ]
-        report.rows += [
-            r
-            for r in (
-                checks.check_space(h, "/dev/shm", f.shm, checks.SHM_FAIL, checks.SHM_WARN),
-                checks.check_space(h, "temp dir", f.temp, checks.DISK_FAIL, checks.DISK_WARN),
-                checks.check_space(h, "storage", f.storage, checks.DISK_FAIL, checks.DISK_WARN),
-            )
-            if r is not None
-        ]
-        off = offsets.get(h)
-        report.rows.append(checks.check_clock(h, off[0] if off else None, off[1] if off else None))
-        if h in errors:
-            report.rows.append(Row(h, "reachability", FAIL, "-", errors[h]))
-        elif h not in targets:
-            report.rows.append(Row(h, "reachability", checks.SKIP, "-", "no interface to listen on"))
-        else:
-            row = checks.check_reachability(h, matrix.get(h))
-            if h in unreached and len(unreached[h]) == len(matrix) - 1 and len(matrix) > 1:
-                row = dataclasses.replace(
-                    row,
-                    status=FAIL,
-                    detail="; ".join(
-                        x for x in (row.detail if row.status == FAIL else "", f"no peer reaches {h}") if x
-                    ),
-                )
-            report.rows.append(row)
 
-    cut_off = {h for h, row in matrix.items() if any(not p.ok for p in row.values())}
-    bad = sorted(set(errors) | (set(names) - set(targets)) | cut_off)
-    _bandwidth(report, cluster, facts, targets, bad)
+def _node_rows(h: str, f: checks.NodeFacts, ray_ip, chosen: dict, offset, opts) -> list[Row]:
+    rows = [
+        checks.check_interface(f, ray_ip),
+        checks.check_link_speed(f, opts.link_gbps),
+        checks.check_socket_env(f),
+        checks.check_hostname(f, chosen),
+    ]
+    spaces = (
+        checks.check_space(h, "/dev/shm", f.shm, checks.SHM_FAIL, checks.SHM_WARN),
+        checks.check_space(h, "temp dir", f.temp, checks.DISK_FAIL, checks.DISK_WARN),
+        checks.check_space(h, "storage", f.storage, checks.DISK_FAIL, checks.DISK_WARN),
+    )
+    rows += [r for r in spaces if r is not None]
+    rows.append(checks.check_clock(h, offset[0] if offset else None, offset[1] if offset else None))
+    return rows
+
+
+def _reachability_row(h: str, errors: dict, targets: dict, matrix: dict, unreached: dict) -> Row:
+    if h in errors:
+        return Row(h, "reachability", FAIL, "-", errors[h])
+    if h not in targets:
+        return Row(h, "reachability", checks.SKIP, "-", "no interface to listen on")
+    row = checks.check_reachability(h, matrix.get(h))
+    if h in unreached and len(unreached[h]) == len(matrix) - 1 and len(matrix) > 1:
+        detail = "; ".join(x for x in (row.detail if row.status == FAIL else "", f"no peer reaches {h}") if x)
+        row = dataclasses.replace(row, status=FAIL, detail=detail)
+    return row
 
 
 def _bandwidth(
