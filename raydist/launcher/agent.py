@@ -103,6 +103,31 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+class RankMetrics:
+    """One start's metrics of a rank, exported through Ray's (`raydist top`, Prometheus): the hook's step and loss,
+    the CPU share and memory of the script's process tree, the restarts."""
+
+    def __init__(self, run: str, label: str, rank: int):
+        from raydist.observability.ray_metrics import Exporter
+
+        self.exporter = Exporter(run, label, "worker", rank, own_memory=False)
+        self.cpu_mark: tuple[float, float] | None = None
+
+    def export(self, polled: dict[str, Any], restarts: int) -> None:
+        s = polled["status"]
+        now = time.monotonic()
+        if self.cpu_mark is not None and now - self.cpu_mark[0] >= 1.0:
+            share = (polled["cpu_s"] - self.cpu_mark[1]) / (now - self.cpu_mark[0])
+            self.exporter.observe(cpu_share=max(share, 0.0))
+        if self.cpu_mark is None or now - self.cpu_mark[0] >= 1.0:
+            self.cpu_mark = (now, polled["cpu_s"])
+        export_relayed(self.exporter, s)  # a rank of scaling.engine=launch hands over all of the loop's metrics
+        self.exporter.observe(
+            step=s.get("step"), loss=s.get("loss"), restarts=restarts, rss_bytes=polled["rss_bytes"] or None
+        )
+        self.exporter.maybe_export()
+
+
 class RankAgent:
     """Runs one rank's process and answers the driver's polls."""
 
@@ -115,7 +140,7 @@ class RankAgent:
         self.status_file = self.status_dir = ""
         self.status_seen: dict[str, float] = {}
         self.rank = -1
-        self.exporter = None
+        self.metrics: RankMetrics | None = None
         self.restarts = 0
         self.ended: float | None = None
         self.exit_seen: float | None = None
@@ -191,7 +216,7 @@ class RankAgent:
         self.last_active = time.monotonic()
         self.ended = self.exit_seen = self.returned_at = None
         threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
-        self.exporter = None  # this start's: made at the first poll that finds Ray up (Group.here starts before)
+        self.metrics = None  # this start's: made at the first poll that finds Ray up (Group.here starts before)
         return {"pid": self.proc.pid, "warm": warm is not None, "cold_why": self.cold_why}
 
     def _files(self, rank: int, restarts: int) -> None:
@@ -213,12 +238,6 @@ class RankAgent:
             self.last_active = time.monotonic()
         proc.wait()
         self.ended = time.monotonic()  # which rank failed first, when several have: the others followed it
-
-    def _exporter(self) -> None:
-        from raydist.observability.ray_metrics import Exporter
-
-        self.exporter = Exporter(self.run, self.label, "worker", self.rank, own_memory=False)
-        self._cpu_mark: tuple[float, float] | None = None
 
     def poll(self) -> dict[str, Any]:
         """New output lines, exit code (None while running), seconds silent, the hook's values, CPU and memory."""
@@ -272,24 +291,13 @@ class RankAgent:
         return {"state": main[0], "cpu_s": cpu, "rss_bytes": rss}
 
     def _export(self, polled: dict[str, Any]) -> None:
-        if self.exporter is None:
+        if self.metrics is None:
             import ray
 
             if self.rank < 0 or not ray.is_initialized():
                 return
-            self._exporter()
-        s = polled["status"]
-        now = time.monotonic()
-        if self._cpu_mark is not None and now - self._cpu_mark[0] >= 1.0:
-            share = (polled["cpu_s"] - self._cpu_mark[1]) / (now - self._cpu_mark[0])
-            self.exporter.observe(cpu_share=max(share, 0.0))
-        if self._cpu_mark is None or now - self._cpu_mark[0] >= 1.0:
-            self._cpu_mark = (now, polled["cpu_s"])
-        export_relayed(self.exporter, s)  # a rank of scaling.engine=launch hands over all of the loop's metrics
-        self.exporter.observe(
-            step=s.get("step"), loss=s.get("loss"), restarts=self.restarts, rss_bytes=polled["rss_bytes"] or None
-        )
-        self.exporter.maybe_export()
+            self.metrics = RankMetrics(self.run, self.label, self.rank)
+        self.metrics.export(polled, self.restarts)
 
     def send(self, signame: str) -> None:
         """A signal to the script's whole process group (a stopped one is continued, so that it can act on it)."""
