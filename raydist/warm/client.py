@@ -8,9 +8,7 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -18,10 +16,9 @@ import threading
 import time
 from pathlib import Path
 
-from raydist.warm import ray_python
+from raydist.warm import ray_python, wire
+from raydist.warm.wire import WARM_ENV
 
-WARM_ENV = "RAYDIST_WARM_SOCKET"
-"""Set by the SLURM bring-up in its Ray's environment (so in every agent's): the node's warm interpreter."""
 CONNECT_TIMEOUT_S = 60.0  # for the answer too: it listens before its imports, and answers once they are done
 NO_WARM = "no warm interpreter on this node"
 COLD_BY_CHOICE = "warm=false"  # the default: a fresh interpreter, as torchrun and srun start the script
@@ -61,8 +58,8 @@ a second of CPU at every job's start. Set before the warm interpreter starts: it
 
 JOB_WIDE = ("RAY_TRAIN_V2_ENABLED",)
 """Set in the driver, read as Ray Train is imported, and given by Ray Train to its own actors only: given to every
-worker of the job too, so that a job's server (raydist.warm.server.RAY_JOB_PRELOAD), which takes the settings of the job's
-first worker on its node (Ray Data's autoscaling coordinator, say), has the value Ray Train's actors have."""
+worker of the job too, so that a job's server (raydist.warm.rayjob.RAY_JOB_PRELOAD), which takes the settings of the
+job's first worker on its node (Ray Data's autoscaling coordinator, say), has the value Ray Train's actors have."""
 
 
 def for_cluster_job() -> dict:
@@ -128,16 +125,7 @@ class WarmProcess:
         threading.Thread(target=self._watch, daemon=True, name=f"warm-rank-{pid}").start()
 
     def _watch(self) -> None:
-        code = -signal.SIGKILL
-        try:
-            for line in self._answers:
-                answer = json.loads(line)
-                if "exit" in answer:
-                    code = int(answer["exit"])
-                    break
-        except (OSError, ValueError):
-            pass
-        self.returncode = code
+        self.returncode = wire.exit_code(self._answers)
         self._done.set()
         self._conn.close()
 
@@ -160,22 +148,18 @@ def spawn(argv: list[str], env: dict[str, str], cwd: str, niceness: int | None) 
     if not os.path.exists(path):  # it failed to start or ended: its log is beside the socket
         return None, f"the warm interpreter is not running (its log: {os.path.join(os.path.dirname(path), WARM_LOG)})"
     read_end, write_end = os.pipe()
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn = answers = None
     try:
-        conn.settimeout(CONNECT_TIMEOUT_S)
-        conn.connect(path)
-        body = json.dumps({"argv": argv, "env": env, "cwd": cwd, "niceness": niceness}).encode()
-        socket.send_fds(conn, [struct.pack("!I", len(body))], [write_end])
-        conn.sendall(body)
-        answers = conn.makefile("rb")
-        answer = json.loads(answers.readline() or b"{}")
-        conn.settimeout(None)
+        body = wire.request_body(argv, env, cwd, niceness)
+        conn, answers, answer = wire.ask(path, body, [write_end], CONNECT_TIMEOUT_S)
     except (OSError, ValueError) as e:
         answer = {"declined": f"the warm interpreter did not answer ({type(e).__name__}: {e})"}
     finally:
         os.close(write_end)
-    if "pid" not in answer:
-        conn.close()
+    pid, why = wire.started(answer)
+    if pid is None:
+        if conn is not None:
+            conn.close()
         os.close(read_end)
-        return None, str(answer.get("declined", "the warm interpreter did not answer"))
-    return WarmProcess(conn, answers, int(answer["pid"]), os.fdopen(read_end, "rb")), ""
+        return None, why
+    return WarmProcess(conn, answers, pid, os.fdopen(read_end, "rb")), ""

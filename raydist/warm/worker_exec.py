@@ -16,17 +16,23 @@ setup_worker.py for any other.
 Where there is no warm interpreter (RAYDIST_WARM_SOCKET unset, or nothing listening), or it declines the request
 (another environment that acts at start-up), this process becomes `python default_worker.py ARGS` itself: the
 worker starts the cold way, exactly as without raydist. Run by path with `python -I -S`, it imports nothing but
-the standard library's smallest modules, so the cold way costs a few milliseconds more than before.
+the standard library's smallest modules and wire.py beside it, so the cold way costs a few milliseconds more than
+before.
 """
 
 import json
 import os
 import signal
-import socket
-import struct
 import sys
 
-WARM_ENV = "RAYDIST_WARM_SOCKET"  # raydist.warm.client.WARM_ENV (this file imports nothing of raydist's)
+if __name__ == "__main__":  # run by path with `python -I -S`: neither raydist nor this directory is on sys.path
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import wire
+
+    del sys.path[0]
+else:
+    from raydist.warm import wire
+
 ANSWER_TIMEOUT_S = 60.0  # it listens before its imports are done (and a Ray job's server imports Ray first)
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -40,25 +46,16 @@ def cold(args, why):
 
 def forked(path, args):
     """The worker's pid and the connection its exit code comes over, or None and why not."""
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        conn.settimeout(ANSWER_TIMEOUT_S)
-        conn.connect(path)
-        body = json.dumps(
-            {"argv": [sys.executable, *args], "env": dict(os.environ), "cwd": os.getcwd(), "niceness": None}
-        ).encode()
-        socket.send_fds(conn, [struct.pack("!I", len(body))], [1, 2])
-        conn.sendall(body)
-        answers = conn.makefile("rb")
-        answer = json.loads(answers.readline() or b"{}")
-        conn.settimeout(None)
+        body = wire.request_body([sys.executable, *args], dict(os.environ), os.getcwd(), None)
+        conn, answers, answer = wire.ask(path, body, [1, 2], ANSWER_TIMEOUT_S)
     except (OSError, ValueError) as e:
-        conn.close()
         return None, None, f"the warm interpreter at {path} did not answer ({type(e).__name__}: {e})"
-    if "pid" not in answer:
+    pid, why = wire.started(answer)
+    if pid is None:
         conn.close()
-        return None, None, str(answer.get("declined", "the warm interpreter did not answer"))
-    return int(answer["pid"]), answers, ""
+        return None, None, why
+    return pid, answers, ""
 
 
 def wait(pid, answers):
@@ -73,14 +70,7 @@ def wait(pid, answers):
 
     for sig in FORWARDED:
         signal.signal(sig, forward)
-    try:
-        for line in answers:
-            answer = json.loads(line)
-            if "exit" in answer:
-                return int(answer["exit"])
-    except (OSError, ValueError):
-        pass
-    return -signal.SIGKILL
+    return wire.exit_code(answers)
 
 
 SETUP_WORKER = "setup_worker.py"
@@ -150,7 +140,7 @@ def main(args):
         if worker is None:
             cold(args, "")  # Ray's set-up, as the raylet asked for it
         args = worker
-    path = os.environ.get(WARM_ENV, "")
+    path = os.environ.get(wire.WARM_ENV, "")
     if not path:
         cold(args, "")
     pid, answers, why = forked(path, args)
