@@ -191,3 +191,50 @@ def test_the_gpu_table_is_the_stored_run():
         "docs/gpu.md is stale: paste `python -m benchmarks.gpu_strategies --report docs/data/gpu_strategies.json`"
     )
     assert stored["gpu"].startswith("NVIDIA") and "+cu" in stored["machine"]["torch"]
+
+
+def test_train_startup_split_reads_the_raylet_and_controller_logs(tmp_path):
+    """benchmarks/train_startup_split.py on a session laid out as Ray 2.60 writes it (lines copied in form)."""
+    import json
+
+    from benchmarks.train_startup_split import split
+
+    (tmp_path / "logs" / "train").mkdir(parents=True)
+    started = "[2026-11-24 04:03:{} I 2512 2512] (raylet) worker_pool.cc:564: Started worker process with pid {}\n"
+    (tmp_path / "logs" / "raylet.out").write_text(
+        started.format("32,309", 2609) + started.format("32,311", 2610) + started.format("33,555", 2681)
+    )
+    messages = [
+        ("36,088", "No checkpoint manager snapshot found."),
+        ("37,385", "PlacementGroupCleaner launched for run_id=x"),
+        ("38,841", "[State Transition] INITIALIZING -> SCHEDULING."),
+        ("40,846", "[Worker Group Initialization] 2 worker actors created in 1.97s."),
+        ("43,299", "[Worker Group Initialization] Train context initialized on workers in 2.44s."),
+        ("44,088", "[State Transition] SCHEDULING -> RUNNING."),
+    ]
+    (tmp_path / "logs" / "train" / "ray-train-sys-controller-61ae.log").write_text(
+        "".join(json.dumps({"asctime": f"2026-11-24 04:03:{t}", "message": m}) + "\n" for t, m in messages)
+    )
+    got = split(str(tmp_path))
+    assert got == pytest.approx(
+        {
+            "controller process starts": 1.246,
+            "controller set-up": 2.533,
+            "state actor": 1.297,
+            "placement-group cleaner": 1.456,
+            "worker actors": 1.97,
+            "train context and synchronization actor": 2.44,
+            "process group, callbacks, launch": 0.789,
+        },
+        abs=1e-3,
+    )
+    # raydist's runs start no placement-group cleaner (raydist.engines.raytrain_trainer): the state actor's step runs on
+    (tmp_path / "logs" / "train" / "ray-train-sys-controller-61ae.log").write_text(
+        "".join(
+            json.dumps({"asctime": f"2026-11-24 04:03:{t}", "message": m}) + "\n"
+            for t, m in messages
+            if "Cleaner" not in m
+        )
+    )
+    got = split(str(tmp_path))
+    assert "placement-group cleaner" not in got and got["state actor"] == pytest.approx(2.753, abs=1e-3), got

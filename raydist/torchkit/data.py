@@ -81,7 +81,7 @@ def _approximate_mode(class_counts: np.ndarray, n_draws: int, rng: np.random.Ran
 
 def stratified_split(y: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Train and test indices, the same as scikit-learn's train_test_split(stratify=y, random_state=seed) gives
-    (its StratifiedShuffleSplit, step for step; tests/test_units.py compares them), without importing it."""
+    (its StratifiedShuffleSplit, step for step; tests/test_torchkit.py compares them), without importing it."""
     n = len(y)
     n_test = math.ceil(test_fraction * n)
     n_train = n - n_test

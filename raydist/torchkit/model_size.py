@@ -1,6 +1,6 @@
 """How many parameters a built-in model (model.name) has, and the width that gives it `model.params`: sums of its
 layers' weights and biases, without building it (the driver checks a run's size without importing torch).
-tests/test_units.py compares each with the built model's count."""
+tests/test_torchkit.py compares each with the built model's count."""
 
 from __future__ import annotations
 
