@@ -172,7 +172,7 @@ def _trained_past(run_dir, step: int) -> bool:
 @pytest.fixture
 def warm_interpreter(monkeypatch):
     """One warm interpreter for the raylets a test starts on this machine (each Ray job's workers are forked per
-    raylet: warm_server.ray_job_of), as the SLURM bring-up starts one per node: set in this process's environment,
+    raylet: raydist.warm.request.ray_job_of), as the SLURM bring-up starts one per node: set in this process's environment,
     which the raylets and the job's driver inherit."""
     import os
     import shutil

@@ -114,7 +114,7 @@ def test_the_embedded_instance_forks_its_ray_workers_with_torch_imported():
     # OMP_NUM_THREADS would have: not one per CPU of the warm interpreter's (two workers would fight over them).
     assert first["threads"] == 1, first
     # Ray's IDs are random per process, forked or not: two workers that drew the same would send tasks under the
-    # same IDs, and Ray Train's synchronization actor crashes on that (raydist.warm.server.RAY_JOB_PRELOAD).
+    # same IDs, and Ray Train's synchronization actor crashes on that (raydist.warm.rayjob.RAY_JOB_PRELOAD).
     assert len({w["random_id"] for w in out["probes"]}) == 3, out["probes"]
     assert first["job"] == other["job"]
     # Each worker's runtime_env set up by raydist.warm.worker_exec, without Ray's setup_worker.py (a fresh

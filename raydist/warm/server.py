@@ -48,7 +48,7 @@ def main(argv: list[str]):
     """The node's server, serving until a request is this process's own: in the forked child, which has become
     that request's script, it is returned."""
     if len(argv) not in (2, 4) or (len(argv) == 4 and (argv[2] != "--parent" or not argv[3].isdigit())):
-        print("usage: python -m raydist.warm.server SOCKET_PATH [--parent PID]", file=sys.stderr)
+        print("usage: python raydist/warm/server.py SOCKET_PATH [--parent PID]", file=sys.stderr)
         sys.exit(2)
     if len(argv) == 4:  # the embedded Ray instance's: it ends with the job's process
         forking.die_with_parent(signal.SIGTERM)
