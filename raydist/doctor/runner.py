@@ -227,7 +227,7 @@ def _diagnose(report: Report, cluster: _Cluster) -> None:
             )
             report.rows.append(Row(h, "agent", FAIL, "-", detail))
             continue
-        report.rows += _node_rows(h, facts[h], by_ip.get(h), chosen, offsets.get(h), cluster.opts)
+        report.rows += _fact_rows(h, facts[h], by_ip.get(h), chosen, offsets.get(h), cluster.opts)
         report.rows.append(_reachability_row(h, errors, targets, matrix, unreached))
     cut_off = {h for h, row in matrix.items() if any(not p.ok for p in row.values())}
     bad = sorted(set(errors) | (set(cluster.names) - set(targets)) | cut_off)
@@ -272,7 +272,8 @@ def _probe_pairs(report: Report, cluster: _Cluster, facts: dict, errors: dict[st
     return targets, matrix
 
 
-def _node_rows(h: str, f: checks.NodeFacts, ray_ip, chosen: dict, offset, opts) -> list[Row]:
+def _fact_rows(h: str, f: checks.NodeFacts, ray_ip, chosen: dict, offset, opts) -> list[Row]:
+    """A node's rows from its own facts: interface, link, socket variables, name, space, clock."""
     rows = [
         checks.check_interface(f, ray_ip),
         checks.check_link_speed(f, opts.link_gbps),
