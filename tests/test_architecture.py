@@ -242,6 +242,19 @@ def test_no_class_is_longer_than_250_lines():
     assert not long, "\n".join(long)
 
 
+def test_no_module_defines_a_top_level_name_twice():
+    """A second `def` of a name silently replaces the first for every caller, even those above it."""
+    twice = []
+    for path in modules().values():
+        seen: set[str] = set()
+        for node in tree(path).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                if node.name in seen:
+                    twice.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}")
+                seen.add(node.name)
+    assert not twice, "\n".join(twice)
+
+
 def test_no_function_takes_seven_positional_parameters():
     """Seven or more go in a small typed argument object: call sites then name what they pass."""
     many = []
