@@ -100,6 +100,7 @@ def test_sync_learns_and_a_stopped_run_resumes_with_identical_losses(tmp_path):
     assert resumed["test_accuracy"] == straight["test_accuracy"]
 
 
+@pytest.mark.long
 def test_a_killed_rank_restarts_the_group_from_the_checkpoint_and_a_stop_signal_checkpoints(tmp_path):
     temp = Path(tempfile.mkdtemp(prefix="re-", dir="/tmp"))  # short: Ray's socket paths live under it
     common = [f"run.storage_path={tmp_path}", ENGINE, "train.epochs=60", "checkpoint.every_steps=20", "run.name=chaos"]

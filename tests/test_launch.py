@@ -303,6 +303,7 @@ def top_ranks(work: Path, run: str, proc: subprocess.Popen, timeout: float = 60)
         time.sleep(1)
 
 
+@pytest.mark.long
 def test_sigterm_reaches_every_rank_which_snapshots_and_a_rerun_resumes(work, torchrun_checksum):
     snap, out = work / "term-snap.pt", work / "term.json"
     args = [*EPOCHS, "--snapshot", str(snap), "--out", str(out)]

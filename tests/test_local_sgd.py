@@ -94,6 +94,7 @@ def test_bad_local_sgd_config_is_one_line_and_exit_2(override, names):
     assert names in refusal("local_sgd", "--set", override)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.shared_ray
 def test_stopped_local_sgd_run_resumes_with_identical_losses(tmp_path):

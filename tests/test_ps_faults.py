@@ -63,6 +63,7 @@ def test_a_kill_beyond_max_failures_fails_the_run_with_one_line_naming_the_actor
     assert "restarting" not in job.stdout()
 
 
+@pytest.mark.long
 def test_a_stopped_shard_and_a_stopped_worker_are_replaced_within_the_bound(tmp_path):
     """SIGSTOP (not a death: Ray reports nothing) of a server shard, then of a worker: each is named within
     faults.hang_timeout_s, every actor restarts from the last checkpoint, and the run completes its budget."""

@@ -456,6 +456,7 @@ def _stubborn(cluster, host: str, job_id: int) -> subprocess.Popen:
     return p
 
 
+@pytest.mark.long
 def test_a_job_whose_clean_up_slurm_killed_is_swept_by_the_next_job_and_no_live_jobs_files(slurm_cluster):
     c = slurm_cluster
     c.wait_idle(60)

@@ -43,6 +43,7 @@ def _status_ranks(cluster, job: rayup.RayUpJob, timeout: float = 60) -> list[dic
         time.sleep(1)
 
 
+@pytest.mark.long
 def test_the_srun_script_and_raydist_launch_in_batch_mode_warned_and_requeued_end_alike(slurm_cluster):
     shared = slurm_cluster.shared / "launch"
     shared.mkdir(exist_ok=True)

@@ -43,6 +43,7 @@ MIDRUN_LOSS_BOUND_S = 60.0
 EPOCHS = 6
 
 
+@pytest.mark.long
 def test_sync_batch_job_checkpoints_at_the_warning_requeues_and_resumes_with_identical_losses(slurm_cluster):
     storage = slurm_cluster.shared / "runs"
     name, straight_name = "batch-sync", "straight"
@@ -112,6 +113,7 @@ def test_a_refused_requeue_ends_the_job_with_one_line_and_nothing_left(slurm_clu
     assert rayup.wait_no_leftovers(slurm_cluster, job.job_id) == {}
 
 
+@pytest.mark.long
 def test_a_fixed_size_run_that_loses_a_node_mid_run_fails_within_its_bound_naming_it(slurm_cluster):
     """3 workers on 3 nodes, node02's whole Ray killed mid-run: Ray Train's restart cannot place 3 workers any
     more, and instead of waiting for the node forever the job exits 1 within scaling.node_loss_timeout_s (plus

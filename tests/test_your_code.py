@@ -43,7 +43,8 @@ def test_compare_trains_your_model_side_by_side(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["sync", "local_sgd", "async", "fsdp"])
+# sync's resume is the suite's in tests/test_sync_job.py (on digits); here it is a long run (benchmarks/long_tests.py)
+@pytest.mark.parametrize("strategy", [pytest.param("sync", marks=pytest.mark.long), "local_sgd", "async", "fsdp"])
 @pytest.mark.shared_ray
 def test_your_model_resumes_at_the_exact_step(tmp_path, strategy):
     stopped = summary(job(strategy, tmp_path, "train.stop_at_step=8"))
