@@ -380,6 +380,7 @@ def test_each_rank_sees_one_coherent_launcher_and_none_of_the_ray_start_steps_ta
         assert e["SLURM_NODELIST"] == got["hostname"]
 
 
+@pytest.mark.long
 @pytest.mark.shared_ray
 def test_lightning_fabric_finds_one_launcher_and_trains_under_it(work):
     pytest.importorskip("lightning_fabric")

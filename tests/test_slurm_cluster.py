@@ -262,6 +262,7 @@ def test_sync_ddp_job_trains_one_worker_per_host_over_gloo(slurm_cluster, ray_up
     assert all((_node_temp(slurm_cluster, ray_up, h) / ray_python.SCRIPT_NAME).exists() for h in EXPECTED_IFACES)
 
 
+@pytest.mark.long
 def test_a_second_job_on_the_same_nodes_skips_busy_ports_and_stops_alone_at_its_time_limit(slurm_cluster, ray_up):
     cfg = yaml.safe_load(ray_up.config.read_text())
     p = cfg["ports"]

@@ -20,6 +20,7 @@ def job(name: str, storage, *overrides: str, timeout: float = 400) -> subprocess
     return tinygpt_job(name, *SHORT, f"run.storage_path={storage}", *overrides, timeout=timeout)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.shared_ray
 def test_compare_trains_your_model_side_by_side(tmp_path):
