@@ -50,7 +50,10 @@ def outcomes(report: Path, commit: str) -> dict[str, dict]:
         module = case.get("classname", "").replace(".", "/") + ".py"
         bad = next((x for x in (case.find("failure"), case.find("error")) if x is not None), None)
         outcome = "skipped" if case.find("skipped") is not None else "failed" if bad is not None else "passed"
-        found[f"{module}::{case.get('name')}"] = {
+        name = case.get("name", "")
+        if "@" in name and "]" not in name.rsplit("@", 1)[1]:  # xdist's group suffix: the id is pytest's without it
+            name = name.rsplit("@", 1)[0]
+        found[f"{module}::{name}"] = {
             "outcome": outcome,
             "wall_s": round(float(case.get("time", 0)), 1),
             "commit": commit,
