@@ -13,6 +13,17 @@ from tests.support.comparerun import compared  # noqa: F401
 SHARED_MODULES = pytest.StashKey[set]()
 
 
+def _leave_out_the_long_scenarios(config, items) -> None:
+    """Tests marked `long` run only where `-m` names them (benchmarks/long_tests.py: `-m long`), whatever else
+    selects: `make test PYTEST_ARGS="-m 'not slow'"` or `pytest -m slurm` leave them out too."""
+    if "long" in (config.option.markexpr or ""):
+        return
+    long = [item for item in items if item.get_closest_marker("long")]
+    if long:
+        config.hook.pytest_deselected(items=long)
+        items[:] = [item for item in items if not item.get_closest_marker("long")]
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     """Under `-n 2` (make test) each module's tests run in one xdist worker, so a module's shared fixtures (a Ray
@@ -25,6 +36,7 @@ def pytest_collection_modifyitems(config, items):
     that a worker runs them in a row on one head, then the rest, longest first as the stored suite run timed them
     (`_stored_seconds`), so that the session ends on short tests in both workers: a long module sent out last ran
     alone in one worker for half a minute after the other had ended."""
+    _leave_out_the_long_scenarios(config, items)
     groups, shared, slow = {}, set(), set()
     for item in items:
         names = getattr(item, "fixturenames", ())
