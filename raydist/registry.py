@@ -60,6 +60,12 @@ class StrategySpec:
     unfit: str = ""
     """"module:function" taking (cfg) and returning why it cannot run here (then `fallback` runs), or None."""
 
+    quiet_signs: tuple[str, ...] = ()
+    """What a surviving worker's "Error in training function" traceback says when this strategy's own machinery is
+    torn down around it after a peer died (heal: torchft's lighthouse gone): kept off the console, in the log files,
+    as the collectives' own signs of a lost peer are (raydist.observability.console), since the driver says in one
+    line what happens next."""
+
     defaults_file: str = ""
     """A YAML under raydist/ holding only the keys where its job's defaults differ from the dataclass defaults
     (its tuned optimizer, say); '' when none differ."""
@@ -148,6 +154,11 @@ STRATEGIES: dict[str, StrategySpec] = {
             torch_config="raydist.strategies.heal.backend:torchft_config",
             fallback="sync",
             unfit="raydist.strategies.heal.checks:why_not_heal",
+            quiet_signs=(
+                "Failed to connect to lighthouse",
+                "lighthouse quorum failed",
+                "Failed to send heartbeat to lighthouse",
+            ),
         ),
     )
 }

@@ -226,3 +226,17 @@ def test_verbose_flag_sets_the_config_key():
     assert parse_job_args("sync", []).run.verbose is False
     assert parse_job_args("sync", ["--verbose"]).run.verbose is True
     assert parse_job_args("sync", ["--set", "run.verbose=true"]).run.verbose is True
+
+
+def test_a_survivors_traceback_is_kept_off_the_console_when_a_peer_died_including_a_strategys_own_signs():
+    """Ray Train's "Error in training function" of a worker whose peer died goes to the log files only: the
+    collectives' signs, and those a strategy declares for its own machinery (heal's lighthouse, in its registry
+    entry); any other error reaches the console."""
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("ray.train", logging.ERROR, __file__, 1, message, None, None)
+
+    assert console._peer_lost(record("Error in training function:\nRuntimeError: Connection reset by peer"))
+    assert console._peer_lost(record("Error in training function:\nRuntimeError: lighthouse quorum failed"))
+    assert not console._peer_lost(record("Error in training function:\nValueError: your own bug"))
+    assert not console._peer_lost(record("lighthouse quorum failed"))  # not a training function's traceback

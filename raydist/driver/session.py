@@ -109,7 +109,7 @@ def start_local(num_cpus: int, logging_level: int = logging.INFO, notice=None, w
     # an embedded instance (raydist never drains a head; its stop key covers a single node), so the watcher would
     # only be one more Ray process to start on the path to the first step (Ray Train reads this at fit()).
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-    # RUST_LOG: torchft's lighthouse (the heal strategy) logs every quorum at its default level.
+    # RUST_LOG: torchft's lighthouse logs every quorum at its default level.
     env = {"PYTHONWARNINGS": QUIET_WARNINGS, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
     from raydist.warm.client import NO_PRESTART, start_for_embedded
     from raydist.warm.ray_python import starting_ray_with

@@ -13,6 +13,7 @@ own log files (the dashboard's Logs view, `<session>/logs/train/`) still receive
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -398,25 +399,28 @@ class _RayTrainInfo(logging.Filter):
 
 
 # What a surviving worker's collective raises when a peer process died (gloo's TCP pair, NCCL's abort, torch's
-# wrapper), and what a heal worker's torchft Manager raises when its group is being torn down around it (the
-# lighthouse, Ray Train's controller's actor, gone first): Ray Train restarts the group or ends the run, and the
-# driver says so in one line (MetricsTail, or the run's failure line).
+# wrapper): Ray Train restarts the group or ends the run, and the driver says so in one line (MetricsTail, or the
+# run's failure line). A strategy adds what its own machinery raises then (StrategySpec.quiet_signs).
 _PEER_LOST_SIGNS = (
     "Connection reset by peer",
     "Connection closed by peer",
     "Broken pipe",
     "DistBackendError",
     "NCCL communicator was aborted",
-    "Failed to connect to lighthouse",
-    "lighthouse quorum failed",
-    "Failed to send heartbeat to lighthouse",
 )
+
+
+@functools.cache
+def peer_lost_signs() -> tuple[str, ...]:
+    from raydist import registry
+
+    return _PEER_LOST_SIGNS + tuple(sign for spec in registry.STRATEGIES.values() for sign in spec.quiet_signs)
 
 
 def _peer_lost(record: logging.LogRecord) -> bool:
     """Ray Train's "Error in training function" traceback of a survivor whose peer died (kept in the log files)."""
     message = record.getMessage()
-    return message.startswith("Error in training function") and any(s in message for s in _PEER_LOST_SIGNS)
+    return message.startswith("Error in training function") and any(s in message for s in peer_lost_signs())
 
 
 class _ControllerErrors(logging.Filter):
