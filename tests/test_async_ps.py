@@ -22,7 +22,7 @@ def run_async(tmp_path):
 pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
 
 
-@pytest.mark.parametrize("optimizer", ["optim.name=sgd", "optim.name=adagrad"])
+@pytest.mark.parametrize("optimizer", ["optim.name=sgd", pytest.param("optim.name=adagrad", marks=pytest.mark.long)])
 def test_one_worker_with_n_fetch_1_sees_no_staleness_and_sharding_changes_nothing(run_async, optimizer):
     from raydist.strategies.async_ps.checkpoints import load_params
 

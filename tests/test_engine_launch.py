@@ -60,6 +60,7 @@ def top_workers(temp_dir: Path, run: str, job: subprocess.Popen, timeout: float 
         time.sleep(1)
 
 
+@pytest.mark.long
 @pytest.mark.shared_ray
 def test_sync_learns_and_a_stopped_run_resumes_with_identical_losses(tmp_path):
     common = [

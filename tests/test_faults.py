@@ -202,6 +202,7 @@ sys.stdout.write("placement group: " + json.dumps(ray.util.placement_group_table
 """
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.shared_ray
 def test_a_driver_that_lives_on_after_its_controller_was_killed_gets_the_workers_cpus_back(tmp_path):

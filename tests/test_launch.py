@@ -211,6 +211,7 @@ def test_a_killed_rank_restarts_the_group_which_resumes_from_the_scripts_snapsho
     assert "start 2, rank 1" in log
 
 
+@pytest.mark.long
 @pytest.mark.shared_ray
 def test_a_stopped_rank_is_named_with_every_ranks_stack_within_the_bound(work):
     # The bound counts from each rank's start (a rank that hangs in init_process_group is the case users meet most):

@@ -12,15 +12,11 @@ from tests.support.jobutil import REPO, load_benchmark
 STORED = REPO / "docs" / "data" / "long_tests.json"
 
 
-def _collected(*args: str) -> list[str]:
-    """The test ids pytest collects here, as `make test` would with `args` added."""
-    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist", "-p", "no:cacheprovider", *args]
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True).stdout
-    return [line for line in out.splitlines() if line.startswith("tests/") and "::" in line]
-
-
 def _long_test_ids() -> list[str]:
-    return _collected("-m", "long")
+    """The test ids pytest collects here under `-m long`."""
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist", "-p", "no:cacheprovider"]
+    out = subprocess.run([*cmd, "-m", "long"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    return [line for line in out.splitlines() if line.startswith("tests/") and "::" in line]
 
 
 def test_every_long_scenario_passed_in_the_stored_run_on_a_clean_commit():
@@ -30,15 +26,17 @@ def test_every_long_scenario_passed_in_the_stored_run_on_a_clean_commit():
     missing = [t for t in wanted if stored["tests"].get(t, {}).get("outcome") != "passed"]
     assert not missing, (
         f"{len(missing)} long scenario(s) without a passing stored run: {missing}; "
-        "run `python -m benchmarks.long_tests --out docs/data/long_tests.json` on a clean commit"
+        "run `python -m benchmarks.long_tests --missing --out docs/data/long_tests.json` on a clean commit"
     )
     dirty = [t for t in wanted if stored["tests"][t]["commit"].endswith("-dirty")]
     assert not dirty, f"run on an uncommitted tree: {dirty}"
 
 
-def test_the_suite_leaves_the_long_scenarios_out():
-    collected = set(_collected())
-    assert collected and not collected & set(_long_test_ids())
+def test_this_session_runs_no_long_scenario_unless_its_marker_expression_names_them(request):
+    """tests/conftest.py leaves them out of `make test` and of any -m that does not name them."""
+    chosen = [item.nodeid for item in request.session.items if item.get_closest_marker("long")]
+    named = "long" in (request.config.option.markexpr or "")
+    assert named or not chosen, chosen
 
 
 def test_testing_md_quotes_the_stored_long_run():

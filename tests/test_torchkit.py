@@ -146,6 +146,7 @@ def test_the_transformer_is_sized_by_params_and_counted_exactly(params):
     assert abs(count / params - 1) < 0.03 and model.head.in_features % 4 == 0
 
 
+@pytest.mark.long
 def test_the_transformer_learns_digits_from_their_rows():
     from raydist.config import load_config
     from raydist.torchkit.data import load_splits

@@ -133,6 +133,7 @@ def test_the_embedded_instance_forks_its_ray_workers_with_torch_imported():
     assert not [d for d in os.listdir(tempfile.gettempdir()) if d.startswith(f"raydist-warm-{out['driver']}-")]
 
 
+@pytest.mark.long
 def test_warm_python_off_starts_every_ray_worker_as_ray_does():
     out = _drive("cold")
     assert "warm/server.py" not in out["first"]["parent"] and not out["first"]["torch"], out["first"]

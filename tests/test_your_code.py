@@ -44,8 +44,12 @@ def test_compare_trains_your_model_side_by_side(tmp_path):
 
 
 @pytest.mark.slow
-# sync's resume is the suite's in tests/test_sync_job.py (on digits); here it is a long run (benchmarks/long_tests.py)
-@pytest.mark.parametrize("strategy", [pytest.param("sync", marks=pytest.mark.long), "local_sgd", "async", "fsdp"])
+# Local SGD's and FSDP's in the suite (FSDP wraps your model's layers; local SGD's digits resume is a long
+# scenario); sync's and the async PS's are long scenarios (benchmarks/long_tests.py), their resumes on digits in
+# the suite (test_sync_job, test_async_ps)
+@pytest.mark.parametrize(
+    "strategy", [*(pytest.param(s, marks=pytest.mark.long) for s in ("sync", "async")), "local_sgd", "fsdp"]
+)
 @pytest.mark.shared_ray
 def test_your_model_resumes_at_the_exact_step(tmp_path, strategy):
     stopped = summary(job(strategy, tmp_path, "train.stop_at_step=8"))
@@ -84,6 +88,7 @@ TIMING = {
 }
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.shared_ray
 def test_the_python_api_returns_what_the_job_script_returns(tmp_path):
