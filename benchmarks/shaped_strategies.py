@@ -474,7 +474,7 @@ def fanin_table(points: list[dict], hosts: int) -> str:
     ]
     for runs in repeats(points, "fanin"):
         p = runs[0]
-        s = cm.Setting("async", p["workers"], p["params"], p["link_mbit"], servers=p["servers"], nodes=hosts)
+        s = cm.setting_of({**p, "nodes": hosts})
         bound = ps_link_bound(cm.Fit(1.0, {"async": 0.0}, p["params"]), s)
         rates = [r["steps_per_s"] for r in runs]
         moved = [sum(r["bytes_per_worker"]) / r["train_time_s"] / 1e6 for r in runs]
@@ -534,7 +534,7 @@ def plots(points: list[dict], hosts: int, directory: Path) -> list[Path]:
         bounds = [
             ps_link_bound(
                 cm.Fit(1.0, {"async": 0.0}, g[0]["params"]),
-                cm.Setting("async", g[0]["workers"], g[0]["params"], link, servers=g[0]["servers"], nodes=hosts),
+                cm.setting_of({**g[0], "nodes": hosts}),
             )
             for g in groups
         ]

@@ -43,8 +43,8 @@ class StrategySpec:
     summary_fields: str = ""
     """"module:Class" of a dataclass of the summary fields only it fills (appended to `JobSummary`); '' when none."""
     cost: str = ""
-    """"module:Class" of its `raydist.planning.costmodel.CostTerms`: the bytes and hops of its step and what is fitted on
-    its measured runs; '' when `raydist plan` does not model it."""
+    """"module:Class" of its `raydist.planning.costmodel.CostTerms`: the bytes and hops of its step, the options and
+    fitted parameters of its own, and what is fitted on its measured runs; '' when `raydist plan` does not model it."""
 
     metrics: str = ""
     """"module:attribute" of a tuple of `raydist.observability.metric.Metric`: what it exports besides the common

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -15,9 +15,14 @@ from raydist.planning import command as plan_cmd
 from raydist.planning import costmodel as cm
 from raydist.strategies.async_ps import cost as ps_cost
 from raydist.strategies.async_ps.placement import shard_nodes
+from raydist.strategies.local_sgd import cost as sgd_cost
 
 REPO = Path(__file__).resolve().parents[1]
 G = 1e6  # gradient bytes
+OWN = {  # the strategies' own fitted parameters the synthetic runs are made with
+    "async": ps_cost.AsyncPSFitted(ps_efficiency=0.7, per_shard_s=0.002),
+    "local_sgd": sgd_cost.LocalSGDFitted(checkpoint_s=0.3),
+}
 
 
 def test_shards_go_to_nodes_without_workers_first_then_one_per_worker_node():
@@ -32,7 +37,7 @@ def test_shards_go_to_nodes_without_workers_first_then_one_per_worker_node():
 
 
 def test_the_fan_in_one_shard_takes_every_push_through_one_link():
-    workers, shards = ps_cost.ps_placement(cm.Setting("async", 4, 250_000, 100, servers=1, nodes=6))
+    workers, shards = ps_cost.ps_placement(cm.Setting("async", 4, 250_000, 100, nodes=6).with_options(servers=1))
     assert shards == [4]
     loads = ps_cost.ps_link_loads(G, workers, shards)
     assert loads[4] == pytest.approx((G, G))  # each step: G of pushes in, G of fetches out
@@ -42,7 +47,8 @@ def test_the_fan_in_one_shard_takes_every_push_through_one_link():
 def test_more_shards_divide_the_busiest_link():
     busiest = {}
     for servers in (1, 2, 4):
-        workers, shards = ps_cost.ps_placement(cm.Setting("async", 4, 250_000, 100, servers=servers, nodes=6))
+        setting = cm.Setting("async", 4, 250_000, 100, nodes=6).with_options(servers=servers)
+        workers, shards = ps_cost.ps_placement(setting)
         busiest[servers] = max(max(io) for io in ps_cost.ps_link_loads(G, workers, shards).values())
     # Two free nodes: G/2 each. Four shards, two on worker nodes: such a node takes 3 workers' pushes of G/4
     # (3/4 of the steps) and its own worker's fetches from 3 remote shards (1/4 of the steps): 3G/16 + 3G/16.
@@ -56,17 +62,53 @@ def test_ring_allreduce_and_fsdp_volumes():
     sync = cm.network_bytes(cm.Setting("sync", 4, params, 1000))
     nccl = cm.Setting("fsdp", 4, params, 1000, backend="nccl")
     assert cm.network_bytes(nccl) == pytest.approx(1.5 * sync)
-    assert cm.network_bytes(replace(nccl, reshard_after_forward=False)) == pytest.approx(sync)
+    assert cm.network_bytes(nccl.with_options(reshard_after_forward=False)) == pytest.approx(sync)
     # gloo's reduce-scatter moves an all-reduce's bytes: one more G x (n-1)/n per step
     assert cm.network_bytes(replace(nccl, backend="gloo")) == pytest.approx(2 * sync)
-    assert cm.network_bytes(cm.Setting("local_sgd", 4, params, 1000, sync_every=8)) == pytest.approx(sync / 8)
+    local_sgd = cm.Setting("local_sgd", 4, params, 1000).with_options(sync_every=8)
+    assert cm.network_bytes(local_sgd) == pytest.approx(sync / 8)
+
+
+def test_a_runs_setting_holds_the_options_its_strategys_cost_terms_declare_and_no_others():
+    run = {"workers": 4, "params": 100_000, "link_mbit": 100, "servers": 2, "sync_every": 4, "averaging": "ring"}
+    local = cm.setting_of({**run, "strategy": "local_sgd", "checkpoint_every": 37})
+    assert local.options == sgd_cost.LocalSGDOptions(sync_every=4, averaging="ring", checkpoint_every=37)
+    assert cm.setting_of({**run, "strategy": "async"}).options == ps_cost.AsyncPSOptions(servers=2)
+    # A key the run lacks, or holds as None, is the option's default.
+    bare = cm.setting_of({**run, "strategy": "local_sgd", "sync_every": None, "averaging": None})
+    assert bare.options == sgd_cost.LocalSGDOptions() and bare == cm.Setting("local_sgd", 4, 100_000, 100)
+    # Sync declares none of them: its runs are one setting (one group in `usable`) whatever those keys say.
+    sync = cm.setting_of({**run, "strategy": "sync", "checkpoint_every": 37})
+    assert sync == cm.Setting("sync", 4, 100_000, 100) and hash(sync) == hash(cm.Setting("sync", 4, 100_000, 100))
+    fit = cm.Fit(0.9, {"sync": 0.02, "local_sgd": 0.02}, 100_000, params_of=OWN)
+    assert cm.step_s(fit, local) != cm.step_s(fit, local.with_options(sync_every=8, checkpoint_every=0))
+    for name in cm.modelled():  # frozen, so that a Setting stays hashable and a Fit's entries are not shared state
+        assert all(kind.__dataclass_params__.frozen for kind in (cm.terms(name).options, cm.terms(name).fitted))
+
+
+def test_the_fits_dict_holds_each_strategys_own_parameters_flat_under_names_no_other_uses():
+    fit = cm.Fit(0.8, {"sync": 0.02}, 100_000, params_of=OWN, fitted_on=["a run"])
+    assert fit.to_dict() == {
+        "efficiency": 0.8,
+        "base_s": {"sync": 0.02},
+        "base_params": 100_000,
+        "latency_s": 50e-6,
+        "ps_efficiency": 0.7,
+        "checkpoint_s": 0.3,
+        "per_shard_s": 0.002,
+        "fitted_on": ["a run"],
+    }
+    assert cm.Fit(0.8, {}, 1).to_dict()["per_shard_s"] == 0.0  # nothing fitted: the defaults
+    own = [f.name for name in cm.modelled() for f in fields(cm.terms(name).fitted)]
+    assert len(own) == len(set(own)) and not set(own) & {f.name for f in fields(cm.Fit)}
 
 
 def _synthetic_points(truth: cm.Fit) -> list[dict]:
     points = []
     for link in (100, 1000):
         for strategy, every in (("sync", 0), ("local_sgd", 37), ("fsdp", 0)):
-            s = cm.Setting(strategy, 4, 100_000, link, nodes=6, checkpoint_every=every)
+            s = cm.Setting(strategy, 4, 100_000, link, nodes=6)
+            s = s.with_options(checkpoint_every=every) if every else s
             points.append(
                 {
                     "strategy": strategy,
@@ -79,7 +121,7 @@ def _synthetic_points(truth: cm.Fit) -> list[dict]:
                 }
             )
         for servers in (1, 2, 4):
-            s = cm.Setting("async", 4, 100_000, link, servers=servers, nodes=6)
+            s = cm.Setting("async", 4, 100_000, link, nodes=6).with_options(servers=servers)
             points.append(
                 {
                     "strategy": "async",
@@ -111,14 +153,12 @@ def test_the_fit_recovers_the_parameters_that_made_the_points():
         0.8,
         {"sync": 0.02, "local_sgd": 0.02, "async": 0.01, "fsdp": 0.03},
         100_000,
-        ps_efficiency=0.7,
-        checkpoint_s=0.3,
-        per_shard_s=0.002,
+        params_of=OWN,
     )
     fit, checks = cm.validate(_synthetic_points(truth))
-    assert fit.efficiency == pytest.approx(0.8) and fit.ps_efficiency == pytest.approx(0.7)
-    assert fit.base_s == pytest.approx(truth.base_s) and fit.per_shard_s == pytest.approx(0.002)
-    assert fit.checkpoint_s == pytest.approx(0.3)
+    assert fit.efficiency == pytest.approx(0.8) and fit.fitted("async").ps_efficiency == pytest.approx(0.7)
+    assert fit.base_s == pytest.approx(truth.base_s) and fit.fitted("async").per_shard_s == pytest.approx(0.002)
+    assert fit.fitted("local_sgd").checkpoint_s == pytest.approx(0.3)
     # Held out: FSDP and async with 2 and 4 shards at 100 Mbit/s, async with 2 at 1 Gbit/s, local SGD unsaved.
     assert len(checks) == 5 and all(abs(c.error) < 1e-6 for c in checks), cm.validation_table(checks)
 
@@ -130,9 +170,7 @@ def test_another_model_is_predicted_from_its_own_sync_run_as_plan_compute_ms_doe
         0.8,
         {"sync": 0.02, "local_sgd": 0.02, "async": 0.01, "fsdp": 0.03},
         100_000,
-        ps_efficiency=0.7,
-        checkpoint_s=0.3,
-        per_shard_s=0.002,
+        params_of=OWN,
     )
     gpt = cm.with_compute(truth, 40_000, 0.05)  # 40k parameters, yet 50 ms a step
     assert cm.base_for(gpt, cm.Setting("sync", 4, 40_000, 100)) == pytest.approx(0.05)
@@ -194,9 +232,10 @@ def test_runs_at_another_worker_count_are_held_out_and_predicted():
         0.8,
         {"sync": 0.02, "local_sgd": 0.02, "async": 0.03, "fsdp": 0.05},
         100_000,
-        ps_efficiency=0.6,
-        checkpoint_s=0.05,
-        per_shard_s=0.004,
+        params_of={
+            "async": ps_cost.AsyncPSFitted(ps_efficiency=0.6, per_shard_s=0.004),
+            "local_sgd": sgd_cost.LocalSGDFitted(checkpoint_s=0.05),
+        },
     )
     others = []
     for workers in (2, 3):

@@ -4,19 +4,11 @@ Time per step = a base time (compute, optimizer, the strategy's fixed per-step c
 over the busiest link / (efficiency x the link's rate) + a latency per message hop (assumed: the emulated links have
 none to fit it on). docs/costmodel.md says what is fitted on which runs, and how well it predicts the others.
 
-- sync DDP: ring all-reduce of the gradients, 2(n-1)/n x G each way per worker, every step.
-- local SGD: sync's base; the same all-reduce of the parameters every H steps (ring averaging: G to one
-  neighbour); and its checkpoints, in which every rank writes its own replica's state (sync writes one).
-- FSDP: all-gather in forward and again in backward (reshard_after_forward) plus a reduce-scatter: 3(n-1)/n x G
-  with NCCL; 4(n-1)/n x G with gloo, whose reduce-scatter moves an all-reduce's bytes.
-- async PS: no step waits for another worker, so the cluster's rate in steps/s is the lower of what the workers
-  can do (base, a cost per shard, their own pushes and fetches) and what the busiest link carries
-  (`ps_link_bound`: the fan-in), at the efficiency Ray's object transfers get.
-
-Each strategy's terms (its bytes, hops, base and what is fitted on which of its runs) are a `CostTerms` in its
-folder (raydist/strategies/<folder>/cost.py), named by its registry entry; this module holds what they share: the
-setting, the fit, the generic step time and the fitting and validation loop. Everything here is pure: measured
-points in, fitted parameters and predictions out (tests/test_costmodel.py).
+Each strategy's terms (its bytes, hops and base, the setting options and fitted parameters of its own, and what is
+fitted on which of its runs) are a `CostTerms` in its folder (raydist/strategies/<folder>/cost.py), named by its
+registry entry; its docstring says what its step moves. This module holds what they share: the setting, the fit,
+the generic step time and the fitting and validation loop. Everything here is pure: measured points in, fitted
+parameters and predictions out (tests/test_costmodel.py).
 """
 
 from __future__ import annotations
@@ -24,12 +16,22 @@ from __future__ import annotations
 import functools
 import math
 import statistics
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from raydist import registry
 
 BYTES_PER_PARAM = 4  # fp32 gradients and parameters on the wire
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a strategy whose cost depends on nothing beyond the shared setting."""
+
+
+@dataclass(frozen=True)
+class NoFitted:
+    """The fitted parameters of a strategy that has none beyond its base."""
 
 
 @dataclass(frozen=True)
@@ -40,55 +42,58 @@ class Setting:
     workers: int
     params: int
     link_mbit: float
-    servers: int = 1
-    """async: parameter-server shards (async_ps.server_placement=spread)."""
     nodes: int = 0
     """Nodes of the cluster, one worker each on the first `workers`; 0 = as many as workers. async: the rest can
     hold server shards alone."""
-    sync_every: int = 8
-    """local SGD: steps between two averagings (H)."""
-    averaging: str = "allreduce"
-    """local SGD: allreduce, or ring (each worker sends its parameters to one neighbour)."""
-    reshard_after_forward: bool = True
-    """FSDP: gather the parameters again in backward (3 collectives of G per step instead of 2)."""
     backend: str = "gloo"
-    """The collective library. FSDP's reduce-scatter: NCCL's moves (n-1)/n x G per rank; gloo's (torch 2.13) moves
-    2(n-1)/n x G, an all-reduce's bytes (counted on loopback, 4 ranks: 6.0 x G in all, all-gather 3.0 x G)."""
-    checkpoint_every: int = 0
-    """local SGD: steps between two checkpoints (0: none). Its replicas differ, so every rank writes its own model
-    and optimizer state, W copies where sync writes one; that extra cost is modelled. The others' checkpoints are
-    in their fitted base (sync saves rank 0's copy, FSDP each rank's shard, async the driver's pull from the shards
-    while workers go on)."""
+    """The collective library: what a collective moves can depend on it (the strategy's cost.py says where)."""
+    options: Any = None
+    """The strategy's own options: an instance of its `CostTerms.options`, a frozen dataclass in its cost.py (so
+    that a Setting stays hashable: `usable` groups runs by it); None = its defaults."""
+
+    def __post_init__(self) -> None:
+        if self.options is None:
+            object.__setattr__(self, "options", terms_or_plain(self.strategy).options())
 
     @property
     def grad_bytes(self) -> float:
         return self.params * BYTES_PER_PARAM
 
+    def with_options(self, **changes: Any) -> Setting:
+        """The same setting with some of the strategy's own options changed."""
+        return replace(self, options=replace(self.options, **changes))
+
 
 @dataclass
 class Fit:
-    """The fitted parameters: one link efficiency, one base time per strategy (seconds per step per worker), and the
-    base's model size (a prediction for another model size scales it linearly: compute grows with parameters)."""
+    """The fitted parameters: one link efficiency, one base time per strategy (seconds per step per worker), the
+    base's model size (a prediction for another model size scales it linearly: compute grows with parameters), and
+    what each strategy fits of its own."""
 
     efficiency: float
     base_s: dict[str, float]
     base_params: int
     latency_s: float = 50e-6
     """Per message hop (alpha). Assumed, not fitted: a switch hop plus the TCP stack on small clusters."""
-    ps_efficiency: float = 0.0
-    """async: the share of a link Ray's object transfers get (fitted on the one-shard run at the slowest link, which
-    the busiest link bounds); 0 = `efficiency`."""
-    checkpoint_s: float = 0.0
-    """local SGD: seconds per checkpoint at `base_params` (every rank writing its replica's state, rank 0 hashing
-    them all, Ray copying them to storage); scaled by parameter count like the base. No network term: the
-    replicas go to storage, not to other workers (on the emulated cluster storage is a local disk)."""
-    per_shard_s: float = 0.0
-    """async: what each server shard adds to a worker's step besides its bytes (a push and a fetch call: Ray's cost
-    per call, and on the emulated cluster the shard's process competing for the same cores); not scaled by size."""
+    params_of: dict[str, Any] = field(default_factory=dict)
+    """Per strategy, its own fitted parameters: an instance of its `CostTerms.fitted` (a frozen dataclass in its
+    cost.py); a strategy without an entry has that dataclass's defaults."""
     fitted_on: list[str] = field(default_factory=list)
 
+    def fitted(self, strategy: str) -> Any:
+        """The strategy's own fitted parameters (its `CostTerms.fitted`), its defaults where none were fitted."""
+        own = self.params_of.get(strategy)
+        return terms(strategy).fitted() if own is None else own
+
+    def set_fitted(self, strategy: str, **values: float) -> None:
+        self.params_of[strategy] = replace(self.fitted(strategy), **values)
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every modelled strategy's own parameters flat beside the shared ones (`raydist plan --json`'s "fit"):
+        one level to read, so their names differ across strategies (tests/test_costmodel.py checks)."""
+        shared = {k: v for k, v in asdict(self).items() if k not in ("params_of", "fitted_on")}
+        own = {k: v for name in modelled() for k, v in asdict(self.fitted(name)).items()}
+        return {**shared, **own, "fitted_on": list(self.fitted_on)}
 
 
 def ring_allreduce_bytes(nbytes: float, n: int) -> float:
@@ -108,6 +113,16 @@ class CostTerms:
     """True for the one strategy whose runs at two link rates give the link efficiency the others use."""
     fit_phase = 0
     """0: its base is fitted on its own runs; 1: after every phase-0 strategy's (it builds on theirs)."""
+    options: type = NoOptions
+    """The frozen dataclass of what its cost depends on besides the shared setting (`Setting.options`)."""
+    fitted: type = NoFitted
+    """The frozen dataclass of what it fits besides its base (`Fit.params_of`)."""
+
+    def options_of(self, point: dict[str, Any]) -> Any:
+        """Its options for a measured run: each from the run's key of the same name, the default where the run has
+        none (absent or None: another strategy's key, or a run written before the option existed)."""
+        given = {f.name: point[f.name] for f in fields(self.options) if point.get(f.name) is not None}
+        return self.options(**given)
 
     def network_bytes(self, s: Setting) -> float:
         """Bytes per step per worker on the worker's own link, each way."""
@@ -120,8 +135,8 @@ class CostTerms:
     def base(self, fit: Fit, s: Setting) -> float:
         return fit.base_s[s.strategy] * s.params / fit.base_params
 
-    def checkpoint_s(self, fit: Fit, s: Setting) -> float:
-        """Seconds one checkpoint costs beyond what the fitted base holds."""
+    def extra_s(self, fit: Fit, s: Setting) -> float:
+        """Seconds per step of its own beyond base, bytes and hops (say, checkpoints the fitted base does not hold)."""
         return 0.0
 
     def step_s(self, fit: Fit, s: Setting) -> float:
@@ -130,7 +145,7 @@ class CostTerms:
             base_for(fit, s)
             + self.network_bytes(s) / rate_bytes_per_s(s.link_mbit, fit.efficiency)
             + self.hops(s) * fit.latency_s
-            + self.checkpoint_s(fit, s) / (s.checkpoint_every or 1)
+            + self.extra_s(fit, s)
         )
 
     def steps_per_s(self, fit: Fit, s: Setting) -> float:
@@ -168,6 +183,13 @@ def terms(strategy: str) -> CostTerms:
     if spec is None or not spec.cost:
         raise ValueError(f"the cost model has no terms for {strategy!r}")
     return spec.load("cost")()
+
+
+def terms_or_plain(strategy: str) -> CostTerms:
+    """Its terms, or plain `CostTerms` (no options, nothing fitted) for a strategy the model has none for: a measured
+    run of one still makes a Setting (`usable` reads every run)."""
+    spec = registry.STRATEGIES.get(strategy)
+    return terms(strategy) if spec is not None and spec.cost else CostTerms()
 
 
 def modelled() -> list[str]:
@@ -211,17 +233,15 @@ def samples_per_s(fit: Fit, s: Setting, batch_size: int) -> float:
 
 
 def setting_of(point: dict[str, Any]) -> Setting:
-    """A measured run (benchmarks/shaped_strategies.py's JSON) as a Setting."""
+    """A measured run (benchmarks/shaped_strategies.py's JSON) as a Setting, its strategy's options read by its
+    terms (`CostTerms.options_of`): a run's key that its strategy does not declare plays no part."""
     return Setting(
         strategy=point["strategy"],
         workers=point["workers"],
         params=point["params"],
         link_mbit=point["link_mbit"],
-        servers=point.get("servers") or 1,
-        sync_every=point.get("sync_every", 8),
         nodes=point.get("nodes", 0),
-        averaging=point.get("averaging", "allreduce"),
-        checkpoint_every=point.get("checkpoint_every", 0),
+        options=terms_or_plain(point["strategy"]).options_of(point),
     )
 
 
@@ -318,7 +338,7 @@ def with_compute(f: Fit, params: int, compute_s: float) -> Fit:
     strategy's base scaled by one factor, keeping its measured ratio to the reference's (`raydist plan
     --compute-ms`)."""
     factor = compute_s / (f.base_s[reference()] * params / f.base_params)
-    return replace(f, base_s={k: v * factor for k, v in f.base_s.items()})
+    return replace(f, base_s={k: v * factor for k, v in f.base_s.items()}, params_of=dict(f.params_of))
 
 
 def anchor(f: Fit, runs: list[dict[str, Any]]) -> tuple[Fit, dict[str, Any]] | None:
