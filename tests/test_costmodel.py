@@ -80,14 +80,14 @@ def test_a_runs_setting_holds_the_options_its_strategys_cost_terms_declare_and_n
     # Sync declares none of them: its runs are one setting (one group in `usable`) whatever those keys say.
     sync = cm.setting_of({**run, "strategy": "sync", "checkpoint_every": 37})
     assert sync == cm.Setting("sync", 4, 100_000, 100) and hash(sync) == hash(cm.Setting("sync", 4, 100_000, 100))
-    fit = cm.Fit(0.9, {"sync": 0.02, "local_sgd": 0.02}, 100_000, params_of=OWN)
+    fit = cm.Fit(0.9, {"sync": 0.02, "local_sgd": 0.02}, 100_000, own_fits=OWN)
     assert cm.step_s(fit, local) != cm.step_s(fit, local.with_options(sync_every=8, checkpoint_every=0))
     for name in cm.modelled():  # frozen, so that a Setting stays hashable and a Fit's entries are not shared state
         assert all(kind.__dataclass_params__.frozen for kind in (cm.terms(name).options, cm.terms(name).fitted))
 
 
 def test_the_fits_dict_holds_each_strategys_own_parameters_flat_under_names_no_other_uses():
-    fit = cm.Fit(0.8, {"sync": 0.02}, 100_000, params_of=OWN, fitted_on=["a run"])
+    fit = cm.Fit(0.8, {"sync": 0.02}, 100_000, own_fits=OWN, fitted_on=["a run"])
     assert fit.to_dict() == {
         "efficiency": 0.8,
         "base_s": {"sync": 0.02},
@@ -153,7 +153,7 @@ def test_the_fit_recovers_the_parameters_that_made_the_points():
         0.8,
         {"sync": 0.02, "local_sgd": 0.02, "async": 0.01, "fsdp": 0.03},
         100_000,
-        params_of=OWN,
+        own_fits=OWN,
     )
     fit, checks = cm.validate(_synthetic_points(truth))
     assert fit.efficiency == pytest.approx(0.8) and fit.fitted("async").ps_efficiency == pytest.approx(0.7)
@@ -170,7 +170,7 @@ def test_another_model_is_predicted_from_its_own_sync_run_as_plan_compute_ms_doe
         0.8,
         {"sync": 0.02, "local_sgd": 0.02, "async": 0.01, "fsdp": 0.03},
         100_000,
-        params_of=OWN,
+        own_fits=OWN,
     )
     gpt = cm.with_compute(truth, 40_000, 0.05)  # 40k parameters, yet 50 ms a step
     assert cm.base_for(gpt, cm.Setting("sync", 4, 40_000, 100)) == pytest.approx(0.05)
@@ -232,7 +232,7 @@ def test_runs_at_another_worker_count_are_held_out_and_predicted():
         0.8,
         {"sync": 0.02, "local_sgd": 0.02, "async": 0.03, "fsdp": 0.05},
         100_000,
-        params_of={
+        own_fits={
             "async": ps_cost.AsyncPSFitted(ps_efficiency=0.6, per_shard_s=0.004),
             "local_sgd": sgd_cost.LocalSGDFitted(checkpoint_s=0.05),
         },

@@ -75,23 +75,23 @@ class Fit:
     base_params: int
     latency_s: float = 50e-6
     """Per message hop (alpha). Assumed, not fitted: a switch hop plus the TCP stack on small clusters."""
-    params_of: dict[str, Any] = field(default_factory=dict)
+    own_fits: dict[str, Any] = field(default_factory=dict)
     """Per strategy, its own fitted parameters: an instance of its `CostTerms.fitted` (a frozen dataclass in its
     cost.py); a strategy without an entry has that dataclass's defaults."""
     fitted_on: list[str] = field(default_factory=list)
 
     def fitted(self, strategy: str) -> Any:
         """The strategy's own fitted parameters (its `CostTerms.fitted`), its defaults where none were fitted."""
-        own = self.params_of.get(strategy)
+        own = self.own_fits.get(strategy)
         return terms(strategy).fitted() if own is None else own
 
     def set_fitted(self, strategy: str, **values: float) -> None:
-        self.params_of[strategy] = replace(self.fitted(strategy), **values)
+        self.own_fits[strategy] = replace(self.fitted(strategy), **values)
 
     def to_dict(self) -> dict[str, Any]:
         """Every modelled strategy's own parameters flat beside the shared ones (`raydist plan --json`'s "fit"):
         one level to read, so their names differ across strategies (tests/test_costmodel.py checks)."""
-        shared = {k: v for k, v in asdict(self).items() if k not in ("params_of", "fitted_on")}
+        shared = {k: v for k, v in asdict(self).items() if k not in ("own_fits", "fitted_on")}
         own = {k: v for name in modelled() for k, v in asdict(self.fitted(name)).items()}
         return {**shared, **own, "fitted_on": list(self.fitted_on)}
 
@@ -116,7 +116,7 @@ class CostTerms:
     options: type = NoOptions
     """The frozen dataclass of what its cost depends on besides the shared setting (`Setting.options`)."""
     fitted: type = NoFitted
-    """The frozen dataclass of what it fits besides its base (`Fit.params_of`)."""
+    """The frozen dataclass of what it fits besides its base (`Fit.own_fits`)."""
 
     def options_of(self, point: dict[str, Any]) -> Any:
         """Its options for a measured run: each from the run's key of the same name, the default where the run has
@@ -338,7 +338,7 @@ def with_compute(f: Fit, params: int, compute_s: float) -> Fit:
     strategy's base scaled by one factor, keeping its measured ratio to the reference's (`raydist plan
     --compute-ms`)."""
     factor = compute_s / (f.base_s[reference()] * params / f.base_params)
-    return replace(f, base_s={k: v * factor for k, v in f.base_s.items()}, params_of=dict(f.params_of))
+    return replace(f, base_s={k: v * factor for k, v in f.base_s.items()}, own_fits=dict(f.own_fits))
 
 
 def anchor(f: Fit, runs: list[dict[str, Any]]) -> tuple[Fit, dict[str, Any]] | None:

@@ -22,7 +22,7 @@ class AsyncPSOptions:
 
 @dataclass(frozen=True)
 class AsyncPSFitted:
-    """What is fitted of its own besides its base (`Fit.params_of`)."""
+    """What is fitted of its own besides its base (`Fit.own_fits`)."""
 
     ps_efficiency: float = 0.0
     """The share of a link Ray's object transfers get (fitted on the one-shard run at the slowest link, which the

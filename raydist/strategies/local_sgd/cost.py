@@ -30,7 +30,7 @@ class LocalSGDOptions:
 
 @dataclass(frozen=True)
 class LocalSGDFitted:
-    """What is fitted of its own besides its base (`Fit.params_of`)."""
+    """What is fitted of its own besides its base (`Fit.own_fits`)."""
 
     checkpoint_s: float = 0.0
     """Seconds per checkpoint at `Fit.base_params` (every rank writing its replica's state, rank 0 hashing them all,
