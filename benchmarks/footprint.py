@@ -96,9 +96,9 @@ def one(argv: list[str], out: Path) -> dict:
     with tempfile.TemporaryFile("w+") as log:
         proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
         wait_for(Path(f"{out}.start"), proc)
-        before, busy0 = cpu_by_pid(), busy_s()
+        before, busy0, began = cpu_by_pid(), busy_s(), time.monotonic() - t0
         wait_for(Path(f"{out}.end"), proc)
-        after, busy1 = cpu_by_pid(), busy_s()
+        after, busy1, ended = cpu_by_pid(), busy_s(), time.monotonic() - t0
         code = proc.wait(timeout=600)
         wall = time.monotonic() - t0
         if code != 0 or not out.exists():
@@ -114,6 +114,8 @@ def one(argv: list[str], out: Path) -> dict:
     steps = result["step_s"]
     return {
         "command_s": round(wall, 2),
+        "before_loop_s": round(began, 2),
+        "after_loop_s": round(wall - ended, 2),
         "loop_s": round(result["loop_s"], 3),
         "steps_per_s": round(len(steps) / result["loop_s"], 3),
         "median_step_s": round(statistics.median(steps), 4),
@@ -137,6 +139,10 @@ def report(data: dict) -> str:
     rounds, r = data["rounds"], ratios(data["rounds"])
     beside = {side: [x[side]["beside_ranks_cpu_s"] for x in rounds] for side in ("torchrun", "launch")}
     loops = [x["torchrun"]["loop_s"] for x in rounds]
+    before, after = (
+        {side: [x[side].get(key, float("nan")) for x in rounds] for side in ("torchrun", "launch")}
+        for key in ("before_loop_s", "after_loop_s")
+    )
     return "\n".join(
         [
             f"`raydist launch --workers 2` against `torchrun --standalone`, the same script, {len(rounds)} rounds "
@@ -148,6 +154,8 @@ def report(data: dict) -> str:
             f"| the loop's steps/s | {spread(r['loop'], 2)}x |",
             f"| the median step's speed | {spread(r['median_step'], 2)}x |",
             f"| the whole command's wall time | {spread(r['command'], 2)}x |",
+            f"| before the loop, after it (s) | {spread(before['launch'])} and {spread(after['launch'])} against "
+            f"{spread(before['torchrun'])} and {spread(after['torchrun'])} |",
             f"| CPU seconds beside the ranks over the loop | {spread(beside['launch'])} s against "
             f"{spread(beside['torchrun'])} s |",
         ]

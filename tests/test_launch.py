@@ -363,7 +363,7 @@ def test_each_rank_sees_one_coherent_launcher_and_none_of_the_ray_start_steps_ta
             "--max-restarts",
             "0",
             extra_env=inherited,
-            command=["python", str(REPO / "tests" / "launch_scripts" / "env_dump.py"), str(seen)],
+            command=["python", str(REPO / "tests" / "launch_scripts" / "env_dump.py"), str(seen), "--beside"],
         )
     )
     assert rc == 0, stderr[-3000:]
@@ -379,6 +379,10 @@ def test_each_rank_sees_one_coherent_launcher_and_none_of_the_ray_start_steps_ta
         assert "SLURM_STEP_ID" not in e and not any(k.startswith("RAY_JOB") for k in e)
         assert e["TORCHELASTIC_RUN_ID"] == ranks[0]["env"]["TORCHELASTIC_RUN_ID"]
         assert e["SLURM_NODELIST"] == got["hostname"]
+        # Ray's daemons beside it yield to it (raydist.driver.yielding), the rank keeps the caller's priority, and
+        # raydist's own Ray setting did not reach the script's environment.
+        assert got["niceness"] == os.getpriority(os.PRIO_PROCESS, 0) and "RAY_prestart_worker_first_driver" not in e
+        assert got["beside"] == {"gcs_server": 19, "raylet": got["niceness"]}, got["beside"]
 
 
 @pytest.mark.long

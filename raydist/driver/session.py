@@ -132,6 +132,9 @@ def start_local(num_cpus: int, logging_level: int = logging.INFO, notice=None, w
             runtime_env={"env_vars": env, **fields},
             logging_level=logging_level,
         )
+    from raydist.driver import yielding
+
+    yielding.start()
     if token:
         print(
             f"[raydist] local Ray: token auth on; the dashboard's token is in {token} (readable by this user "

@@ -160,6 +160,7 @@ def connect(cfg) -> str:
 
     from raydist.driver.preflight import check_reachable
     from raydist.driver.session import prepare_ray_environment, start_local
+    from raydist.warm.client import NO_PRESTART
 
     prepare_ray_environment()
     address = cluster_address(cfg)
@@ -171,6 +172,11 @@ def connect(cfg) -> str:
             raise RaydistError(f"cannot connect to Ray at {address}: {str(e).splitlines()[0]}") from None
         check_cluster_gpus(cfg, address)
         return address
+    # Its first start's ranks run outside Ray, and its Ray workers are only their stand-ins and a restart's agents:
+    # none needs a worker started ahead of need (ray::IDLE, one per CPU), which took CPU beside the ranks for the
+    # whole run (benchmarks/footprint.py). The ranks get the caller's environment, not this.
+    for key, value in NO_PRESTART.items():
+        os.environ.setdefault(key, value)
     # ERROR: Ray's start-up lines (and its token notice) would mix into the script's own output.
     start_local(
         max(os.cpu_count() or 1, int(cfg.max_workers * cfg.cpus_per_worker + 0.999)), logging.ERROR, notice=sys.stderr

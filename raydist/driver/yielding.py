@@ -1,0 +1,95 @@
+"""What runs beside the training on the embedded Ray instance yields the CPU to it: Ray's daemons and the actors
+that only serve the dashboard run at the lowest priority (nice 19), so that on a machine whose cores the ranks
+fill they take what the ranks leave instead of a share of it (docs/running.md#what-runs-beside-the-training).
+
+Only processes that never start a training process are lowered: a child inherits its parent's priority, and an
+unprivileged process cannot raise it back. So not the raylet, which starts Ray's workers, nor an idle Ray worker
+(`ray::IDLE`), which may become a rank's agent or a training worker, nor the warm interpreter, which forks them.
+The processes are this driver's descendants, found by the titles Ray gives them (Ray 2.58-2.60); one Ray does not
+know yet is left as it is. The ranks' own priority is never touched.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import psutil
+
+LOWEST = 19
+
+# By the first word of the process's command line (Ray sets the titles of its workers and dashboard modules).
+YIELDING_TITLES = (
+    "ray::StandIn",  # raydist launch: a rank's actor in the dashboard's run list, idle
+    "ray::TrainStateActor",  # Ray Train's run list for the dashboard
+    "ray::DashboardAgent",
+    "ray::RuntimeEnvAgent",
+    "ray::_StatsActor",
+    "ray-dashboard-",  # the dashboard's modules
+)
+# By a script Ray runs under python
+YIELDING_SCRIPTS = (
+    "/dashboard/dashboard.py",
+    "/dashboard/agent.py",
+    "/_private/log_monitor.py",
+    "/_private/monitor.py",
+)
+YIELDING_EXECUTABLES = ("gcs_server",)
+
+# Scans at these seconds after the start, then every last step: Ray starts its daemons with the instance, the
+# dashboard's actors once the run registers, and a restart's stand-ins later.
+SCHEDULE_S = (0.0, 1.0, 3.0, 6.0, 12.0, 25.0)
+EVERY_S = 30.0
+
+
+def yields(argv: list[str]) -> bool:
+    """Whether a process with this command line is one that yields to the training."""
+    if not argv:
+        return False
+    first = argv[0]
+    if first.startswith(YIELDING_TITLES):
+        return True
+    if os.path.basename(first.split()[0]) in YIELDING_EXECUTABLES:
+        return True
+    return "python" in os.path.basename(first) and any(a.endswith(YIELDING_SCRIPTS) for a in argv[1:3])
+
+
+def lower_beside_training(root: int, done: set[int]) -> int:
+    """Lower every yielding descendant of `root` not in `done` (then added to it); how many were lowered."""
+    try:
+        children = psutil.Process(root).children(recursive=True)
+    except psutil.Error:
+        return 0
+    lowered = 0
+    for child in children:
+        if child.pid in done:
+            continue
+        try:
+            # Checked at every scan until it yields: an idle Ray worker takes its actor's title when it becomes one.
+            if yields(child.cmdline()):
+                os.setpriority(os.PRIO_PROCESS, child.pid, LOWEST)
+                done.add(child.pid)
+                lowered += 1
+        except (psutil.Error, OSError):
+            continue
+    return lowered
+
+
+def start(root: int | None = None) -> threading.Event:
+    """Lower the yielding processes of the embedded instance this process started, now and as they appear, in a
+    daemon thread; set the returned event to stop it."""
+    stop, root = threading.Event(), root or os.getpid()
+    done: set[int] = set()
+
+    def scan() -> None:
+        waited = 0.0
+        for at in SCHEDULE_S:
+            if stop.wait(at - waited):
+                return
+            waited = at
+            lower_beside_training(root, done)
+        while not stop.wait(EVERY_S):
+            lower_beside_training(root, done)
+
+    threading.Thread(target=scan, name="raydist-yield", daemon=True).start()
+    return stop

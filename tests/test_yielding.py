@@ -1,0 +1,67 @@
+"""Which processes of the embedded Ray instance yield the CPU to the training (raydist.driver.yielding), by the
+titles Ray 2.58-2.60 gives them: never one that starts a training process, whose children would inherit it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from raydist.driver.yielding import LOWEST, lower_beside_training, yields
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["ray::StandIn"],
+        ["ray::TrainStateActor"],
+        ["ray::DashboardAgent"],
+        ["ray-dashboard-NodeHead-0 (/venv/bin/python -c ...)"],
+        ["/venv/lib/python3.11/site-packages/ray/core/src/ray/gcs/gcs_server", "--log_dir=/tmp/ray"],
+        ["/venv/bin/python", "-u", "/venv/lib/python3.11/site-packages/ray/dashboard/dashboard.py", "--host=127.0.0.1"],
+        ["/venv/bin/python", "-u", "/venv/lib/python3.11/site-packages/ray/_private/log_monitor.py", "--x"],
+        ["/venv/bin/python", "-u", "/venv/lib/python3.11/site-packages/ray/autoscaler/_private/monitor.py"],
+    ],
+)
+def test_rays_daemons_and_the_dashboards_actors_yield(argv):
+    assert yields(argv)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [
+            "/venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet",
+            "--raylet_socket_name=x",
+        ],  # starts workers
+        ["ray::IDLE"],  # may become a rank's agent or a training worker
+        ["ray::RankAgent"],
+        ["ray::RayTrainWorker"],
+        ["ray::TrainController"],  # polls the workers' reports every 0.1 s: its delay would stall them
+        ["/venv/bin/python", "train.py", "--epochs", "3"],  # a user's rank
+        ["/venv/bin/python", "monitor.py"],  # a user's own script of that name
+        [],
+    ],
+)
+def test_what_starts_or_serves_training_keeps_its_priority(argv):
+    assert not yields(argv)
+
+
+def test_a_yielding_descendant_is_lowered_once_and_the_rest_left_alone():
+    # A child whose argv[0] Ray's title would name: exec -a sets it as Ray's processes have it.
+    lowered = subprocess.Popen(["bash", "-c", f"exec -a gcs_server {sys.executable} -c 'import time; time.sleep(30)'"])
+    kept = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        time.sleep(0.5)  # both exec'd
+        done: set[int] = set()
+        assert lower_beside_training(os.getpid(), done) == 1 and done == {lowered.pid}
+        assert os.getpriority(os.PRIO_PROCESS, lowered.pid) == LOWEST
+        assert os.getpriority(os.PRIO_PROCESS, kept.pid) == os.getpriority(os.PRIO_PROCESS, 0)
+        assert lower_beside_training(os.getpid(), done) == 0  # not again
+    finally:
+        for p in (lowered, kept):
+            p.kill()
+            p.wait()
