@@ -50,18 +50,25 @@ def test_what_starts_or_serves_training_keeps_its_priority(argv):
     assert not yields(argv)
 
 
-def test_a_yielding_descendant_is_lowered_once_and_the_rest_left_alone():
-    # A child whose argv[0] Ray's title would name: exec -a sets it as Ray's processes have it.
-    lowered = subprocess.Popen(["bash", "-c", f"exec -a gcs_server {sys.executable} -c 'import time; time.sleep(30)'"])
+def _titled(title: str) -> subprocess.Popen:
+    """A child whose command line starts with `title`, as Ray's processes have their titles (exec -a)."""
+    return subprocess.Popen(["bash", "-c", f"exec -a {title} {sys.executable} -c 'import time; time.sleep(30)'"])
+
+
+def test_yielding_descendants_are_lowered_once_to_idle_priority_the_gcs_only_niced_and_the_rest_left_alone():
+    stand_in, gcs = _titled("ray::StandIn"), _titled("gcs_server")
     kept = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        time.sleep(0.5)  # both exec'd
+        time.sleep(0.5)  # each exec'd
         done: set[int] = set()
-        assert lower_beside_training(os.getpid(), done) == 1 and done == {lowered.pid}
-        assert os.getpriority(os.PRIO_PROCESS, lowered.pid) == LOWEST
+        assert lower_beside_training(os.getpid(), done) == 2 and done == {stand_in.pid, gcs.pid}
+        assert os.getpriority(os.PRIO_PROCESS, stand_in.pid) == os.getpriority(os.PRIO_PROCESS, gcs.pid) == LOWEST
+        assert os.sched_getscheduler(stand_in.pid) == os.SCHED_IDLE
+        assert os.sched_getscheduler(gcs.pid) == os.sched_getscheduler(0)  # it answers the raylets' health checks
         assert os.getpriority(os.PRIO_PROCESS, kept.pid) == os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.sched_getscheduler(kept.pid) == os.sched_getscheduler(0)
         assert lower_beside_training(os.getpid(), done) == 0  # not again
     finally:
-        for p in (lowered, kept):
+        for p in (stand_in, gcs, kept):
             p.kill()
             p.wait()

@@ -1,6 +1,7 @@
 """What runs beside the training on the embedded Ray instance yields the CPU to it: Ray's daemons and the actors
-that only serve the dashboard run at the lowest priority (nice 19), so that on a machine whose cores the ranks
-fill they take what the ranks leave instead of a share of it (docs/running.md#what-runs-beside-the-training).
+that only serve the dashboard run at idle priority (SCHED_IDLE, nice 19; the GCS only niced), so that on a machine
+whose cores the ranks fill they take what the ranks leave instead of a share of it, and give a core up at once when
+a rank wakes (docs/running.md#what-runs-beside-the-training).
 
 Only processes that never start a training process are lowered: a child inherits its parent's priority, and an
 unprivileged process cannot raise it back. So not the raylet, which starts Ray's workers, nor an idle Ray worker
@@ -54,6 +55,12 @@ def yields(argv: list[str]) -> bool:
     return "python" in os.path.basename(first) and any(a.endswith(YIELDING_SCRIPTS) for a in argv[1:3])
 
 
+def keeps_the_node_alive(argv: list[str]) -> bool:
+    """The GCS answers the raylets' health checks: starved by busy ranks, it would have Ray declare the node dead. It
+    runs at the lowest niceness, not at idle priority."""
+    return bool(argv) and os.path.basename(argv[0].split()[0]) == "gcs_server"
+
+
 def lower_beside_training(root: int, done: set[int]) -> int:
     """Lower every yielding descendant of `root` not in `done` (then added to it); how many were lowered."""
     try:
@@ -66,8 +73,13 @@ def lower_beside_training(root: int, done: set[int]) -> int:
             continue
         try:
             # Checked at every scan until it yields: an idle Ray worker takes its actor's title when it becomes one.
-            if yields(child.cmdline()):
+            argv = child.cmdline()
+            if yields(argv):
                 os.setpriority(os.PRIO_PROCESS, child.pid, LOWEST)
+                if not keeps_the_node_alive(argv):
+                    # A SCHED_IDLE task gives the core up at once when a rank wakes, where a niced one may first
+                    # finish its time slice (milliseconds, at every collective).
+                    os.sched_setscheduler(child.pid, os.SCHED_IDLE, os.sched_param(0))
                 done.add(child.pid)
                 lowered += 1
         except (psutil.Error, OSError):
