@@ -238,3 +238,10 @@ def test_train_startup_split_reads_the_raylet_and_controller_logs(tmp_path):
     )
     got = split(str(tmp_path))
     assert "placement-group cleaner" not in got and got["state actor"] == pytest.approx(2.753, abs=1e-3), got
+
+
+def test_the_footprint_table_is_the_stored_run():
+    stored = json.loads((DATA / "footprint.json").read_text())
+    assert load_benchmark("footprint").report(stored) in _doc("running.md"), (
+        "docs/running.md is stale: paste `python -m benchmarks.footprint --report docs/data/footprint.json`"
+    )

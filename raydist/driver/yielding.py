@@ -37,7 +37,7 @@ YIELDING_SCRIPTS = (
 )
 YIELDING_EXECUTABLES = ("gcs_server",)
 
-# Scans at these seconds after the start, then every last step: Ray starts its daemons with the instance, the
+# Scans at these seconds after the start, then every EVERY_S: Ray starts its daemons with the instance, the
 # dashboard's actors once the run registers, and a restart's stand-ins later.
 SCHEDULE_S = (0.0, 1.0, 3.0, 6.0, 12.0, 25.0)
 EVERY_S = 30.0
