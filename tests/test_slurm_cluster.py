@@ -74,6 +74,97 @@ def test_unreachable_head_fails_bring_up_naming_node_and_interface(slurm_cluster
     assert rayup.wait_no_leftovers(slurm_cluster, job.job_id) == {}
 
 
+# Before the tests on the module's cluster (`ray_up`): it waits for idle nodes, which that cluster holds until the
+# module ends.
+@pytest.mark.long
+def test_a_job_whose_clean_up_slurm_killed_is_swept_by_the_next_job_and_no_live_jobs_files(slurm_cluster):
+    c = slurm_cluster
+    c.wait_idle(60)
+    conf = c.workdir / "etc" / "slurm" / "slurm.conf"
+    original = conf.read_text()
+    took: dict[str, float] = {}
+    stubborn: list[subprocess.Popen] = []
+    planted: list = []
+    jobs: list[int] = []
+    try:
+        # KillWait 5 s (slurmd's least) under a teardown that needs 15 s for the stubborn process: SLURM SIGKILLs
+        # each node's clean-up, and `raydist slurm down` while it waits for the node step (srun: KillWait + 2 s).
+        _reconfigure(c, re.sub(r"(?m)^KillWait=\d+$", "KillWait=5", original))
+        a = rayup.submit(
+            c,
+            rayup.write_config(
+                c, "killed", timeouts={"ready": 120, "head_reachable": 30, "teardown": 30}, **rayup.NO_TORCH
+            ),
+        )
+        jobs.append(a.job_id)
+        took["a_sbatch_to_ready_s"] = a.wait_for("Ray cluster ready", timeout=150)
+        stubborn = [_stubborn(c, host, a.job_id) for host in c.hosts]
+        t = time.monotonic()
+        c.run("master-node", ["scancel", str(a.job_id)], check=True)
+        c.wait_idle(90)
+        took["a_scancel_to_idle_s"] = time.monotonic() - t
+        # The reported problem, reproduced: SLURM SIGKILLed every node's clean-up and `raydist slurm down`.
+        a_temp = {h: c.host_dir(h) / "tmp" / f"raydist-{a.job_id}" for h in c.hosts}
+        assert all(p.is_dir() for p in a_temp.values()) and (a.job_dir / "token").exists(), (
+            f"the clean-up was not killed: {a.text()[-3000:]}"
+        )
+        _reconfigure(c, original)
+        for p in stubborn:
+            p.stdin.close()
+            p.wait(timeout=30)
+
+        # A live job of the same user (an array task: squeue shows it as <id>_1) whose files must stay, and
+        # entries raydist did not make or another user owns.
+        live = c.sbatch("--array=1", "--nodes=1", "--nodelist=node02", "--output=/dev/null", "--wrap=exec sleep 600")
+        jobs.append(live)
+        c.wait_job(live, states=("RUNNING",), timeout=60)
+        jobs_root = a.job_dir.parent
+        for host in c.hosts:
+            tmp = c.host_dir(host) / "tmp"
+            planted += [tmp / f"raydist-{live}" / "session_latest", tmp / "raydist-keep", tmp / "raydist-999999"]
+        planted += [jobs_root / str(live) / "nodes", jobs_root / "999998", jobs_root / "999997" / "nodes"]
+        for path in planted:
+            path.mkdir(parents=True)
+        for path in [p for p in planted if p.name == "raydist-999999"] + [jobs_root / "999997"]:
+            os.chown(path, 65534, 65534)  # nobody's
+
+        b = rayup.submit(c, rayup.write_config(c, "sweeper", **rayup.NO_TORCH))
+        jobs.append(b.job_id)
+        took["b_sbatch_to_ready_s"] = b.wait_for("Ray cluster ready", timeout=150)
+        text = b.text()
+        for host, path in a_temp.items():
+            assert not path.exists(), host
+            assert re.search(
+                rf"raydist: {host}: removed leftovers of ended job\(s\) [0-9, ]*\b{a.job_id}\b.*"
+                rf"/tmp/raydist-{a.job_id}\b",
+                text,
+            ), text
+        assert not a.job_dir.exists() and f"{a.job_dir}" in text
+        assert all(p.exists() for p in planted), [str(p) for p in planted if not p.exists()]
+        for host in c.hosts:
+            mine = c.host_dir(host) / "tmp" / f"raydist-{b.job_id}"
+            assert stat.S_IMODE(mine.stat().st_mode) == 0o700, host  # Ray's own, inside it, is 0777
+            assert (mine / "ray" / "session_latest").is_symlink(), host  # Ray ran in it
+        assert (b.job_dir / "token").exists()
+        r = c.run("node01", ["raydist", "status", "--job", str(b.job_id)], env=b.env())
+        assert r.returncode == 0 and "3/3 nodes alive" in r.stdout, r.stdout + r.stderr
+        print("\n" + "\n".join(ln for ln in text.splitlines() if "leftovers" in ln))
+        print("slurm sweep measurements: " + json.dumps({k: round(v, 1) for k, v in took.items()}))
+    finally:
+        for p in stubborn:
+            if p.stdin and not p.stdin.closed:
+                p.stdin.close()
+            p.wait(timeout=30)
+        if conf.read_text() != original:
+            _reconfigure(c, original)
+        if jobs:
+            c.run("master-node", ["scancel", *map(str, jobs)])
+        for path in planted:
+            shutil.rmtree(path.parent if path.name in ("session_latest", "nodes") else path, ignore_errors=True)
+    assert rayup.wait_no_leftovers(c, b.job_id, timeout=60) == {}
+    assert not b.job_dir.exists()
+
+
 @pytest.fixture(scope="module")
 def ray_up(slurm_cluster):
     """The shipped cluster config (interface map as in the seeds) brought up by sbatch; scancelled at the end."""
@@ -455,95 +546,6 @@ def _stubborn(cluster, host: str, job_id: int) -> subprocess.Popen:
     )
     assert p.stdout.readline().strip() == "ready"
     return p
-
-
-@pytest.mark.long
-def test_a_job_whose_clean_up_slurm_killed_is_swept_by_the_next_job_and_no_live_jobs_files(slurm_cluster):
-    c = slurm_cluster
-    c.wait_idle(60)
-    conf = c.workdir / "etc" / "slurm" / "slurm.conf"
-    original = conf.read_text()
-    took: dict[str, float] = {}
-    stubborn: list[subprocess.Popen] = []
-    planted: list = []
-    jobs: list[int] = []
-    try:
-        # KillWait 5 s (slurmd's least) under a teardown that needs 15 s for the stubborn process: SLURM SIGKILLs
-        # each node's clean-up, and `raydist slurm down` while it waits for the node step (srun: KillWait + 2 s).
-        _reconfigure(c, re.sub(r"(?m)^KillWait=\d+$", "KillWait=5", original))
-        a = rayup.submit(
-            c,
-            rayup.write_config(
-                c, "killed", timeouts={"ready": 120, "head_reachable": 30, "teardown": 30}, **rayup.NO_TORCH
-            ),
-        )
-        jobs.append(a.job_id)
-        took["a_sbatch_to_ready_s"] = a.wait_for("Ray cluster ready", timeout=150)
-        stubborn = [_stubborn(c, host, a.job_id) for host in c.hosts]
-        t = time.monotonic()
-        c.run("master-node", ["scancel", str(a.job_id)], check=True)
-        c.wait_idle(90)
-        took["a_scancel_to_idle_s"] = time.monotonic() - t
-        # The reported problem, reproduced: SLURM SIGKILLed every node's clean-up and `raydist slurm down`.
-        a_temp = {h: c.host_dir(h) / "tmp" / f"raydist-{a.job_id}" for h in c.hosts}
-        assert all(p.is_dir() for p in a_temp.values()) and (a.job_dir / "token").exists(), (
-            f"the clean-up was not killed: {a.text()[-3000:]}"
-        )
-        _reconfigure(c, original)
-        for p in stubborn:
-            p.stdin.close()
-            p.wait(timeout=30)
-
-        # A live job of the same user (an array task: squeue shows it as <id>_1) whose files must stay, and
-        # entries raydist did not make or another user owns.
-        live = c.sbatch("--array=1", "--nodes=1", "--nodelist=node02", "--output=/dev/null", "--wrap=exec sleep 600")
-        jobs.append(live)
-        c.wait_job(live, states=("RUNNING",), timeout=60)
-        jobs_root = a.job_dir.parent
-        for host in c.hosts:
-            tmp = c.host_dir(host) / "tmp"
-            planted += [tmp / f"raydist-{live}" / "session_latest", tmp / "raydist-keep", tmp / "raydist-999999"]
-        planted += [jobs_root / str(live) / "nodes", jobs_root / "999998", jobs_root / "999997" / "nodes"]
-        for path in planted:
-            path.mkdir(parents=True)
-        for path in [p for p in planted if p.name == "raydist-999999"] + [jobs_root / "999997"]:
-            os.chown(path, 65534, 65534)  # nobody's
-
-        b = rayup.submit(c, rayup.write_config(c, "sweeper", **rayup.NO_TORCH))
-        jobs.append(b.job_id)
-        took["b_sbatch_to_ready_s"] = b.wait_for("Ray cluster ready", timeout=150)
-        text = b.text()
-        for host, path in a_temp.items():
-            assert not path.exists(), host
-            assert re.search(
-                rf"raydist: {host}: removed leftovers of ended job\(s\) [0-9, ]*\b{a.job_id}\b.*"
-                rf"/tmp/raydist-{a.job_id}\b",
-                text,
-            ), text
-        assert not a.job_dir.exists() and f"{a.job_dir}" in text
-        assert all(p.exists() for p in planted), [str(p) for p in planted if not p.exists()]
-        for host in c.hosts:
-            mine = c.host_dir(host) / "tmp" / f"raydist-{b.job_id}"
-            assert stat.S_IMODE(mine.stat().st_mode) == 0o700, host  # Ray's own, inside it, is 0777
-            assert (mine / "ray" / "session_latest").is_symlink(), host  # Ray ran in it
-        assert (b.job_dir / "token").exists()
-        r = c.run("node01", ["raydist", "status", "--job", str(b.job_id)], env=b.env())
-        assert r.returncode == 0 and "3/3 nodes alive" in r.stdout, r.stdout + r.stderr
-        print("\n" + "\n".join(ln for ln in text.splitlines() if "leftovers" in ln))
-        print("slurm sweep measurements: " + json.dumps({k: round(v, 1) for k, v in took.items()}))
-    finally:
-        for p in stubborn:
-            if p.stdin and not p.stdin.closed:
-                p.stdin.close()
-            p.wait(timeout=30)
-        if conf.read_text() != original:
-            _reconfigure(c, original)
-        if jobs:
-            c.run("master-node", ["scancel", *map(str, jobs)])
-        for path in planted:
-            shutil.rmtree(path.parent if path.name in ("session_latest", "nodes") else path, ignore_errors=True)
-    assert rayup.wait_no_leftovers(c, b.job_id, timeout=60) == {}
-    assert not b.job_dir.exists()
 
 
 def _node_temp(cluster, up, host: str) -> Path:
