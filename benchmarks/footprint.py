@@ -5,7 +5,7 @@ CPU that everything beside the ranks takes meanwhile.
     .venv/bin/python -m benchmarks.footprint --report docs/data/footprint.json
 
 Each round, in alternating order, the same script (benchmarks/footprint_ddp.py: a ~4M-parameter MLP, batch 256,
-gloo, a step of about 60 ms here) under `torchrun --standalone --nproc-per-node 2` and under
+gloo, a step of about 0.1 s on 2 cores) under `torchrun --standalone --nproc-per-node 2` and under
 `raydist launch --workers 2` (its embedded Ray instance). The script times its own loop (after warm-up steps) and
 marks its start and end; over that window this samples every process's CPU time (/proc) and the machine's busy
 time, so that the CPU used beside the two ranks (Ray's daemons, raydist's actors and loop, the launcher) is counted
@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from benchmarks.stored import parser, spread, stamp
+from benchmarks.suite_time import busy_cpu_s
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -39,11 +40,6 @@ def commands(out: Path, steps: int) -> dict[str, list[str]]:
         "torchrun": [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", *script],
         "launch": [str(BIN / "raydist"), "launch", "--workers", "2", "--", sys.executable, *script],
     }
-
-
-def busy_s() -> float:
-    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, Path("/proc/stat").read_text().split()[1:9])
-    return (user + nice + system + irq + softirq + steal) / TICK
 
 
 def name_of(pid: str) -> str:
@@ -96,9 +92,9 @@ def one(argv: list[str], out: Path) -> dict:
     with tempfile.TemporaryFile("w+") as log:
         proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
         wait_for(Path(f"{out}.start"), proc)
-        before, busy0, began = cpu_by_pid(), busy_s(), time.monotonic() - t0
+        before, busy0, began = cpu_by_pid(), busy_cpu_s(), time.monotonic() - t0
         wait_for(Path(f"{out}.end"), proc)
-        after, busy1, ended = cpu_by_pid(), busy_s(), time.monotonic() - t0
+        after, busy1, ended = cpu_by_pid(), busy_cpu_s(), time.monotonic() - t0
         code = proc.wait(timeout=600)
         wall = time.monotonic() - t0
         if code != 0 or not out.exists():

@@ -3,7 +3,7 @@
     torchrun --standalone --nproc-per-node 2 benchmarks/footprint_ddp.py --steps 300 --out /tmp/fp.json
     raydist launch --workers 2 -- python benchmarks/footprint_ddp.py --steps 300 --out /tmp/fp.json
 
-An MLP of about 4M parameters on synthetic data, batch 256, gloo: a step of about 60 ms on one of two cores. It reads
+An MLP of about 4M parameters on synthetic data, batch 256, gloo: a step of about 0.1 s with two ranks on two cores. It reads
 only the launcher's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Rank 0 writes, to --out, each step's
 seconds, the loop's seconds (after a few warm-up steps), and the CPU seconds of both ranks over the loop; it touches
 `<out>.start` and `<out>.end` around the timed loop, so that the benchmark can sample the machine over it.

@@ -4,8 +4,6 @@ benchmarks/long_tests.py, on a clean commit: a scenario added, renamed or failin
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 from tests.support.jobutil import REPO, load_benchmark
 
@@ -13,10 +11,7 @@ STORED = REPO / "docs" / "data" / "long_tests.json"
 
 
 def _long_test_ids() -> list[str]:
-    """The test ids pytest collects here under `-m long`."""
-    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist", "-p", "no:cacheprovider"]
-    out = subprocess.run([*cmd, "-m", "long"], cwd=REPO, capture_output=True, text=True, check=True).stdout
-    return [line for line in out.splitlines() if line.startswith("tests/") and "::" in line]
+    return load_benchmark("long_tests").long_test_ids()
 
 
 def test_every_long_scenario_passed_in_the_stored_run_on_a_clean_commit():

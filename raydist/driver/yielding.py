@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import psutil
 
@@ -87,21 +88,20 @@ def lower_beside_training(root: int, done: set[int]) -> int:
     return lowered
 
 
-def start(root: int | None = None) -> threading.Event:
+def start(root: int | None = None) -> None:
     """Lower the yielding processes of the embedded instance this process started, now and as they appear, in a
-    daemon thread; set the returned event to stop it."""
-    stop, root = threading.Event(), root or os.getpid()
+    daemon thread (it ends with the process)."""
+    root = root or os.getpid()
     done: set[int] = set()
 
     def scan() -> None:
         waited = 0.0
         for at in SCHEDULE_S:
-            if stop.wait(at - waited):
-                return
+            time.sleep(at - waited)
             waited = at
             lower_beside_training(root, done)
-        while not stop.wait(EVERY_S):
+        while True:
+            time.sleep(EVERY_S)
             lower_beside_training(root, done)
 
     threading.Thread(target=scan, name="raydist-yield", daemon=True).start()
-    return stop
