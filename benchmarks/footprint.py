@@ -114,6 +114,8 @@ def one(argv: list[str], out: Path) -> dict:
         "after_loop_s": round(wall - ended, 2),
         "loop_s": round(result["loop_s"], 3),
         "steps_per_s": round(len(steps) / result["loop_s"], 3),
+        # The loop's second half: after the one-time starts (the dashboard's actors register in the first seconds).
+        "late_steps_per_s": round((len(steps) - len(steps) // 2) / sum(steps[len(steps) // 2 :]), 3),
         "median_step_s": round(statistics.median(steps), 4),
         "p95_step_s": round(sorted(steps)[int(0.95 * len(steps))], 4),
         "machine_busy_s": round(busy1 - busy0, 2),
@@ -123,9 +125,28 @@ def one(argv: list[str], out: Path) -> dict:
     }
 
 
+def short(argv: list[str]) -> float:
+    """The whole command's wall time for a short run of the script (no sampling)."""
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise SystemExit(f"footprint: error: {' '.join(argv[:4])} exited {proc.returncode}:\n{proc.stdout[-3000:]}")
+    return round(time.monotonic() - t0, 2)
+
+
 def ratios(rounds: list[dict]) -> dict[str, list[float]]:
     return {
         "loop": [r["launch"]["steps_per_s"] / r["torchrun"]["steps_per_s"] for r in rounds],
+        "late_loop": [
+            r["launch"]["late_steps_per_s"] / r["torchrun"]["late_steps_per_s"]
+            for r in rounds
+            if "late_steps_per_s" in r["launch"]
+        ],
+        "short_command": [
+            r["launch"]["short_command_s"] / r["torchrun"]["short_command_s"]
+            for r in rounds
+            if "short_command_s" in r["launch"]
+        ],
         "median_step": [r["torchrun"]["median_step_s"] / r["launch"]["median_step_s"] for r in rounds],
         "command": [r["launch"]["command_s"] / r["torchrun"]["command_s"] for r in rounds],
     }
@@ -148,8 +169,18 @@ def report(data: dict) -> str:
             "| | raydist launch / torchrun |",
             "|---|---|",
             f"| the loop's steps/s | {spread(r['loop'], 2)}x |",
+            *([f"| the loop's second half, steps/s | {spread(r['late_loop'], 2)}x |"] if r["late_loop"] else []),
             f"| the median step's speed | {spread(r['median_step'], 2)}x |",
             f"| the whole command's wall time | {spread(r['command'], 2)}x |",
+            *(
+                [
+                    f"| a short run's whole command ({data['short_steps']} steps; "
+                    f"{spread([x['torchrun']['short_command_s'] for x in rounds])} s under torchrun) | "
+                    f"{spread(r['short_command'], 2)}x |"
+                ]
+                if r["short_command"]
+                else []
+            ),
             f"| before the loop, after it (s) | {spread(before['launch'])} and {spread(after['launch'])} against "
             f"{spread(before['torchrun'])} and {spread(after['torchrun'])} |",
             f"| CPU seconds beside the ranks over the loop | {spread(beside['launch'])} s against "
@@ -161,18 +192,22 @@ def report(data: dict) -> str:
 def main() -> int:
     ap = parser(__doc__, rounds=3)
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--short-steps", type=int, default=15, help="the short run's steps (0: none)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--report", type=Path, help="print the stored file's table and exit")
     args = ap.parse_args()
     if args.report:
         print(report(json.loads(args.report.read_text())))
         return 0
-    data = {**stamp(), "steps": args.steps, "rounds": []}
+    data = {**stamp(), "steps": args.steps, "short_steps": args.short_steps, "rounds": []}
     with tempfile.TemporaryDirectory(prefix="rd-footprint-") as tmp:
         cmds = commands(Path(tmp) / "fp.json", args.steps)
+        shorts = commands(Path(tmp) / "short.json", args.short_steps)
         for i in range(args.rounds):
             order = ["torchrun", "launch"] if i % 2 == 0 else ["launch", "torchrun"]
             data["rounds"].append({side: one(cmds[side], Path(tmp) / "fp.json") for side in order})
+            for side in order if args.short_steps else ():
+                data["rounds"][-1][side]["short_command_s"] = short(shorts[side])
             print(json.dumps(data["rounds"][-1]), flush=True)
     if args.out:
         args.out.write_text(json.dumps(data, indent=1) + "\n")

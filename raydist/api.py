@@ -68,7 +68,9 @@ def fit(
         return run_job(strategy, cfg, time.perf_counter())
     finally:
         if ours and ray.is_initialized():
-            ray.shutdown()  # a second fit() in the same notebook starts its own instance again
+            from raydist.driver.ending import end_local
+
+            end_local()  # a second fit() in the same notebook starts its own instance again
 
 
 def config_for(

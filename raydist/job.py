@@ -81,9 +81,9 @@ def run_job(job: str, cfg: Config, started: float | None = None) -> Any:
         summary.write()
         finished.record(job, cfg)
         if session.ray == "local":  # the embedded instance ends with the job: now, not in Ray's exit hook,
-            import ray  # which first sleeps half a second
+            from raydist.driver.ending import end_local  # which first sleeps half a second
 
-            ray.shutdown()
+            end_local()
     if os.environ.get(RESULT_ENV):  # batch mode reads the job's status there, a reported run's too
         write_json_atomic(Path(os.environ[RESULT_ENV]), summary.to_dict())
     return summary

@@ -174,6 +174,7 @@ def test_a_torchrun_script_trains_unmodified_to_torchruns_checksum(work, torchru
         assert f"=== raydist launch: start 1, rank {rank} on" in log
     assert "done: 192 steps" in (work / "runs" / "plain" / "logs" / "rank0.log").read_text()
     assert stderr.strip().splitlines()[-1].startswith("[raydist] plain: completed (every rank exited 0)")
+    assert left_running(str(work)) == []  # the embedded instance (its temp dir is here) ended before the command
 
 
 @pytest.mark.shared_ray

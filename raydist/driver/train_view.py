@@ -114,13 +114,14 @@ class TrainView:
         self.attempt += 1
         self._safely(self._attempt_ended, "ERRORED", why, "RESTARTING", None)
 
-    def end(self, error: BaseException | None = None, stop_reason: str | None = None) -> None:
-        """FINISHED (a completed or stopped session), or ERRORED with the error's line."""
+    def end(self, error: BaseException | None = None, stop_reason: str | None = None, wait: bool = True) -> None:
+        """FINISHED (a completed or stopped session), or ERRORED with the error's line; with `wait`, once the state
+        actor has it (a driver that exits next would otherwise take the notice with it)."""
         if error is None:
-            self._safely(self._attempt_ended, "FINISHED", stop_reason, "FINISHED", stop_reason)
+            self._safely(self._attempt_ended, "FINISHED", stop_reason, "FINISHED", stop_reason, wait)
         else:
             line = str(error).splitlines()[0] if str(error) else type(error).__name__
-            self._safely(self._attempt_ended, "ERRORED", line, "ERRORED", line)
+            self._safely(self._attempt_ended, "ERRORED", line, "ERRORED", line, wait)
 
     def _safely(self, step, *args) -> None:
         if not self.enabled:
@@ -207,7 +208,12 @@ class TrainView:
         self._put()
 
     def _attempt_ended(
-        self, attempt_status: str, attempt_detail: str | None, run_status: str, run_detail: str | None
+        self,
+        attempt_status: str,
+        attempt_detail: str | None,
+        run_status: str,
+        run_detail: str | None,
+        wait: bool = True,
     ) -> None:
         from raydist.private_api import state_schema, state_util
 
@@ -224,7 +230,7 @@ class TrainView:
         self.run.status, self.run.status_detail = RunStatus(run_status), run_detail
         if self.run.status.is_terminal():
             self.run.end_time_ns = current_time_ns()
-        self._put(block=True)  # before the driver exits and the actor's queue with it
+        self._put(block=wait)  # before the driver exits and the actor's queue with it
 
     def _new_run(self, controller: str):
         import ray

@@ -52,6 +52,10 @@ class RunList:
         """Write this start to the dashboard's run list, in a thread: it imports much of Ray Train and may start
         its state actor, CPU the scripts need while they start (so: after the first step, or REGISTER_AFTER_S)."""
         self._register_at = None
+        if self.local:  # its stand-ins and Ray Train's state actor start now: lowered as they start
+            from raydist.driver import yielding
+
+            yielding.soon()
         self._registering = threading.Thread(target=self._register_now, args=(group,), daemon=True)
         self._registering.start()
 

@@ -207,13 +207,15 @@ class LaunchRun:
             logs=self.console.logs,
             timeline=self.timeline,
         )
-        self.runs.settled(group, final=True)
-        if status == "failed":
-            self.view.end(error=RaydistError(decision.reason))
-        else:
-            self.view.end(stop_reason=decision.reason if status == "stopped" else None)
-        if self.hand_over:
+        if self.hand_over:  # the result first: what follows only tells the dashboard
             outcome.hand_over(summary)
+        self.runs.settled(group, final=True)
+        # The embedded instance's dashboard ends with this process: its last notice is sent, not waited for.
+        wait = not self.runs.local
+        if status == "failed":
+            self.view.end(error=RaydistError(decision.reason), wait=wait)
+        else:
+            self.view.end(stop_reason=decision.reason if status == "stopped" else None, wait=wait)
         return summary
 
 
