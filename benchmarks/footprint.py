@@ -11,7 +11,9 @@ marks its start and end; over that window this samples every process's CPU time 
 time, so that the CPU used beside the two ranks (Ray's daemons, raydist's actors and loop, the launcher) is counted
 by process, whoever started it. Reported per side: the loop's steps/s, its median step, the whole command's wall
 time, and the CPU seconds beside the ranks; the ratios are launch over torchrun within a round (higher steps/s is
-better: a ratio of 0.97 means 3% slower). Run nothing else meanwhile: the machine's busy time counts everything.
+better: a ratio of 0.97 means 3% slower). The loop's second half is reported apart (what a long run's steady state
+is, after the one-time starts), and each round also times a short run (--short-steps) of both commands whole.
+Run nothing else meanwhile: the machine's busy time counts everything.
 """
 
 from __future__ import annotations
