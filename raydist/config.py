@@ -18,6 +18,7 @@ from raydist.typedconfig import (
     WorkerRange,
     apply,
     check,
+    experiment_name,
     free,
     import_path,
     merge,
@@ -246,6 +247,13 @@ class RunConfig:
         "metrics.jsonl (per-step and per-evaluation scalars, the config as text; docs/running.md#tensorboard); "
         "false: metrics.jsonl only",
     )
+    mlflow: bool = opt(
+        False,
+        "log the run to MLflow when a session ends: the config as params, every step's metrics from metrics.jsonl, "
+        "the summary's numbers, and the run directory but its checkpoints as artifacts (docs/running.md#mlflow); "
+        "also on when MLFLOW_TRACKING_URI is set, which names the store (default: <storage_path>/mlruns)",
+    )
+    mlflow_experiment: str = opt("raydist", "the MLflow experiment the run is logged in", parse=experiment_name)
 
     @property
     def storage_dir(self) -> str:

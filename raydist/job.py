@@ -20,7 +20,7 @@ from raydist.config import Config, job_defaults, load_config
 from raydist.driver.preflight import check_before_ray
 from raydist.driver.session import Session, prepare_ray_environment
 from raydist.engines import finished
-from raydist.errors import UsageError, exits_cleanly
+from raydist.errors import UsageError, exits_cleanly, last_error_line
 from raydist.summary import RESULT_ENV
 
 
@@ -77,16 +77,46 @@ def run_job(job: str, cfg: Config, started: float | None = None) -> Any:
         prepare_ray_environment()
         session = Session(job=job, started=time.perf_counter() if started is None else started)
         spec = registry.get(job)
-        summary = spec.load_driver(cfg.scaling.engine)(cfg, spec, session)
+        try:
+            summary = spec.load_driver(cfg.scaling.engine)(cfg, spec, session)
+        except Exception as e:
+            track(job, cfg, None, failed=last_error_line(e))
+            raise
         summary.write()
         finished.record(job, cfg)
         if session.ray == "local":  # the embedded instance ends with the job: now, not in Ray's exit hook,
             from raydist.driver.ending import end_local  # which first sleeps half a second
 
             end_local()
+        track(job, cfg, summary.to_dict())
     if os.environ.get(RESULT_ENV):  # batch mode reads the job's status there, a reported run's too
         write_json_atomic(Path(os.environ[RESULT_ENV]), summary.to_dict())
     return summary
+
+
+def track(job: str, cfg: Config, summary: dict | None, failed: str | None = None) -> None:
+    """This session in MLflow, where tracking is on (raydist.observability.tracking). Like the dashboard, a view:
+    a store that fails is one line, and the job's result and exit stay the training's."""
+    from raydist.observability import tracking
+
+    if not tracking.enabled(cfg.run.mlflow):
+        return
+    try:
+        run_id = tracking.log_run(
+            storage_dir=cfg.run.storage_dir,
+            experiment=cfg.run.mlflow_experiment,
+            run_dir=cfg.run.run_dir,
+            name=cfg.run.name,
+            config=cfg.to_dict(),
+            summary=summary,
+            tags={"raydist.strategy": job},
+            failed=failed,
+        )
+        print(f"[raydist] {cfg.run.name}: MLflow run {run_id} at {tracking.tracking_uri(cfg.run.storage_dir)}",
+              file=sys.stderr, flush=True)  # fmt: skip
+    except Exception as e:  # noqa: BLE001 - any store error: the run's own result stands
+        print(f"[raydist] {cfg.run.name}: not logged to MLflow ({type(e).__name__}: {last_error_line(e)})",
+              file=sys.stderr, flush=True)  # fmt: skip
 
 
 @exits_cleanly

@@ -83,6 +83,12 @@ def run_name(value: str, key: str) -> str:
     return value
 
 
+def experiment_name(value: str, key: str) -> str:
+    check(bool(value.strip()), key, "must not be empty")
+    no_control_characters(value, key)
+    return value
+
+
 def no_control_characters(value: str, key: str) -> None:
     # A NUL cannot be in a path at all; other control characters make paths no one can type.
     check(value.isprintable(), key, f"must not contain control characters (got {value!r})")

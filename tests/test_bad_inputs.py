@@ -142,6 +142,12 @@ CASES = [
         "run.name: must name a directory under run.storage_path (got '..')",
     ),
     Case(
+        "--set: an empty MLflow experiment",
+        "python jobs/sync.py --set run.mlflow=true --set run.mlflow_experiment=' '",
+        2,
+        "run.mlflow_experiment: must not be empty",
+    ),
+    Case(
         "--set: a NUL in a name",
         "python jobs/sync.py --set 'run.name=\"a\\0b\"'",
         2,

@@ -11,6 +11,7 @@ from raydist.observability.metrics import read_steps
 from tests.support import jobutil
 from tests.support.boardutil import config_texts, read_board, scalar_steps
 from tests.support.jobutil import REPO, clean_env, run_job, summary
+from tests.support.mlflowutil import mlflow_history, mlflow_runs
 
 pytestmark = pytest.mark.slow
 
@@ -78,12 +79,16 @@ def test_stopped_run_resumes_at_the_next_step_with_identical_losses(tmp_path):
     assert "Checkpoint successfully created" in loud.stdout + loud.stderr
     assert "[raydist] step 44 epoch 1 loss " in loud.stdout
     # The interrupted leg uploads its checkpoints in the background; the resumed leg must still find them.
+    # Both legs logged to MLflow (its default store under the storage path)
     stopped = summary(
-        run_job("sync", *common, "run.name=resumed", "train.stop_at_step=13", "checkpoint.async_upload=true")
-    )
+        run_job(
+            "sync", *common, "run.name=resumed", "train.stop_at_step=13", "checkpoint.async_upload=true",
+            "run.mlflow=true",
+        )
+    )  # fmt: skip
     assert stopped["steps"] == 13  # mid-epoch: 22 steps per epoch
     assert stopped["status"] == "stopped" and stopped["stop_reason"] == "train.stop_at_step=13"
-    resumed = summary(run_job("sync", *common, "run.name=resumed"))
+    resumed = summary(run_job("sync", *common, "run.name=resumed", "run.mlflow=true"))
     assert resumed["resumed_from_step"] == 13
     assert resumed["steps"] == straight["steps"] == 44
 
@@ -104,6 +109,15 @@ def test_stopped_run_resumes_at_the_next_step_with_identical_losses(tmp_path):
         assert sorted(config_texts(board)) == scalar_steps(board, "run/world_size") == sessions, name
     for event in read_board(tmp_path / "resumed").Scalars("train/loss"):
         assert event.value == pytest.approx(b[event.step]["loss"], rel=1e-6)
+
+    # MLflow, read back with its client: one run for both legs, every step's loss once, the config, the summary
+    run = mlflow_runs(tmp_path)
+    assert [r.info.run_name for r in run] == ["resumed"] and run[0].info.status == "FINISHED"
+    history = mlflow_history(tmp_path, run[0].info.run_id, "train/loss")
+    assert [m.step for m in history] == list(range(1, 45))
+    assert [m.value for m in history] == [b[s]["loss"] for s in range(1, 45)]
+    assert run[0].data.params["train.epochs"] == "2" and run[0].data.params["run.name"] == "resumed"
+    assert run[0].data.metrics["summary/test_accuracy"] == resumed["test_accuracy"]
 
     if jobutil.SHARED_RAY:  # the shared head's warm interpreter forked every job's Ray workers, as a node's does
         from tests.support import sharedray

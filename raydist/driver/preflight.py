@@ -199,6 +199,9 @@ def check_before_ray(job: str, cfg: Config, reach: bool = True) -> None:
     on joining it (`connect`). Writes nothing; a refusal is one line and exit 2 (1: a cluster that does not
     answer)."""
     check_writable(cfg.run.run_dir)
+    from raydist.observability.tracking import check_available
+
+    check_available(cfg.run.mlflow)
     address = ray_address(cfg)
     check_ray_target(address, reach)
     if not address:
