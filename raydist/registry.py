@@ -174,6 +174,15 @@ OTHER_JOBS: dict[str, StrategySpec] = {
         section="compare",
         config="raydist.compare.config:CompareConfig",
     ),
+    "tune": StrategySpec(
+        "tune",
+        "tune",
+        "sweep one strategy's settings with Ray Tune, each trial a run of its job",
+        driver="raydist.tune.runner:run",
+        check="raydist.tune.checks:check_tune",
+        section="tune",
+        config="raydist.tune.config:TuneConfig",
+    ),
 }
 
 

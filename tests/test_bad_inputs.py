@@ -148,6 +148,37 @@ CASES = [
         "run.mlflow_experiment: must not be empty",
     ),
     Case(
+        "tune: a key no job takes",
+        "python jobs/tune.py --set tune.space.optim.bogus='choice([1, 2])'",
+        2,
+        "tune.space.optim.bogus: 1 is refused: unknown key 'optim.bogus'; known: name, lr, momentum, weight_decay",
+    ),
+    Case(
+        "tune: impossible bounds",
+        "python jobs/tune.py --set tune.space.optim.lr='loguniform(0, 0.1)'",
+        2,
+        "tune.space.optim.lr: needs 0 < low (got 'loguniform(0, 0.1)')",
+    ),
+    Case(
+        "tune: a metric no strategy reports",
+        "python jobs/tune.py --set tune.metric=f1 --set tune.space.optim.lr='loguniform(1e-3, 0.1)'",
+        2,
+        "tune.metric: must be a metric every strategy reports: test_accuracy, test_loss, loss (got 'f1')",
+    ),
+    Case(
+        "tune: more trials at once than the machine holds",
+        "python jobs/tune.py --set tune.max_concurrent=100 --set tune.space.optim.lr='loguniform(1e-3, 0.1)'",
+        2,
+        "tune.max_concurrent=100 trials need 200 CPUs (scaling.num_workers x scaling.cpus_per_worker each) but the "
+        "local Ray instance has {CPUS}; lower it, or 0: as many as fit",
+    ),
+    Case(
+        "tune: nothing to sweep",
+        "python jobs/tune.py",
+        2,
+        "tune.space: must name at least one key to sweep, e.g. optim.lr: loguniform(1e-4, 1e-1)",
+    ),
+    Case(
         "--set: a NUL in a name",
         "python jobs/sync.py --set 'run.name=\"a\\0b\"'",
         2,
@@ -353,13 +384,13 @@ CASES = [
         "usage: no job",
         "python -m raydist.job",
         2,
-        "usage: python -m raydist.job JOB [--config FILE] [--set KEY=VALUE]... (JOB: sync, local_sgd, async, fsdp, heal, compare)",
+        "usage: python -m raydist.job JOB [--config FILE] [--set KEY=VALUE]... (JOB: sync, local_sgd, async, fsdp, heal, compare, tune)",
     ),
     Case(
         "usage: unknown job",
         "python -m raydist.job fedavg",
         2,
-        "unknown job 'fedavg' (choose from sync, local_sgd, async, fsdp, heal, compare)",
+        "unknown job 'fedavg' (choose from sync, local_sgd, async, fsdp, heal, compare, tune)",
     ),
     Case("usage: raydist without a command", "raydist", 2, "raydist: the following arguments are required: command"),
     Case(
@@ -374,7 +405,7 @@ CASES = [
         "raydist config show --job fedavg",
         2,
         "raydist config show: argument --job: invalid choice: 'fedavg' (choose from 'sync', 'local_sgd', 'async', 'fsdp', 'heal', "
-        "'compare')",
+        "'compare', 'tune')",
     ),
     Case(
         "usage: raydist config show, unknown key",

@@ -1,0 +1,118 @@
+"""jobs/tune.py's work: a sweep of one strategy with Ray Tune on the job's Ray cluster, then its table, its best
+settings as a config file, and a plot of every trial's metric against steps.
+
+The Ray Tune experiment lives in `<run dir>/tune`, each trial's run (its own checkpoints, metrics and summary) in
+`<run dir>/trials/<trial id>/`. Running the same command again restores an unfinished sweep (Tune's experiment
+restore): finished trials are kept, unfinished ones rerun their job, which resumes from its own checkpoint.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+import time
+from pathlib import Path
+
+from raydist import registry
+from raydist.compare.runner import strategy_config
+from raydist.config import Config
+from raydist.tune import results, space
+from raydist.tune.trial import run_trial
+
+EXPERIMENT = "tune"
+
+
+def trials_dir(cfg: Config) -> Path:
+    return Path(cfg.run.run_dir) / "trials"
+
+
+def base_config(cfg: Config) -> Config:
+    """What every trial starts from: the strategy's own defaults and the sections compare shares (model, data,
+    train, scaling, ...), from this job's config; the space's values go on top."""
+    base = strategy_config(cfg, cfg.tune.strategy, trials_dir(cfg))
+    base.run.mlflow, base.run.mlflow_experiment = cfg.run.mlflow, cfg.run.mlflow_experiment
+    return base
+
+
+def trial_cpus(cfg: Config) -> float:
+    return cfg.scaling.max_workers * cfg.scaling.cpus_per_worker
+
+
+def concurrent(cfg: Config, cluster_cpus: float) -> int:
+    """Trials at once: tune.max_concurrent, else as many as the cluster's CPUs hold."""
+    fits = int(math.floor(cluster_cpus / trial_cpus(cfg) + 1e-9))
+    return cfg.tune.max_concurrent or max(fits, 1)
+
+
+def scheduler(cfg: Config):
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    if cfg.tune.scheduler == "fifo":
+        return FIFOScheduler()
+    return ASHAScheduler(
+        time_attr="training_iteration",
+        grace_period=cfg.tune.grace_evaluations,
+        reduction_factor=cfg.tune.reduction_factor,
+        max_t=10**9,
+    )
+
+
+def tuner(cfg: Config, address: str, cluster_cpus: float):
+    from ray import tune
+    from ray.tune.search import BasicVariantGenerator
+
+    dims = space.dimensions(base_config(cfg), cfg.tune.space)
+    trainable = tune.with_resources(
+        functools.partial(
+            run_trial,
+            strategy=cfg.tune.strategy,
+            base=base_config(cfg).to_dict(),
+            trials_dir=str(trials_dir(cfg)),
+            address=address,
+        ),
+        # no CPU: the trial's job reserves its workers' CPUs itself (Ray Train or its own actors); Tune needs some resource
+        {"CPU": 0, "memory": 2**20},
+    )
+    path = os.path.join(cfg.run.run_dir, EXPERIMENT)
+    if tune.Tuner.can_restore(path):
+        print(f"[tune] restoring the sweep in {path}", flush=True)
+        return tune.Tuner.restore(path, trainable, resume_unfinished=True, resume_errored=True)
+    return tune.Tuner(
+        trainable,
+        param_space=space.to_tune(dims),
+        tune_config=tune.TuneConfig(
+            metric=cfg.tune.metric,
+            mode=cfg.tune.mode,
+            num_samples=cfg.tune.num_samples,
+            scheduler=scheduler(cfg),
+            search_alg=BasicVariantGenerator(random_state=cfg.tune.seed, max_concurrent=concurrent(cfg, cluster_cpus)),
+        ),
+        run_config=tune.RunConfig(name=EXPERIMENT, storage_path=cfg.run.run_dir, verbose=0),
+    )
+
+
+def run(cfg: Config, spec: registry.StrategySpec, session) -> results.TuneSummary:
+    """The registry's driver for `tune`: Ray is this job's (embedded or joined); each trial's job joins it."""
+    import ray
+
+    from raydist.driver.preflight import local_cpus
+    from raydist.driver.session import connect, start_local, starts_embedded
+
+    if starts_embedded(cfg):  # ERROR: Ray's start-up lines would come between the sweep's own
+        start_local(local_cpus(cfg), logging.ERROR)
+        session.ray = "local"
+    else:
+        session.ray = connect(cfg)
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0, Tune's older output says nothing
+    address = ray.get_runtime_context().gcs_address
+    cpus = ray.cluster_resources().get("CPU", 0.0)
+    n = concurrent(cfg, cpus)
+    print(
+        f"[tune] {cfg.tune.num_samples} trial(s) of {cfg.tune.strategy}, {n} at a time, by {cfg.tune.metric} "
+        f"({cfg.tune.scheduler}); trials in {trials_dir(cfg)}",
+        flush=True,
+    )
+    grid = tuner(cfg, address, cpus).fit()
+    return results.write(cfg, grid, trials_dir(cfg), session.started or time.perf_counter())

@@ -1,0 +1,164 @@
+"""One trial of a sweep, run inside Ray Tune's trial actor: the strategy's own job, as a user runs it, on the
+trial's config, joined to the sweep's Ray cluster; its evaluations passed to Tune as they land in metrics.jsonl.
+
+The job runs as a child process (`python -m raydist.job <strategy> --config <trial>.yaml`), not in the actor: it is
+then exactly the job a user runs (its signals, its exit, its resume from its own run directory when the sweep is
+restored), and Tune stopping the trial (ASHA) stops it with SIGTERM, on which a job checkpoints and stops. It dies
+with the actor too (PR_SET_PDEATHSIG), should Tune kill that first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from raydist.observability.metrics import METRICS_FILE
+from raydist.summary import SUMMARY_FILE
+from raydist.tune.space import overrides
+
+POLL_S = 0.5
+STOP_GRACE_S = 60.0  # a stopped trial's job checkpoints before it exits; then it is killed
+PR_SET_PDEATHSIG = 1
+
+
+def trial_config(base: dict[str, Any], values: dict[str, Any], trials_dir: Path, trial_id: str) -> dict[str, Any]:
+    """The trial's whole config: the sweep's base, the trial's values, its own run directory under trials_dir."""
+    cfg = deep_update(base, overrides(values))
+    return deep_update(cfg, {"run": {"storage_path": str(trials_dir), "name": trial_id}})
+
+
+def deep_update(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in new.items():
+        out[k] = deep_update(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def evaluation_reports(lines: list[str], last_loss: float | None) -> tuple[list[dict[str, Any]], float | None]:
+    """What Tune gets from new metrics.jsonl lines: one report per evaluation (step, test_accuracy, test_loss, and
+    the latest step's loss), and the latest loss seen."""
+    reports = []
+    for line in lines:
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "step" in r and isinstance(r.get("loss"), (int, float)):
+            last_loss = float(r["loss"])
+        elif "eval_at_step" in r:
+            reports.append(
+                {
+                    "step": int(r["eval_at_step"]),
+                    "test_accuracy": r.get("test_accuracy"),
+                    "test_loss": r.get("test_loss"),
+                    "loss": last_loss,
+                }
+            )
+    return reports, last_loss
+
+
+class Tail:
+    """New whole lines of a file that another process appends to."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset, self.rest = path, 0, ""
+
+    def skip_to_end(self) -> None:
+        self.offset = self.path.stat().st_size if self.path.exists() else 0
+
+    def lines(self) -> list[str]:
+        if not self.path.exists():
+            return []
+        with open(self.path) as f:
+            f.seek(self.offset)
+            text = f.read()
+            self.offset = f.tell()
+        *whole, self.rest = (self.rest + text).split("\n")
+        return [ln for ln in whole if ln.strip()]
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def run_trial(values: dict[str, Any], *, strategy: str, base: dict[str, Any], trials_dir: str, address: str) -> None:
+    """Ray Tune's function trainable (bound with functools.partial): see the module's docstring."""
+    from ray import tune
+
+    trial_id = tune.get_context().get_trial_id()
+    trials = Path(trials_dir)
+    trials.mkdir(parents=True, exist_ok=True)
+    cfg_file = trials / f"{trial_id}.yaml"
+    cfg_file.write_text(yaml.safe_dump(trial_config(base, values, trials, trial_id), sort_keys=False))
+    tail = Tail(trials / trial_id / METRICS_FILE)
+    tail.skip_to_end()  # a restored sweep: the evaluations before it were reported then
+    env = {**os.environ, "RAY_ADDRESS": address, "PYTHONUNBUFFERED": "1"}
+    with open(trials / f"{trial_id}.log", "a") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "raydist.job", strategy, "--config", str(cfg_file)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=_die_with_parent,
+        )
+        try:
+            last_loss = _follow(proc, tail)
+        finally:
+            _stop(proc)
+    if proc.returncode != 0:
+        lines = (trials / f"{trial_id}.log").read_text().strip().splitlines()
+        raise RuntimeError(f"trial {trial_id}: {strategy} exited {proc.returncode}: {lines[-1] if lines else ''}")
+    _report_summary(trials / trial_id / SUMMARY_FILE, last_loss)
+
+
+def _follow(proc: subprocess.Popen, tail: Tail) -> float | None:
+    from ray import tune
+
+    last_loss = None
+    while True:
+        done = proc.poll() is not None
+        reports, last_loss = evaluation_reports(tail.lines(), last_loss)
+        for report in reports:
+            tune.report(report)
+        if done:
+            return last_loss
+        time.sleep(POLL_S)
+
+
+def _report_summary(path: Path, last_loss: float | None) -> None:
+    """A run that had completed before (a restored sweep) reports its summary once: Tune then has its result."""
+    from ray import tune
+
+    if not path.exists():
+        return
+    s = json.loads(path.read_text())
+    if s.get("status") == "completed":
+        tune.report(
+            {
+                "step": s.get("steps"),
+                "test_accuracy": s.get("test_accuracy"),
+                "test_loss": s.get("test_loss"),
+                "loss": s.get("final_loss", last_loss),
+                "completed": True,
+            }
+        )
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
