@@ -1,4 +1,5 @@
-"""The Python API: `raydist.fit(...)` runs the same job as `jobs/<name>.py` and returns its typed summary.
+"""The Python API: `raydist.fit(...)` runs the same job as `jobs/<name>.py` and returns its typed summary;
+`raydist.tune(...)` sweeps a strategy's settings as `jobs/tune.py` does.
 
     import raydist
     from mypkg.nets import make_model
@@ -71,6 +72,23 @@ def fit(
             from raydist.driver.ending import end_local
 
             end_local()  # a second fit() in the same notebook starts its own instance again
+
+
+def tune(
+    strategy: str,
+    *,
+    space: dict[str, str],
+    num_samples: int | None = None,
+    metric: str | None = None,
+    **arguments: Any,
+) -> Any:
+    """Sweep `strategy`'s settings with Ray Tune, as `jobs/tune.py` does, and return the sweep's summary (best
+    trial, its values, best.yaml's path). space: config key -> distribution, `{"optim.lr": "loguniform(1e-4, 1e-1)"}`
+    (docs/tune.md). Every other argument is `fit`'s: your model and data, config files, sections (`tune={...}` for
+    the rest of the tune section)."""
+    own = {"strategy": strategy, "space": space, "num_samples": num_samples, "metric": metric}
+    section = {**arguments.pop("tune", {}), **{k: v for k, v in own.items() if v is not None}}
+    return fit("tune", tune=section, **arguments)
 
 
 def config_for(

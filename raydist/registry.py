@@ -178,10 +178,10 @@ OTHER_JOBS: dict[str, StrategySpec] = {
         "tune",
         "tune",
         "sweep one strategy's settings with Ray Tune, each trial a run of its job",
-        driver="raydist.tune.runner:run",
-        check="raydist.tune.checks:check_tune",
+        driver="raydist.sweeps.runner:run",
+        check="raydist.sweeps.checks:check_tune",
         section="tune",
-        config="raydist.tune.config:TuneConfig",
+        config="raydist.sweeps.config:TuneConfig",
     ),
 }
 

@@ -13,8 +13,8 @@ import yaml
 
 from raydist.config import load_config
 from raydist.errors import ConfigError
-from raydist.tune import space
-from raydist.tune.trial import Tail, evaluation_reports
+from raydist.sweeps import space
+from raydist.sweeps.trial import Tail, evaluation_reports
 from tests.support.jobutil import REPO, run_job, summary
 
 
@@ -108,3 +108,14 @@ def test_a_sweep_stops_the_trailing_trial_writes_the_best_config_and_resumes_wit
     assert "[tune] restoring the sweep" in again.stdout
     logs = sorted((tmp_path / "sweep" / "trials").glob("*.log"))
     assert len(logs) == 2 and all(log.read_text().count('{"strategy": "sync"') <= 1 for log in logs)
+
+
+def test_the_python_api_refuses_a_bad_space_before_ray_starts(tmp_path):
+    import raydist
+
+    with pytest.raises(ConfigError, match=r"^tune.space.optim.lr: needs low < high"):
+        raydist.tune("sync", space={"optim.lr": "uniform(0.1, 0.01)"}, num_samples=2,
+                     run={"storage_path": str(tmp_path)})  # fmt: skip
+    ray = sys.modules.get("ray")
+    assert ray is None or not ray.is_initialized()
+    assert not (tmp_path / "tune-digits").exists()

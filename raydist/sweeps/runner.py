@@ -12,14 +12,15 @@ import functools
 import logging
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
 from raydist import registry
 from raydist.compare.runner import strategy_config
 from raydist.config import Config
-from raydist.tune import results, space
-from raydist.tune.trial import run_trial
+from raydist.sweeps import results, space
+from raydist.sweeps.trial import run_trial
 
 EXPERIMENT = "tune"
 
@@ -71,6 +72,9 @@ def tuner(cfg: Config, address: str, cluster_cpus: float):
             base=base_config(cfg).to_dict(),
             trials_dir=str(trials_dir(cfg)),
             address=address,
+            cwd=os.getcwd(),
+            # where the driver imports your factories from: its script's directory (sys.path[0]) and here
+            pythonpath=os.pathsep.join(dict.fromkeys(p for p in (sys.path[0], os.getcwd()) if p)),
         ),
         # no CPU: the trial's job reserves its workers' CPUs itself (Ray Train or its own actors); Tune needs some resource
         {"CPU": 0, "memory": 2**20},

@@ -23,7 +23,7 @@ import yaml
 
 from raydist.observability.metrics import METRICS_FILE
 from raydist.summary import SUMMARY_FILE
-from raydist.tune.space import overrides
+from raydist.sweeps.space import overrides
 
 POLL_S = 0.5
 STOP_GRACE_S = 60.0  # a stopped trial's job checkpoints before it exits; then it is killed
@@ -90,8 +90,18 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def run_trial(values: dict[str, Any], *, strategy: str, base: dict[str, Any], trials_dir: str, address: str) -> None:
-    """Ray Tune's function trainable (bound with functools.partial): see the module's docstring."""
+def run_trial(
+    values: dict[str, Any],
+    *,
+    strategy: str,
+    base: dict[str, Any],
+    trials_dir: str,
+    address: str,
+    cwd: str,
+    pythonpath: str,
+) -> None:
+    """Ray Tune's function trainable (bound with functools.partial): see the module's docstring. `cwd` and
+    `pythonpath`: the sweep driver's working directory and where it imported your factories from, for the job."""
     from ray import tune
 
     trial_id = tune.get_context().get_trial_id()
@@ -101,13 +111,15 @@ def run_trial(values: dict[str, Any], *, strategy: str, base: dict[str, Any], tr
     cfg_file.write_text(yaml.safe_dump(trial_config(base, values, trials, trial_id), sort_keys=False))
     tail = Tail(trials / trial_id / METRICS_FILE)
     tail.skip_to_end()  # a restored sweep: the evaluations before it were reported then
-    env = {**os.environ, "RAY_ADDRESS": address, "PYTHONUNBUFFERED": "1"}
+    path = os.pathsep.join(p for p in (pythonpath, os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "RAY_ADDRESS": address, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
     with open(trials / f"{trial_id}.log", "a") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "raydist.job", strategy, "--config", str(cfg_file)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
+            cwd=cwd,
             preexec_fn=_die_with_parent,
         )
         try:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from raydist.config import Config
 from raydist.driver.preflight import check_before_ray, local_cpus, ray_address
 from raydist.errors import RaydistError, UsageError
-from raydist.tune import space
-from raydist.tune.runner import base_config, trial_cpus
+from raydist.sweeps import space
+from raydist.sweeps.runner import base_config, trial_cpus
 
 
 def check_tune(cfg: Config) -> None:
