@@ -79,6 +79,9 @@ def run_job(job: str, cfg: Config, started: float | None = None) -> Any:
         spec = registry.get(job)
         try:
             summary = spec.load_driver(cfg.scaling.engine)(cfg, spec, session)
+        except KeyboardInterrupt:  # Ctrl-C, or a sweep stopping this trial
+            track(job, cfg, {"status": "stopped"})
+            raise
         except Exception as e:
             track(job, cfg, None, failed=last_error_line(e))
             raise

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.jobutil import REPO, clean_env, launched_rank_pid
+from tests.support.mlflowutil import client, mlflow_history, mlflow_runs
 
 pytestmark = pytest.mark.slow
 
@@ -147,6 +148,8 @@ def test_a_torchrun_script_trains_unmodified_to_torchruns_checksum(work, torchru
             "plain",
             "--workers",
             "2",
+            "--set",
+            "mlflow=true",
             script_args=[
                 *EPOCHS,
                 "--snapshot",
@@ -175,6 +178,15 @@ def test_a_torchrun_script_trains_unmodified_to_torchruns_checksum(work, torchru
     assert "done: 192 steps" in (work / "runs" / "plain" / "logs" / "rank0.log").read_text()
     assert stderr.strip().splitlines()[-1].startswith("[raydist] plain: completed (every rank exited 0)")
     assert left_running(str(work)) == []  # the embedded instance (its temp dir is here) ended before the command
+    # In MLflow (its file store under the storage path): the options, rank 0's hook values, the summary, the logs
+    (run,) = mlflow_runs(work / "runs")
+    assert run.info.run_name == "plain" and run.info.status == "FINISHED"
+    assert run.data.params["workers"] == "2" and "ddp_train.py" in run.data.params["command"]
+    losses = mlflow_history(work / "runs", run.info.run_id, "train/loss")
+    assert losses and [m.step for m in losses] == sorted({m.step for m in losses}) and losses[-1].step <= 192
+    assert run.data.metrics["summary/restarts"] == 0
+    assert {"summary.json", "logs", "metrics.jsonl"} <= {a.path for a in client(work / "runs").list_artifacts(
+        run.info.run_id)}  # fmt: skip
 
 
 @pytest.mark.shared_ray

@@ -100,3 +100,20 @@ def test_tracking_without_mlflow_installed_is_refused_before_anything_starts(mon
     tracking.check_available(False)  # off: not needed
     with pytest.raises(UsageError, match=r"^run.mlflow is true but MLflow is not installed: pip install"):
         tracking.check_available(True)
+
+
+def test_a_launched_scripts_hook_values_are_one_record_per_step_seen_and_every_number_is_logged(tmp_path):
+    from raydist.launcher.hook_records import HookRecords
+
+    run_dir = tmp_path / "launch-train"
+    records = HookRecords(str(run_dir))
+    for status in ({}, {"step": 5, "loss": 2.0, "first_step_unix": 1.0}, {"step": 5, "loss": 2.0},
+                   {"step": 9, "loss": 1.5, "accuracy": 0.7, "updated_unix": 3.0}):  # fmt: skip
+        records.note(status)
+    records.close()
+    tracking.log_run(storage_dir=str(tmp_path), experiment="raydist", run_dir=str(run_dir), name="launch-train",
+                     config={"workers": 2}, summary={"status": "completed"}, tags={}, every_key=True)  # fmt: skip
+    (run,) = mlflow_runs(tmp_path)
+    assert [(m.step, m.value) for m in mlflow_history(tmp_path, run.info.run_id, "train/loss")] == [(5, 2.0), (9, 1.5)]
+    assert [m.step for m in mlflow_history(tmp_path, run.info.run_id, "train/accuracy")] == [9]
+    assert "train/first_step_unix" not in run.data.metrics and "train/updated_unix" not in run.data.metrics

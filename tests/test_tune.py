@@ -16,6 +16,7 @@ from raydist.errors import ConfigError
 from raydist.sweeps import space
 from raydist.sweeps.trial import Tail, evaluation_reports
 from tests.support.jobutil import REPO, run_job, summary
+from tests.support.mlflowutil import mlflow_runs
 
 
 def _cfg(*overrides: str):
@@ -86,6 +87,7 @@ def test_a_sweep_stops_the_trailing_trial_writes_the_best_config_and_resumes_wit
         "tune.max_concurrent=1",  # one after the other: ASHA has the first trial's result when the second reports
         "train.epochs=2",
         "scaling.num_workers=1",
+        "run.mlflow=true",
     )
     first = summary(run_job("tune", *sweep, timeout=600))
     assert (first["trials"], first["stopped_early"], first["errored"]) == (2, 1, 0), first
@@ -94,6 +96,10 @@ def test_a_sweep_stops_the_trailing_trial_writes_the_best_config_and_resumes_wit
     assert rows[0] == "| trial | optim.lr | test_accuracy | steps | time (s) | stopped early |"
     assert [r.rsplit("|", 2)[-2].strip() for r in rows[2:]] == ["no", "yes"]
     assert (tmp_path / "sweep" / "plot.png").stat().st_size > 0
+    # MLflow: the sweep, and the finished trial's job (the stopped one's logs only if it ends before Tune ends it)
+    assert [r.info.run_name for r in mlflow_runs(tmp_path)] == ["sweep"]
+    trials = {r.data.params["optim.lr"]: r.info.status for r in mlflow_runs(tmp_path / "sweep" / "trials")}
+    assert trials["0.02"] == "FINISHED" and trials.get("1e-05", "KILLED") in ("FINISHED", "KILLED")
     # The best settings, as a config the strategy's job takes as it is
     best = yaml.safe_load((tmp_path / "sweep" / "best.yaml").read_text())
     assert best["optim"]["lr"] == 0.02 and "run" not in best and "tune" not in best

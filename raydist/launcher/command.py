@@ -131,6 +131,9 @@ def check_before_ray(cfg) -> None:
     from raydist.driver.preflight import check_ray_target, check_writable, local_gpu_count
 
     check_writable(cfg.run_dir, "storage_path")
+    from raydist.observability.tracking import check_available
+
+    check_available(cfg.mlflow)
     address = cluster_address(cfg)
     check_ray_target(address)
     if cfg.use_gpu and not address and local_gpu_count() < cfg.min_workers:
@@ -195,6 +198,31 @@ class RankFailed(RaydistError):
         self.exit_code = exit_code
 
 
+def track(cfg, command: list[str], summary: dict | None, failed: str | None = None) -> None:
+    """The run in MLflow, where tracking is on (raydist.observability.tracking): a view, as the dashboard is."""
+    from raydist.launcher.output import say
+    from raydist.launcher.settings import to_dict
+    from raydist.observability import tracking
+
+    if not tracking.enabled(cfg.mlflow):
+        return
+    try:
+        run_id = tracking.log_run(
+            storage_dir=cfg.storage_dir,
+            experiment=cfg.mlflow_experiment,
+            run_dir=cfg.run_dir,
+            name=cfg.name,
+            config={"command": " ".join(command), **to_dict(cfg)},
+            summary=summary,
+            tags={"raydist.strategy": "launch"},
+            failed=failed,
+            every_key=True,
+        )
+        say(f"{cfg.name}: MLflow run {run_id} at {tracking.tracking_uri(cfg.storage_dir)}")
+    except Exception as e:  # noqa: BLE001 - any store error: the run's own result stands
+        say(f"{cfg.name}: not logged to MLflow ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else '-'})")
+
+
 def _launch(args: argparse.Namespace) -> int:
     from raydist.launcher import settings
 
@@ -212,10 +240,14 @@ def _launch(args: argparse.Namespace) -> int:
         summary = LaunchRun(
             cfg, command, cwd, started, connect, embedded=not cluster_address(cfg), caller_env=caller
         ).run()
+    except Exception as e:
+        track(cfg, command, None, failed=str(e).splitlines()[0] if str(e) else type(e).__name__)
+        raise
     finally:
         from raydist.driver.ending import end_local
 
         end_local()  # now rather than at exit: half a second less (measured), and errors print after it
+    track(cfg, command, summary.to_dict())
     if summary.status in ("failed", "exit_fault"):
         raise RankFailed(f"{cfg.name}: {summary.reason}", summary.exit_code)
     say(

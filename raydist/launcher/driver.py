@@ -18,12 +18,14 @@ from raydist.launcher.dashboard import RunList, view_for
 from raydist.launcher.elastic import GrowChecks
 from raydist.launcher.environment import RankEnv
 from raydist.launcher.group import Group, capacity, group_size
+from raydist.launcher.hook_records import HookRecords
 from raydist.launcher.output import POLL_S, Console, relaying, say, warm_note
 from raydist.launcher.rank_events import RankEvents
 from raydist.launcher.settings import LaunchConfig
 from raydist.launcher.states import Machine, RunState, after
 from raydist.launcher.stopping import ClusterStops, Interrupts, stop_ranks
 from raydist.launcher.summary import LaunchSummary
+from raydist.observability import tracking
 
 
 class LaunchRun:
@@ -60,6 +62,7 @@ class LaunchRun:
         self.console: Console | None = None
         self.ray = ""
         self.view = None
+        self.records = HookRecords(cfg.run_dir) if tracking.enabled(cfg.mlflow) and hand_over else None
 
     def run(self) -> LaunchSummary:
         group = self._connect()
@@ -73,6 +76,8 @@ class LaunchRun:
             raise
         finally:
             self.console.close()
+            if self.records is not None:
+                self.records.close()
             if group is not None:
                 group.end()
 
@@ -174,6 +179,8 @@ class LaunchRun:
             if lines:
                 self.timeline.mark("first_output")
             self.console.lines(rank, lines)
+            if self.records is not None and rank.rank == 0:
+                self.records.note(rank.status)
             first = rank.status.get("first_step_unix")
             stepped = stepped or bool(first)
             self.timeline.stepped(first)

@@ -14,7 +14,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from raydist.typedconfig import WorkerRange, check, free, merge, opt, run_name, shared_path, validate, worker_count
+from raydist.typedconfig import (
+    WorkerRange,
+    check,
+    experiment_name,
+    free,
+    merge,
+    opt,
+    run_name,
+    shared_path,
+    validate,
+    worker_count,
+)
 
 WHAT = "launch settings (workers, max_restarts, ...)"
 
@@ -154,6 +165,13 @@ class LaunchConfig(WorkerRange):
         "Ray cluster to use: '' = RAY_ADDRESS if set (as under `ray job submit` and in SLURM "
         "batch mode), else start a local Ray instance",
     )
+    mlflow: bool = opt(
+        False,
+        "log the run to MLflow when it ends: these options as params, rank 0's values reported through the optional "
+        "hook at each step the launcher saw (metrics.jsonl), the summary, the logs (docs/launch.md#mlflow); also on "
+        "when MLFLOW_TRACKING_URI is set",
+    )
+    mlflow_experiment: str = opt("raydist", "the MLflow experiment the run is logged in", parse=experiment_name)
 
     def check(self, prefix: str) -> None:
         if self.procs_per_node:

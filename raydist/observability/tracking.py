@@ -68,9 +68,15 @@ def flat_params(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
-def step_metrics(records: Iterable[dict[str, Any]], after: int) -> Iterator[tuple[str, float, int]]:
+NOT_METRICS = ("step", "epoch", "time_s")
+
+
+def step_metrics(
+    records: Iterable[dict[str, Any]], after: int, every_key: bool = False
+) -> Iterator[tuple[str, float, int]]:
     """(name, value, step) for every step after `after` in metrics.jsonl's records: `train/<key>` per step (the
-    TensorBoard tags) and `eval/<key>` per evaluation; a re-run step's latest record wins."""
+    TensorBoard tags; with `every_key`, each number a record holds, as a launched script's hook reports them) and
+    `eval/<key>` per evaluation; a re-run step's latest record wins."""
     from raydist.observability.tensorboard_log import EVAL_KEYS, TRAIN_KEYS
 
     steps: dict[int, dict[str, Any]] = {}
@@ -82,7 +88,7 @@ def step_metrics(records: Iterable[dict[str, Any]], after: int) -> Iterator[tupl
             evals[r["eval_at_step"]] = r
     for group, keys, rows in (("train", TRAIN_KEYS, steps), ("eval", EVAL_KEYS, evals)):
         for step in sorted(s for s in rows if s > after):
-            for key in keys:
+            for key in [k for k in rows[step] if k not in NOT_METRICS] if every_key and group == "train" else keys:
                 value = rows[step].get(key)
                 if isinstance(value, (int, float)) and math.isfinite(value):
                     yield f"{group}/{key}", float(value), int(step)
@@ -174,6 +180,7 @@ def log_run(
     summary: dict[str, Any] | None,
     tags: dict[str, str],
     failed: str | None = None,
+    every_key: bool = False,
 ) -> str:
     """Log one session of a run (raydist.observability.tracking's docstring); its MLflow run id."""
     tracker = Tracker(storage_dir, experiment)
@@ -184,7 +191,7 @@ def log_run(
         tracker.client.set_tag(run_id, key, value)
     from raydist.observability.metrics import METRICS_FILE
 
-    new = list(step_metrics(read_records(Path(run_dir) / METRICS_FILE), after=logged))
+    new = list(step_metrics(read_records(Path(run_dir) / METRICS_FILE), after=logged, every_key=every_key))
     last = max([logged, *(s for _, _, s in new)])
     final = [(k, v, last) for k, v in summary_metrics(summary or {}).items()]
     tracker.log(run_id, new + final, last)

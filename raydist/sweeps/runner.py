@@ -111,6 +111,8 @@ def run(cfg: Config, spec: registry.StrategySpec, session) -> results.TuneSummar
         session.ray = connect(cfg)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0, Tune's older output says nothing
     address = ray.get_runtime_context().gcs_address
+    if session.ray == "local":  # the trials' jobs reach the embedded instance on loopback, where it listens
+        address = "127.0.0.1:" + address.rsplit(":", 1)[1]
     cpus = ray.cluster_resources().get("CPU", 0.0)
     n = concurrent(cfg, cpus)
     print(

@@ -3,8 +3,9 @@ trial's config, joined to the sweep's Ray cluster; its evaluations passed to Tun
 
 The job runs as a child process (`python -m raydist.job <strategy> --config <trial>.yaml`), not in the actor: it is
 then exactly the job a user runs (its signals, its exit, its resume from its own run directory when the sweep is
-restored), and Tune stopping the trial (ASHA) stops it with SIGTERM, on which a job checkpoints and stops. It dies
-with the actor too (PR_SET_PDEATHSIG), should Tune kill that first.
+restored). When Tune stops the trial (ASHA), it ends the trial's actor some seconds later, and Ray ends the
+actor's child processes with it (SIGTERM): the job's driver dies, and its Ray Train run with it. Its checkpoints
+stay; a stopped trial is not resumed. Should the actor die otherwise, PR_SET_PDEATHSIG interrupts the job.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from raydist.summary import SUMMARY_FILE
 from raydist.sweeps.space import overrides
 
 POLL_S = 0.5
-STOP_GRACE_S = 60.0  # a stopped trial's job checkpoints before it exits; then it is killed
+STOP_GRACE_S = 60.0  # a stopped trial's job ends its Ray Train run before it exits; then it is killed
 PR_SET_PDEATHSIG = 1
 
 
@@ -87,7 +88,7 @@ class Tail:
 
 
 def _die_with_parent() -> None:
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGINT)
 
 
 def run_trial(
@@ -168,7 +169,7 @@ def _report_summary(path: Path, last_loss: float | None) -> None:
 def _stop(proc: subprocess.Popen) -> None:
     if proc.poll() is not None:
         return
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGINT)  # a Ray driver dies at SIGTERM (Ray's own handler); SIGINT ends the job cleanly
     try:
         proc.wait(timeout=STOP_GRACE_S)
     except subprocess.TimeoutExpired:
