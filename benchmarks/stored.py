@@ -117,7 +117,7 @@ def cli(parser, stored_as: str, report, measure) -> None:
     stamped = stamp()
     result = measure(args)
     save(args.out, result, stamped)  # before the report: a report that fails must not lose the rounds
-    print(report(result), end="", flush=True)
+    print(report({**result, **stamped}), end="", flush=True)
 
 
 def busy_cpu_s() -> float:

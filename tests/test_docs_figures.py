@@ -245,3 +245,10 @@ def test_the_footprint_table_is_the_stored_run():
     assert load_benchmark("footprint").report(stored) in _doc("running.md"), (
         "docs/running.md is stale: paste `python -m benchmarks.footprint --report docs/data/footprint.json`"
     )
+
+
+def test_the_sweep_table_is_the_stored_run():
+    stored = json.loads((DATA / "tune_sweep.json").read_text())
+    assert load_benchmark("tune_sweep").report(stored) in _doc("tune.md"), (
+        "docs/tune.md is stale: paste `python -m benchmarks.tune_sweep --report docs/data/tune_sweep.json`"
+    )
