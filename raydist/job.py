@@ -98,28 +98,21 @@ def run_job(job: str, cfg: Config, started: float | None = None) -> Any:
 
 
 def track(job: str, cfg: Config, summary: dict | None, failed: str | None = None) -> None:
-    """This session in MLflow, where tracking is on (raydist.observability.tracking). Like the dashboard, a view:
-    a store that fails is one line, and the job's result and exit stay the training's."""
+    """This session in MLflow, where tracking is on (raydist.observability.tracking)."""
     from raydist.observability import tracking
 
-    if not tracking.enabled(cfg.run.mlflow):
-        return
-    try:
-        run_id = tracking.log_run(
-            storage_dir=cfg.run.storage_dir,
+    if tracking.enabled(cfg.run.mlflow):
+        tracking.log_as_a_view(
+            lambda line: print(f"[raydist] {line}", file=sys.stderr, flush=True),
+            cfg.run.name,
+            cfg.run.storage_dir,
             experiment=cfg.run.mlflow_experiment,
             run_dir=cfg.run.run_dir,
-            name=cfg.run.name,
             config=cfg.to_dict(),
             summary=summary,
             tags={"raydist.strategy": job},
             failed=failed,
         )
-        print(f"[raydist] {cfg.run.name}: MLflow run {run_id} at {tracking.tracking_uri(cfg.run.storage_dir)}",
-              file=sys.stderr, flush=True)  # fmt: skip
-    except Exception as e:  # noqa: BLE001 - any store error: the run's own result stands
-        print(f"[raydist] {cfg.run.name}: not logged to MLflow ({type(e).__name__}: {last_error_line(e)})",
-              file=sys.stderr, flush=True)  # fmt: skip
 
 
 @exits_cleanly

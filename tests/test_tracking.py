@@ -117,3 +117,12 @@ def test_a_launched_scripts_hook_values_are_one_record_per_step_seen_and_every_n
     assert [(m.step, m.value) for m in mlflow_history(tmp_path, run.info.run_id, "train/loss")] == [(5, 2.0), (9, 1.5)]
     assert [m.step for m in mlflow_history(tmp_path, run.info.run_id, "train/accuracy")] == [9]
     assert "train/first_step_unix" not in run.data.metrics and "train/updated_unix" not in run.data.metrics
+
+
+def test_a_store_that_fails_is_one_line_and_the_run_goes_on(monkeypatch, tmp_path):
+    monkeypatch.setenv(tracking.TRACKING_ENV, "file:/proc/raydist-no-such-store")  # nothing can be created there
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    said: list[str] = []
+    tracking.log_as_a_view(said.append, "r", str(tmp_path), experiment="raydist", run_dir=str(tmp_path / "r"),
+                           config={}, summary={"status": "completed"}, tags={})  # fmt: skip
+    assert len(said) == 1 and said[0].startswith("r: not logged to MLflow ("), said

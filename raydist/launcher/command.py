@@ -199,28 +199,24 @@ class RankFailed(RaydistError):
 
 
 def track(cfg, command: list[str], summary: dict | None, failed: str | None = None) -> None:
-    """The run in MLflow, where tracking is on (raydist.observability.tracking): a view, as the dashboard is."""
+    """The run in MLflow, where tracking is on (raydist.observability.tracking)."""
     from raydist.launcher.output import say
     from raydist.launcher.settings import to_dict
     from raydist.observability import tracking
 
-    if not tracking.enabled(cfg.mlflow):
-        return
-    try:
-        run_id = tracking.log_run(
-            storage_dir=cfg.storage_dir,
+    if tracking.enabled(cfg.mlflow):
+        tracking.log_as_a_view(
+            say,
+            cfg.name,
+            cfg.storage_dir,
             experiment=cfg.mlflow_experiment,
             run_dir=cfg.run_dir,
-            name=cfg.name,
             config={"command": " ".join(command), **to_dict(cfg)},
             summary=summary,
             tags={"raydist.strategy": "launch"},
             failed=failed,
             every_key=True,
         )
-        say(f"{cfg.name}: MLflow run {run_id} at {tracking.tracking_uri(cfg.storage_dir)}")
-    except Exception as e:  # noqa: BLE001 - any store error: the run's own result stands
-        say(f"{cfg.name}: not logged to MLflow ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else '-'})")
 
 
 def _launch(args: argparse.Namespace) -> int:

@@ -17,7 +17,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -197,3 +197,15 @@ def log_run(
     tracker.log(run_id, new + final, last)
     tracker.finish(run_id, Path(run_dir), STATUS.get(status, "FAILED"))
     return run_id
+
+
+def log_as_a_view(say: Callable[[str], None], name: str, storage_dir: str, **run: Any) -> None:
+    """`log_run`, saying its run's id in one line, or in one line why the store failed: tracking is a view, as the
+    dashboard is, and the job's result and exit stay the training's."""
+    try:
+        run_id = log_run(storage_dir=storage_dir, name=name, **run)
+        say(f"{name}: MLflow run {run_id} at {tracking_uri(storage_dir)}")
+    except Exception as e:  # noqa: BLE001 - any store error
+        say(
+            f"{name}: not logged to MLflow ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else '-'})"
+        )

@@ -64,12 +64,13 @@ def tuner(cfg: Config, address: str, cluster_cpus: float):
     from ray import tune
     from ray.tune.search import BasicVariantGenerator
 
-    dims = space.dimensions(base_config(cfg), cfg.tune.space)
+    base = base_config(cfg)
+    dims = space.dimensions(base, cfg.tune.space)
     trainable = tune.with_resources(
         functools.partial(
             run_trial,
             strategy=cfg.tune.strategy,
-            base=base_config(cfg).to_dict(),
+            base=base.to_dict(),
             trials_dir=str(trials_dir(cfg)),
             address=address,
             cwd=os.getcwd(),

@@ -148,7 +148,8 @@ def _follow(proc: subprocess.Popen, tail: Tail) -> float | None:
 
 
 def _report_summary(path: Path, last_loss: float | None) -> None:
-    """A run that had completed before (a restored sweep) reports its summary once: Tune then has its result."""
+    """A job that completed reports its summary once more, marked `completed`: the results table tells a trial run
+    to its end from one Tune stopped, and a trial restored after its job had completed gets its result."""
     from ray import tune
 
     if not path.exists():
