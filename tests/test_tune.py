@@ -78,6 +78,18 @@ def test_each_evaluation_becomes_one_report_with_the_latest_loss(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_one_trial_sweep_reports_its_job_and_writes_the_best_config_the_job_takes(tmp_path):
+    """The short version of the next: a trial's job joins the sweep's Ray, its evaluations reach Tune."""
+    done = summary(run_job("tune", f"run.storage_path={tmp_path}", "run.name=one", "tune.space.optim.lr=grid([0.02])",
+                           "tune.num_samples=1", "train.epochs=1", "scaling.num_workers=1", timeout=600))  # fmt: skip
+    assert (done["trials"], done["stopped_early"], done["errored"]) == (1, 0, 0) and done["best_metric"] >= 0.85
+    assert done["best_values"] == {"optim.lr": 0.02}
+    assert yaml.safe_load((tmp_path / "one" / "best.yaml").read_text())["optim"]["lr"] == 0.02
+    (trial,) = json.loads((tmp_path / "one" / "results.json").read_text())["trials"]
+    assert trial["steps"] == 44 and [step for step, _ in trial["curve"]] == [44, 44]  # its evaluation, its summary
+
+
+@pytest.mark.long
 def test_a_sweep_stops_the_trailing_trial_writes_the_best_config_and_resumes_without_rerunning(tmp_path):
     sweep = (
         f"run.storage_path={tmp_path}",
