@@ -64,6 +64,7 @@ MIN_TESTS = tests/test_versions.py \
 	tests/test_architecture.py::test_every_private_name_raydist_uses_exists_in_the_installed_ray_and_torch \
 	tests/test_sync_job.py::test_two_workers_reach_the_accuracy_threshold_on_digits \
 	tests/test_launch.py::test_a_torchrun_script_trains_unmodified_to_torchruns_checksum \
+	tests/test_ending.py \
 	tests/test_slurm_cluster.py::test_every_node_joins_on_its_own_interface
 test-min:
 	@test -n "$(RAY_MIN)" || { echo "raydist: error: no ray lower bound in pyproject.toml" >&2; exit 2; }
