@@ -2,8 +2,8 @@
 
 `ray.shutdown()` stops the instance's processes one by one, each given a second to exit after SIGTERM: the raylet,
 the GCS, then the autoscaler's monitor. The monitor's SIGTERM handler reports "the autoscaler failed" to the GCS,
-which is gone by then, so it always used its whole second before Ray killed it (benchmarks/footprint.py: Ray's
-shutdown took 1.5 s of the 2.9 s after a script's last step). Killed first, it is gone at once, as Ray's shutdown
+which is gone by then, so it always used its whole second before Ray killed it (the wait after a script's last
+step: docs/data/footprint_before_yielding.json and footprint.json). Killed first, it is gone at once, as Ray's shutdown
 would leave it a second later; a SIGTERM while the GCS is up would instead print that error on the user's terminal.
 An embedded instance has no autoscaling, so nothing of the monitor's is lost. Checked with Ray 2.58 and 2.60.
 """
