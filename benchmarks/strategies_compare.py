@@ -45,7 +45,7 @@ def compare_once(storage: str, name: str, overrides: list[str]) -> dict[str, dic
     done = subprocess.run(args, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise SystemExit(f"{name}: exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}")
-    from raydist.compare.runner import label, own_columns
+    from raydist.compare.report import label, own_columns
 
     results = json.loads((Path(storage) / name / "results.json").read_text())["strategies"]
     keep = (
@@ -82,7 +82,7 @@ def _timed(rounds: list[dict], key: str, digits: int) -> str:
 
 def row(strategy: str, rounds: list[dict], strategies: list[str]) -> str:
     """One strategy's table row from its rounds: medians, the timed columns with their min-max."""
-    from raydist.compare.runner import own_columns, shown
+    from raydist.compare.report import own_columns, shown
 
     waits = " / ".join(
         f"{statistics.median(r['wait_s_per_worker'][i] for r in rounds):.2f}"
@@ -97,7 +97,7 @@ def row(strategy: str, rounds: list[dict], strategies: list[str]) -> str:
 
 
 def table(stored: dict, setting: str) -> str:
-    from raydist.compare.runner import header
+    from raydist.compare.report import header
 
     runs = [r[setting] for r in stored["rounds"]]
     strategies = list(runs[0])

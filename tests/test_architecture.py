@@ -136,6 +136,7 @@ def test_imports_have_no_cycle():
 LAYERS: list[tuple[str, ...]] = [
     ("raydist", "raydist.api", "raydist.cli", "raydist.job", "raydist.config_command", "*.command"),  # faces
     ("raydist.compare", "raydist.doctor"),
+    ("raydist.sweeps",),
     ("raydist.slurm",),
     ("raydist.strategies",),
     ("raydist.engines",),
@@ -152,6 +153,7 @@ LAYERS: list[tuple[str, ...]] = [
         "raydist.summary",
         "raydist.summary_fields",
         "raydist.config",
+        "raydist.jobconfig",
         "raydist.typedconfig",
         "raydist.factories",
         "raydist.hook",

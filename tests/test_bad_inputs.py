@@ -173,6 +173,12 @@ CASES = [
         "local Ray instance has {CPUS}; lower it, or 0: as many as fit",
     ),
     Case(
+        "compare.tune: a value one strategy refuses",
+        "python jobs/compare.py --set compare.tune=true --set tune.space.optim.lr='uniform(-1, 1)'",
+        2,
+        "sync: tune.space.optim.lr: -1 is refused: optim.lr: must be > 0 (got -1.0)",
+    ),
+    Case(
         "tune: nothing to sweep",
         "python jobs/tune.py",
         2,

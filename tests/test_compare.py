@@ -81,6 +81,6 @@ def test_a_failing_strategy_job_fails_compare_with_its_one_line_reason(tmp_path)
     shared = tmp_path / "shared.yaml"
     shared.write_text("async_ps:\n  cpus_per_server: 64\n")
     with pytest.raises(RaydistError) as e:
-        run_strategy("async", shared, tmp_path / "runs", "(1/1)")
+        run_strategy("async", [shared], tmp_path / "runs", "(1/1)")
     assert str(e.value).startswith("async run failed (exit 2): the async job needs 66 CPUs"), str(e.value)
     assert e.value.exit_code == 1

@@ -106,7 +106,7 @@ registry.STRATEGIES["toy"] = registry.StrategySpec(
     "toy", "toy", "a strategy added by one registry entry", worker="raydist.strategies.sync.worker:SyncDDP",
     section="toy", config="toy_strategy:ToyConfig", summary_fields="toy_strategy:ToyBooks")
 
-from raydist.compare.runner import SHARED_SECTIONS
+from raydist.jobconfig import SHARED_SECTIONS
 from raydist.config import load_config
 from raydist.summary import JobSummary, fields_markdown
 from raydist.typedconfig import reference_markdown

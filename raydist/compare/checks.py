@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from raydist.compare.runner import output_dir, strategy_config
+from raydist.compare import tuned
+from raydist.compare.runner import output_dir
 from raydist.config import Config
 from raydist.driver.preflight import check_before_ray, check_writable
 from raydist.errors import RaydistError
+from raydist.jobconfig import strategy_config
+from raydist.sweeps.checks import check_tune
 
 
 def check_compare(cfg: Config) -> None:
@@ -16,5 +19,7 @@ def check_compare(cfg: Config) -> None:
     for name in cfg.compare.strategy_list:
         try:
             check_before_ray(name, strategy_config(cfg, name, out / "runs"), reach=False)
+            if cfg.compare.tune:  # its sweep's space, bounds and trials at once, as jobs/tune.py checks them
+                check_tune(tuned.sweep_config(cfg, name, out))
         except RaydistError as e:
             raise type(e)(f"{name}: {e}") from None

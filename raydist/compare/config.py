@@ -30,6 +30,11 @@ class CompareConfig:
     target_accuracy: float = opt(
         0.95, "test accuracy whose first reaching is timed (the table's time-to-target)", gt=0, le=1
     )
+    tune: bool = opt(
+        False,
+        "first sweep each strategy with the tune section's space, trials and scheduler (the same for every "
+        "strategy; an empty tune.space sweeps optim.lr), then compare each at its best settings",
+    )
     output_dir: str = opt("", "where results.json, results.md and plot.png go; '' = <run.storage_path>/<run.name>")
     plot_width: int = opt(1200, "width of plot.png in pixels", ge=200)
     plot_height: int = opt(500, "height of plot.png in pixels", ge=150)

@@ -17,12 +17,13 @@ import time
 from pathlib import Path
 
 from raydist import registry
-from raydist.compare.runner import strategy_config
 from raydist.config import Config
+from raydist.jobconfig import strategy_config
 from raydist.sweeps import results, space
 from raydist.sweeps.trial import run_trial
 
 EXPERIMENT = "tune"
+TRIAL_RETRIES = 1
 
 
 def trials_dir(cfg: Config) -> Path:
@@ -39,6 +40,11 @@ def base_config(cfg: Config) -> Config:
 
 def trial_cpus(cfg: Config) -> float:
     return cfg.scaling.max_workers * cfg.scaling.cpus_per_worker
+
+
+def trial_count(cfg: Config) -> int:
+    """Ray Tune's count: every point of the space's grid, tune.num_samples times each."""
+    return space.grid_size(space.dimensions(base_config(cfg), cfg.tune.space)) * cfg.tune.num_samples
 
 
 def concurrent(cfg: Config, cluster_cpus: float) -> int:
@@ -94,7 +100,14 @@ def tuner(cfg: Config, address: str, cluster_cpus: float):
             scheduler=scheduler(cfg),
             search_alg=BasicVariantGenerator(random_state=cfg.tune.seed, max_concurrent=concurrent(cfg, cluster_cpus)),
         ),
-        run_config=tune.RunConfig(name=EXPERIMENT, storage_path=cfg.run.run_dir, verbose=0),
+        # A trial whose job failed, or whose actor died with its node, runs once more: its job resumes from its own
+        # checkpoint, on the nodes left. The other trials go on.
+        run_config=tune.RunConfig(
+            name=EXPERIMENT,
+            storage_path=cfg.run.run_dir,
+            verbose=0,
+            failure_config=tune.FailureConfig(max_failures=TRIAL_RETRIES),
+        ),
     )
 
 
@@ -117,9 +130,13 @@ def run(cfg: Config, spec: registry.StrategySpec, session) -> results.TuneSummar
     cpus = ray.cluster_resources().get("CPU", 0.0)
     n = concurrent(cfg, cpus)
     print(
-        f"[tune] {cfg.tune.num_samples} trial(s) of {cfg.tune.strategy}, {n} at a time, by {cfg.tune.metric} "
+        f"[tune] {trial_count(cfg)} trial(s) of {cfg.tune.strategy}, {n} at a time, by {cfg.tune.metric} "
         f"({cfg.tune.scheduler}); trials in {trials_dir(cfg)}",
         flush=True,
     )
+    # A trial that failed or was left unfinished is a row of the table (its job's one line) and a line of its own
+    # log, not a traceback on the sweep's console.
+    for name in ("ray.tune.execution.tune_controller", "ray.tune.tune"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     grid = tuner(cfg, address, cpus).fit()
     return results.write(cfg, grid, trials_dir(cfg), session.started or time.perf_counter())
