@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
 from raydist.config import load_config
 from raydist.errors import ConfigError
+from raydist.observability.metrics import read_steps
 from raydist.sweeps import space
 from raydist.sweeps.trial import Tail, evaluation_reports
 from tests.support.jobutil import REPO, run_job, summary
@@ -77,16 +79,48 @@ def test_each_evaluation_becomes_one_report_with_the_latest_loss(tmp_path):
     assert evaluation_reports(tail.lines(), last) == ([], 1.0)
 
 
+def test_a_trial_the_clusters_stop_request_ended_is_unfinished_not_errored_and_the_sweep_stopped(tmp_path):
+    from types import SimpleNamespace
+
+    from raydist.sweeps import results
+    from raydist.sweeps.trial import STOPPED, Stopped
+
+    def result(trial: str, error: Exception | None) -> SimpleNamespace:
+        return SimpleNamespace(metrics_dataframe=None, metrics={"trial_id": trial}, config={"optim.lr": 0.01},
+                               path=str(tmp_path / trial), error=error)  # fmt: skip
+
+    stopped = Stopped(f"trial b stopped at step 12: SLURM time limit (cluster ends in 80 s) ({STOPPED})")
+    grid = [result("a", RuntimeError("trial a: sync exited 1: raydist: error: boom")), result("b", stopped)]
+    cfg = _cfg(f"run.storage_path={tmp_path}", "tune.space.optim.lr=grid([0.01])")
+    Path(cfg.run.run_dir).mkdir(parents=True, exist_ok=True)
+    done = results.write(cfg, grid, tmp_path / "trials", 0.0)
+    assert (done.status, done.unfinished, done.errored) == ("stopped", 1, 1)
+    rows = (Path(cfg.run.run_dir) / "results.md").read_text().splitlines()
+    assert rows[2].startswith("| a | 0.01 | error: trial a: sync exited 1") and rows[3].endswith(
+        "| unfinished (resumes) |"
+    )
+
+
 @pytest.mark.slow
-def test_a_one_trial_sweep_reports_its_job_and_writes_the_best_config_the_job_takes(tmp_path):
-    """The short version of the next: a trial's job joins the sweep's Ray, its evaluations reach Tune."""
-    done = summary(run_job("tune", f"run.storage_path={tmp_path}", "run.name=one", "tune.space.optim.lr=grid([0.02])",
-                           "tune.num_samples=1", "train.epochs=1", "scaling.num_workers=1", timeout=600))  # fmt: skip
-    assert (done["trials"], done["stopped_early"], done["errored"]) == (1, 0, 0) and done["best_metric"] >= 0.85
-    assert done["best_values"] == {"optim.lr": 0.02}
-    assert yaml.safe_load((tmp_path / "one" / "best.yaml").read_text())["optim"]["lr"] == 0.02
-    (trial,) = json.loads((tmp_path / "one" / "results.json").read_text())["trials"]
+def test_compare_with_tune_sweeps_the_strategy_then_runs_it_at_its_best_settings(tmp_path):
+    """The short version of the next and of the fair comparison (benchmarks/strategies_compare.py --tune): compare's
+    sweep is the tune job, whose trial's job joins the sweep's Ray and reports its evaluations to Tune; its best
+    settings file is what the strategy's job then runs."""
+    done = summary(run_job("compare", f"run.storage_path={tmp_path}", "run.name=fair", "compare.tune=true",
+                           "compare.strategies=sync", "tune.space.optim.lr=grid([0.02])", "tune.num_samples=1",
+                           "train.epochs=1", "scaling.num_workers=1", timeout=600))  # fmt: skip
+    assert done["tuned"] == {"sync": {"optim.lr": 0.02}} and done["test_accuracy"]["sync"] >= 0.85, done
+    swept = json.loads((tmp_path / "fair" / "results.json").read_text())["sweeps"]["sync"]
+    assert (swept["trials"], swept["stopped_early"], swept["errored"]) == (1, 0, 0) and swept["best_metric"] >= 0.85
+    best = yaml.safe_load(Path(swept["best_config"]).read_text())
+    assert best["optim"]["lr"] == 0.02 and "run" not in best and "tune" not in best
+    (trial,) = json.loads((tmp_path / "fair" / "sweeps" / "sync" / "results.json").read_text())["trials"]
     assert trial["steps"] == 44 and [step for step, _ in trial["curve"]] == [44, 44]  # its evaluation, its summary
+    # compare's own run of sync is at the sweep's best: its schedule peaks at 0.02 (the job's default is 0.003)
+    steps = read_steps(json.loads((tmp_path / "fair" / "runs" / "sync" / "summary.json").read_text())["metrics_file"])
+    assert max(s["lr"] for s in steps.values()) == pytest.approx(0.02)
+    table = (tmp_path / "fair" / "results.md").read_text().splitlines()
+    assert table[0].startswith("| strategy | settings (best of its sweep) |") and "| optim.lr 0.02 |" in table[2]
 
 
 @pytest.mark.long
@@ -137,3 +171,64 @@ def test_the_python_api_refuses_a_bad_space_before_ray_starts(tmp_path):
     ray = sys.modules.get("ray")
     assert ray is None or not ray.is_initialized()
     assert not (tmp_path / "tune-digits").exists()
+
+
+def _request_stop(head) -> None:
+    """The cluster's stop request on `head`, as the SLURM side sets it at the time-limit warning."""
+    code = (f"import ray; ray.init(address={head.gcs_address!r}, logging_level='ERROR'); "
+            "from raydist.cluster.preemption import request_stop; request_stop('SLURM time limit', 90)")  # fmt: skip
+    subprocess.run([sys.executable, "-c", code], env=head.node_env(), cwd=REPO, check=True, capture_output=True)
+
+
+@pytest.mark.long
+def test_a_sweep_stopped_by_the_clusters_request_shows_its_trials_in_top_and_resumes_only_the_unfinished(tmp_path):
+    """On a Ray head: `raydist top` shows each trial's run while it trains; the cluster's stop request (SLURM's
+    warning sets it) lands while the second trial trains; the sweep ends stopped. The same command on a new head
+    (the requeued allocation's) keeps the first trial and resumes the second at its checkpoint.
+    test_slurm_resilience runs the same in batch mode on SLURM."""
+    import time
+
+    from raydist.observability import top
+    from tests.support.cluster.resilience import trained_past
+    from tests.support.rayhead import ray_head
+
+    args = [sys.executable, str(REPO / "jobs" / "tune.py")]
+    for o in (f"run.storage_path={tmp_path}", "run.name=sw", "tune.space.optim.lr=grid([0.02, 0.01])",
+              "tune.num_samples=1", "tune.max_concurrent=1", "tune.scheduler=fifo", "train.epochs=3",
+              "scaling.num_workers=1", "checkpoint.every_steps=10", "straggler.worker=0", "straggler.slowdown=4"):  # fmt: skip
+        args += ["--set", o]
+    trials, seen = tmp_path / "sw" / "trials", set()
+    with ray_head(num_cpus=2, env={"RAY_metrics_report_interval_ms": "1000"}) as head:
+        source = top.Source("test head", dashboard_url=head.dashboard_url, token=Path(head.token_path).read_text())
+        proc = subprocess.Popen(args, cwd=REPO, env={**head.node_env(), "RAY_ADDRESS": head.gcs_address},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        deadline = time.monotonic() + 400
+        while True:
+            done = list(trials.glob("*/summary.json")) if trials.is_dir() else []
+            training = [d for d in trials.iterdir() if d.is_dir() and d / "summary.json" not in done] if done else []
+            if len(done) == 1 and any(trained_past(d, 10) for d in training):
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-4000:]
+            try:
+                seen |= {r["run"] for r in top.snapshot(source)["runs"]}
+            except Exception:  # noqa: BLE001 — a look that failed (the head busy) is retried
+                pass
+            time.sleep(0.5)
+        first, written = done[0].parent, done[0].stat().st_mtime
+        _request_stop(head)
+        out = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 0, out[-4000:]
+    assert first.name in seen, seen  # top showed the first trial's run, by its trial id
+    stopped = json.loads((tmp_path / "sw" / "summary.json").read_text())
+    assert (stopped["status"], stopped["unfinished"], stopped["errored"]) == ("stopped", 1, 0), stopped
+    assert "1 trial(s) unfinished; the same command resumes the sweep" in out and "Traceback" not in out, out[-4000:]
+    with ray_head(num_cpus=2) as head:
+        again = subprocess.run(args, cwd=REPO, env={**head.node_env(), "RAY_ADDRESS": head.gcs_address},
+                               capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert again.returncode == 0 and "[tune] restoring the sweep" in again.stdout, again.stdout[-4000:]
+    result = json.loads((tmp_path / "sw" / "summary.json").read_text())
+    assert (result["status"], result["trials"], result["unfinished"], result["errored"]) == ("completed", 2, 0, 0)
+    assert (first / "summary.json").stat().st_mtime == written  # the finished trial was not run again
+    (second,) = [d for d in trials.iterdir() if d.is_dir() and d != first]
+    resumed = json.loads((second / "summary.json").read_text())
+    assert resumed["status"] == "completed" and resumed["resumed_from_step"] >= 10, resumed

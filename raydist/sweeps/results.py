@@ -15,6 +15,7 @@ import yaml
 from raydist.atomic import write_json_atomic
 from raydist.config import Config
 from raydist.summary import SUMMARY_FILE
+from raydist.sweeps.trial import STOPPED
 
 NOT_IN_BEST = ("run", "tune", "compare")  # where a trial lived and the sweep itself: not the settings
 
@@ -28,6 +29,7 @@ class TrialRow:
     time_s: float
     stopped_early: bool
     error: str | None
+    unfinished: bool  # ended by the cluster's stop request: the restored sweep runs it again
     curve: list[tuple[int, float]]  # (step, metric) at each evaluation
 
 
@@ -48,6 +50,9 @@ class TuneSummary:
     best_trial: str | None
     best_metric: float | None
     best_values: dict[str, Any] = field(default_factory=dict)
+    status: str = "completed"
+    """completed, or stopped: the cluster's stop request left `unfinished` trials, which the same command resumes."""
+    unfinished: int = 0
     best_config: str = ""
     table: str = ""
     plot: str = ""
@@ -74,6 +79,7 @@ def row(result: Any, metric: str, mode: str) -> TrialRow:
     values = [v for _, v in curve]
     best = (max if mode == "max" else min)(values) if values else None
     last = result.metrics or {}
+    unfinished = result.error is not None and STOPPED in str(result.error)
     return TrialRow(
         trial=str(last.get("trial_id") or Path(result.path).name),
         values={k: v for k, v in (result.config or {}).items()},
@@ -81,7 +87,8 @@ def row(result: Any, metric: str, mode: str) -> TrialRow:
         steps=int(last["step"]) if _number(last.get("step")) is not None else None,
         time_s=round(float(last.get("time_total_s") or 0.0), 1),
         stopped_early=result.error is None and not any(r.get("completed") for r in records),
-        error=str(result.error).strip().splitlines()[-1] if result.error else None,
+        error=str(result.error).strip().splitlines()[-1] if result.error and not unfinished else None,
+        unfinished=unfinished,
         curve=curve,
     )
 
@@ -94,12 +101,14 @@ def markdown(rows: list[TrialRow], metric: str, keys: list[str]) -> str:
         shown = [f"{r.values.get(k):.4g}" if isinstance(r.values.get(k), float) else str(r.values.get(k)) for k in keys]
         lines.append(
             "| "
-            + " | ".join(
-                [r.trial, *shown, value, str(r.steps or "-"), f"{r.time_s:.1f}", "yes" if r.stopped_early else "no"]
-            )
+            + " | ".join([r.trial, *shown, value, str(r.steps or "-"), f"{r.time_s:.1f}", _ended(r)])
             + " |"  # fmt: skip
         )
     return "\n".join(lines) + "\n"
+
+
+def _ended(r: TrialRow) -> str:
+    return "unfinished (resumes)" if r.unfinished else "yes" if r.stopped_early else "no"
 
 
 def plot(rows: list[TrialRow], metric: str, path: Path) -> None:
@@ -145,6 +154,9 @@ def write(cfg: Config, grid: Any, trials_dir: Path, started: float) -> TuneSumma
     if best is not None:
         best_file.write_text(yaml.safe_dump(best_config(trials_dir, best.trial), sort_keys=False))
     print("\n" + table, flush=True)
+    if any(r.unfinished for r in rows):
+        print(f"[tune] stopped at the cluster's stop request: {sum(r.unfinished for r in rows)} trial(s) unfinished; "
+              "the same command resumes the sweep", flush=True)  # fmt: skip
     if best is not None:
         print(f"[tune] best: {best.trial} {metric} {best.metric:.4f} with {best.values}; "
               f"python jobs/{cfg.tune.strategy}.py --config {best_file}", flush=True)  # fmt: skip
@@ -159,6 +171,8 @@ def write(cfg: Config, grid: Any, trials_dir: Path, started: float) -> TuneSumma
         trials=len(rows),
         stopped_early=sum(r.stopped_early for r in rows),
         errored=sum(r.error is not None for r in rows),
+        status="stopped" if any(r.unfinished for r in rows) else "completed",
+        unfinished=sum(r.unfinished for r in rows),
         best_trial=best.trial if best else None,
         best_metric=best.metric if best else None,
         best_values=best.values if best else {},

@@ -6,6 +6,10 @@ then exactly the job a user runs (its signals, its exit, its resume from its own
 restored). When Tune stops the trial (ASHA), it ends the trial's actor some seconds later, and Ray ends the
 actor's child processes with it (SIGTERM): the job's driver dies, and its Ray Train run with it. Its checkpoints
 stay; a stopped trial is not resumed. Should the actor die otherwise, PR_SET_PDEATHSIG interrupts the job.
+
+At the cluster's stop request (SLURM's time-limit warning: raydist.cluster.preemption) the trial's job checkpoints
+and stops like any run on the cluster, and the trial ends unfinished (`Stopped`), as does every trial that would
+start after it: the sweep ends, and the same command, in the requeued allocation, restores it.
 """
 
 from __future__ import annotations
@@ -23,8 +27,17 @@ from typing import Any
 import yaml
 
 from raydist.observability.metrics import METRICS_FILE
-from raydist.summary import SUMMARY_FILE
+from raydist.summary import RESULT_ENV, SUMMARY_FILE
 from raydist.sweeps.space import overrides
+
+STOPPED = "unfinished at the cluster's stop request"
+
+
+class Stopped(RuntimeError):
+    """The cluster asked every run to checkpoint and stop (SLURM's time-limit warning, a preemption): the trial ends
+    unfinished, as an errored trial, which the restored sweep (`resume_errored`) runs again; its job resumes from
+    its own checkpoint. Its message ends with STOPPED, which the results read."""
+
 
 POLL_S = 0.5
 STOP_GRACE_S = 60.0  # a stopped trial's job ends its Ray Train run before it exits; then it is killed
@@ -106,6 +119,8 @@ def run_trial(
     from ray import tune
 
     trial_id = tune.get_context().get_trial_id()
+    if (why := _stop_requested()) is not None:
+        raise Stopped(f"trial {trial_id} not started: {why} ({STOPPED})")
     trials = Path(trials_dir)
     trials.mkdir(parents=True, exist_ok=True)
     cfg_file = trials / f"{trial_id}.yaml"
@@ -114,6 +129,7 @@ def run_trial(
     tail.skip_to_end()  # a restored sweep: the evaluations before it were reported then
     path = os.pathsep.join(p for p in (pythonpath, os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "RAY_ADDRESS": address, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
+    env.pop(RESULT_ENV, None)  # batch mode's result file is the sweep's, not its trials'
     with open(trials / f"{trial_id}.log", "a") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "raydist.job", strategy, "--config", str(cfg_file)],
@@ -130,7 +146,11 @@ def run_trial(
     if proc.returncode != 0:
         lines = (trials / f"{trial_id}.log").read_text().strip().splitlines()
         raise RuntimeError(f"trial {trial_id}: {strategy} exited {proc.returncode}: {lines[-1] if lines else ''}")
-    _report_summary(trials / trial_id / SUMMARY_FILE, last_loss)
+    summary = _report_summary(trials / trial_id / SUMMARY_FILE, last_loss)
+    if summary.get("status") == "stopped":  # the cluster's stop request (a sweep's own stop ends the actor first)
+        raise Stopped(
+            f"trial {trial_id} stopped at step {summary.get('steps')}: {summary.get('stop_reason')} ({STOPPED})"
+        )
 
 
 def _follow(proc: subprocess.Popen, tail: Tail) -> float | None:
@@ -147,13 +167,14 @@ def _follow(proc: subprocess.Popen, tail: Tail) -> float | None:
         time.sleep(POLL_S)
 
 
-def _report_summary(path: Path, last_loss: float | None) -> None:
+def _report_summary(path: Path, last_loss: float | None) -> dict[str, Any]:
     """A job that completed reports its summary once more, marked `completed`: the results table tells a trial run
-    to its end from one Tune stopped, and a trial restored after its job had completed gets its result."""
+    to its end from one Tune stopped, and a trial restored after its job had completed gets its result. Returns
+    the summary ({} without one)."""
     from ray import tune
 
     if not path.exists():
-        return
+        return {}
     s = json.loads(path.read_text())
     if s.get("status") == "completed":
         tune.report(
@@ -165,6 +186,14 @@ def _report_summary(path: Path, last_loss: float | None) -> None:
                 "completed": True,
             }
         )
+    return s
+
+
+def _stop_requested() -> str | None:
+    from raydist.cluster.preemption import stop_requested
+
+    request = stop_requested()
+    return request.describe() if request else None
 
 
 def _stop(proc: subprocess.Popen) -> None:
