@@ -80,6 +80,52 @@ def test_sync_batch_job_checkpoints_at_the_warning_requeues_and_resumes_with_ide
     print("\nslurm resilience measurements: " + json.dumps({k: round(v, 2) for k, v in MEASURED.items()}))
 
 
+@pytest.mark.long
+def test_a_batch_sweep_warned_at_the_time_limit_requeues_and_resumes_only_its_unfinished_trials(slurm_cluster):
+    """jobs/tune.py as the batch command, three trials one after another: the warning lands while the second trains.
+    Its job checkpoints and stops, the sweep ends with that trial unfinished, the allocation requeues, and the same
+    command restores the sweep: the first trial is kept as it was, the second resumes at the step it stopped at,
+    the third runs."""
+    storage = slurm_cluster.shared / "runs"
+    sweep_dir = storage / "batch-sweep"
+    sets = ("tune.strategy=sync", "tune.space.optim.lr=grid([0.02, 0.01, 0.005])", "tune.num_samples=1",
+            "tune.scheduler=fifo", "tune.max_concurrent=1", "scaling.num_workers=2", "train.epochs=4",
+            "straggler.worker=0", "straggler.slowdown=4", f"run.storage_path={storage}", "run.name=batch-sweep")  # fmt: skip
+    command = ["python", "jobs/tune.py", *(a for o in sets for a in ("--set", o))]
+    slurm_cluster.wait_idle(60)
+    job = rayup.submit(slurm_cluster, rayup.write_config(slurm_cluster, "sweep"), nodes=2, command=tuple(command))
+    trials = sweep_dir / "trials"
+
+    def second_trains() -> bool:
+        done = list(trials.glob("*/summary.json"))
+        return len(done) == 1 and any(
+            trained_past(d, 0) for d in trials.iterdir() if d.is_dir() and d != done[0].parent
+        )
+
+    deadline = time.monotonic() + 400
+    while not (trials.is_dir() and second_trains()):
+        assert time.monotonic() < deadline and slurm_cluster.job_state(job.job_id) in ("PENDING", "RUNNING"), (
+            job.text()[-4000:]
+        )
+        time.sleep(0.2)
+    (first,) = [p.parent for p in trials.glob("*/summary.json")]
+    first_written = (first / "summary.json").stat().st_mtime
+    slurm_cluster.run("master-node", ["scancel", "--batch", "--signal=USR1", str(job.job_id)], check=True)
+    wait_text(job, r"1 trial\(s\) unfinished; the same command resumes the sweep", timeout=120)
+    wait_text(job, r"requeueing after the time limit \(1 of at most 3\)", timeout=90)
+    release_after_requeue(job)
+    state = slurm_cluster.wait_job(job.job_id, timeout=600)
+    assert state == "COMPLETED", f"{state}\n{job.text()[-4000:]}"
+    assert "[tune] restoring the sweep" in job.text()
+    result = json.loads((sweep_dir / "summary.json").read_text())
+    assert (result["status"], result["trials"], result["errored"], result["unfinished"]) == ("completed", 3, 0, 0)
+    runs = {d.name: json.loads((d / "summary.json").read_text()) for d in trials.iterdir() if d.is_dir()}
+    assert all(r["status"] == "completed" and r["steps"] == r["total_steps"] for r in runs.values()), runs
+    assert (first / "summary.json").stat().st_mtime == first_written  # the finished trial was not run again
+    resumed = [r for r in runs.values() if r.get("resumed_from_step")]
+    assert len(resumed) == 1 and 0 < resumed[0]["resumed_from_step"] < resumed[0]["total_steps"], runs
+
+
 def test_a_failing_batch_job_stops_requeueing_at_the_cap_with_one_line(slurm_cluster):
     slurm_cluster.wait_idle(60)
     cfg = rayup.write_config(slurm_cluster, "cap", requeue={"max_requeues": 1, "on_failure": True}, **rayup.NO_TORCH)
@@ -133,6 +179,15 @@ def test_a_fixed_size_run_that_loses_a_node_mid_run_fails_within_its_bound_namin
     assert lost.kill_to_exit_s < MIDRUN_LOSS_BOUND_S, lost.kill_to_exit_s
 
 
+WAIT_DEAD = """import ray, time
+ray.init(logging_level="ERROR")
+deadline = time.monotonic() + 120
+while any(n["Alive"] and n["NodeManagerAddress"] == "192.168.20.17" for n in ray.nodes()):
+    assert time.monotonic() < deadline, "Ray still counts node02 alive"
+    time.sleep(0.5)
+"""
+
+
 @pytest.fixture(scope="module")
 def cluster_losing_node02(slurm_cluster):
     slurm_cluster.wait_idle(60)
@@ -143,7 +198,11 @@ def cluster_losing_node02(slurm_cluster):
     rayup.wait_no_leftovers(slurm_cluster, job.job_id)
 
 
+@pytest.mark.long
 def test_elastic_run_continues_on_fewer_workers_when_a_node_dies(slurm_cluster, cluster_losing_node02):
+    """node02's whole Ray SIGKILLed mid-run: the run restarts from its checkpoint on the two workers that fit. Long
+    (two minutes on 2 cores); in the suite, the fixed-size run below loses the node and names it, and test_heal's
+    policy test restarts an elastic run with the nodes left."""
     job = cluster_losing_node02
     proc = submit_sync(
         slurm_cluster,
@@ -173,6 +232,11 @@ def test_elastic_run_continues_on_fewer_workers_when_a_node_dies(slurm_cluster, 
 
 
 def test_fixed_size_run_fails_within_its_bound_naming_the_dead_node(slurm_cluster, cluster_losing_node02):
+    """node02's whole Ray SIGKILLed, as a crash would (unless the elastic scenario above did it already), and once
+    Ray counts it dead, a fixed-size run that needs it is refused on joining, naming it."""
+    if rayup.tagged_pids(slurm_cluster, "node02", cluster_losing_node02.job_id):
+        rayup.kill_node_ray(slurm_cluster, "node02", cluster_losing_node02.job_id)
+    slurm_cluster.run("master-node", ["python", "-c", WAIT_DEAD], env=cluster_losing_node02.env(), check=True)
     t = time.monotonic()
     proc = submit_sync(
         slurm_cluster,
@@ -208,8 +272,8 @@ def test_heal_replaces_a_killed_training_process_on_one_node_while_the_others_tr
 ):
     """jobs/heal.py over the cluster's nodes, each on its own interface: one node's training process SIGKILLed
     mid-run (a worker node's, when one holds a worker); the other goes on, Ray Train replaces it, the replacement
-    takes the state from its peer, and the run completes without a restart. Two workers: node02's Ray may be gone
-    by now (the tests above kill it)."""
+    takes the state from its peer, and the run completes without a restart. Two workers: node02's Ray is gone by
+    now (the tests above kill it)."""
     job = cluster_losing_node02
     runs = slurm_cluster.shared / "runs"
     sets = " ".join(
@@ -254,8 +318,8 @@ def test_interactive_cluster_stops_submitted_runs_at_the_warning_and_names_their
     stops it with a checkpoint and the job's log names the command that resumes it. The whole requeue of an async
     batch job (servers and budget carried over) is benchmarks' (benchmarks/slurm_resilience.py); the sync batch
     job's above."""
-    # Last on this cluster: the warning ends it. (node02 is gone by now; the workers fit on the other hosts, and
-    # the server shards reserve no CPU.)
+    # Last on this cluster: the warning ends it. (node02 is gone by now, since the fixed-size test; the workers fit
+    # on the other hosts, and the server shards reserve no CPU.)
     job = cluster_losing_node02
     storage = slurm_cluster.shared / "runs"
     r = slurm_cluster.run(

@@ -14,8 +14,9 @@ import pytest
 from tests.support.jobutil import REPO, summary
 
 STRATEGIES = ("sync", "local_sgd", "async")
-EPOCHS = 25
-"""Long enough (a few seconds of training per strategy) for metrics exported every second to be seen."""
+EPOCHS = 15
+"""Long enough (a few seconds of training per strategy) for metrics exported every second to be seen, and for every
+strategy to pass the 0.95 test accuracy test_compare asks for."""
 METRICS = (
     "step",
     "total_steps",
