@@ -179,10 +179,11 @@ def test_a_fixed_size_run_that_loses_a_node_mid_run_fails_within_its_bound_namin
     assert lost.kill_to_exit_s < MIDRUN_LOSS_BOUND_S, lost.kill_to_exit_s
 
 
-WAIT_DEAD = """import ray, time
-ray.init(logging_level="ERROR")
+WAIT_DEAD = """import os, time
+from raydist.cluster.dashboard_client import list_nodes
+token = open(os.environ["RAY_AUTH_TOKEN_PATH"]).read().strip()
 deadline = time.monotonic() + 120
-while any(n["Alive"] and n["NodeManagerAddress"] == "192.168.20.17" for n in ray.nodes()):
+while any(n.alive and n.ip == "192.168.20.17" for n in list_nodes(os.environ["RAY_ADDRESS"], token)):
     assert time.monotonic() < deadline, "Ray still counts node02 alive"
     time.sleep(0.5)
 """
