@@ -111,7 +111,8 @@ def test_a_batch_sweep_warned_at_the_time_limit_requeues_and_resumes_only_its_un
     (first,) = [p.parent for p in trials.glob("*/summary.json")]
     first_written = (first / "summary.json").stat().st_mtime
     slurm_cluster.run("master-node", ["scancel", "--batch", "--signal=USR1", str(job.job_id)], check=True)
-    wait_text(job, r"1 trial\(s\) unfinished; the same command resumes the sweep", timeout=120)
+    # the second trial, and the third, which would start after the warning
+    wait_text(job, r"2 trial\(s\) unfinished; the same command resumes the sweep", timeout=120)
     wait_text(job, r"requeueing after the time limit \(1 of at most 3\)", timeout=90)
     release_after_requeue(job)
     state = slurm_cluster.wait_job(job.job_id, timeout=600)

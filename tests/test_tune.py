@@ -17,7 +17,7 @@ from raydist.errors import ConfigError
 from raydist.observability.metrics import read_steps
 from raydist.sweeps import space
 from raydist.sweeps.trial import Tail, evaluation_reports
-from tests.support.jobutil import REPO, run_job, summary
+from tests.support.jobutil import REPO, clean_env, run_job, summary
 from tests.support.mlflowutil import mlflow_runs
 
 
@@ -232,3 +232,27 @@ def test_a_sweep_stopped_by_the_clusters_request_shows_its_trials_in_top_and_res
     (second,) = [d for d in trials.iterdir() if d.is_dir() and d != first]
     resumed = json.loads((second / "summary.json").read_text())
     assert resumed["status"] == "completed" and resumed["resumed_from_step"] >= 10, resumed
+
+
+@pytest.mark.long
+def test_raydist_tune_sweeps_your_own_model_and_data_by_its_own_loss(tmp_path):
+    """From Python, as docs/tune.md shows: a regression raydist has never seen (its model, data and loss passed as
+    functions from the user's module), swept by test loss, lower is better; each trial's job imports the module."""
+    from tests.test_your_code import REGRESSION
+
+    (tmp_path / "regress.py").write_text(REGRESSION)
+    script = (
+        "import raydist, regress\n"
+        "s = raydist.tune('sync', space={'optim.lr': 'grid([0.1, 0.0001])'}, num_samples=1, metric='test_loss',\n"
+        "                 model=regress.make_model, data=regress.make_datasets, loss=regress.mse,\n"
+        "                 train={'max_steps': 60}, schedule={'name': 'constant', 'warmup_steps': 0},\n"
+        "                 scaling={'num_workers': 1}, tune={'scheduler': 'fifo', 'max_concurrent': 1},\n"
+        f"                 run={{'name': 'own', 'storage_path': {str(tmp_path / 'runs')!r}}})\n"
+        "print('BEST', s.best_values, s.best_metric, s.trials, s.errored)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=clean_env(), capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    best = next(ln for ln in done.stdout.splitlines() if ln.startswith("BEST"))
+    assert best.startswith("BEST {'optim.lr': 0.1} ") and best.endswith(" 2 0"), best
+    assert float(best.split()[3]) < 1.0, best  # the variance of y is 14.25: the best trial learned the map
