@@ -10,7 +10,7 @@ TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.raydist-installed
 PIP := $(VENV)/bin/pip install --quiet --disable-pip-version-check
 # uv (installed from PyPI into $(VENV)) downloads, unpacks and compiles on every core where pip uses one: the set-up
-# is the one step of `make test` that leaves a core idle (docs/testing.md). pip still picks torch, as its
+# is the one step of `make test` that leaves a core idle (docs/dev/testing.md). pip still picks torch, as its
 # configuration says (local wheel directories, constraints), and uv installs that file. INSTALLER=pip installs
 # with pip alone, as does any failure of uv.
 INSTALLER ?= uv

@@ -2,7 +2,7 @@
 test` compile them first (the Makefile's `bytecode` step).
 
     .venv/bin/python -m benchmarks.bytecode --rounds 5 --out docs/data/bytecode.json
-    .venv/bin/python -m benchmarks.bytecode --report docs/data/bytecode.json   # docs/testing.md's line
+    .venv/bin/python -m benchmarks.bytecode --report docs/data/bytecode.json   # docs/dev/testing.md's line
 
 An editable install (`pip install -e .`, as `make setup` does) leaves raydist's modules uncompiled, and where
 PYTHONDONTWRITEBYTECODE is set, as on these machines, Python never writes their cache: every process that imports

@@ -7,7 +7,7 @@
 A test marked `long` (pyproject's addopts deselects them) is a chaos run or a full scenario whose short version is in
 the suite: a batch job warned, requeued and resumed to identical losses, a node lost mid-run, a rank killed and the
 group restarted. They take minutes each, and together they would stretch `make test` past its 15 minutes on 2 cores
-(docs/testing.md#long-scenarios). This runs them all with real Ray and real SLURM, as `make test` runs the suite
+(docs/dev/testing.md#long-scenarios). This runs them all with real Ray and real SLURM, as `make test` runs the suite
 (two pytest-xdist workers, the SLURM ones in one group; root for the emulated hosts), and stores each test's outcome
 and wall time with the machine and the commit (each test's own: `--missing` runs only the scenarios the stored
 file has no passing outcome for, a new one or one that failed, and adds them to it). tests/test_long_tests.py fails the suite when a `long` test has no

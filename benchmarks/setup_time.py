@@ -1,8 +1,8 @@
 """`make setup` on a fresh clone with uv (the Makefile's default) against pip alone (`INSTALLER=pip`): the set-up is
-the part of `make test` that keeps one core busy at most, so its seconds count in full (docs/testing.md).
+the part of `make test` that keeps one core busy at most, so its seconds count in full (docs/dev/testing.md).
 
     .venv/bin/python -m benchmarks.setup_time --rounds 3 --out docs/data/setup_time.json
-    .venv/bin/python -m benchmarks.setup_time --report docs/data/setup_time.json   # docs/testing.md's line
+    .venv/bin/python -m benchmarks.setup_time --report docs/data/setup_time.json   # docs/dev/testing.md's line
 
 Each round clones HEAD twice and runs `make setup` in each clone, one installer after the other (which goes first
 alternates between rounds), with empty download caches of its own (PIP_CACHE_DIR, UV_CACHE_DIR), as on a fresh CI

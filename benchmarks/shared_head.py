@@ -1,8 +1,8 @@
 """What a short job costs on its own embedded Ray instance against the same job on a running Ray head: the reason
-the tests marked `shared_ray` share one head (docs/testing.md).
+the tests marked `shared_ray` share one head (docs/dev/testing.md).
 
     .venv/bin/python -m benchmarks.shared_head --rounds 3 --out docs/data/shared_head.json
-    .venv/bin/python -m benchmarks.shared_head --report docs/data/shared_head.json   # docs/testing.md's line
+    .venv/bin/python -m benchmarks.shared_head --report docs/data/shared_head.json   # docs/dev/testing.md's line
 
 Starts two heads (tests/support/rayhead.py: `ray start --head`, token auth, loopback), one with a warm interpreter that
 forks the jobs' Ray workers, as the tests' head has (`head`), one without (`cold head`), and then, per round, runs

@@ -1,4 +1,4 @@
-"""How long `make test` takes from a fresh clone: the figure README.md and docs/testing.md quote.
+"""How long `make test` takes from a fresh clone: the figure README.md and docs/dev/testing.md quote.
 
     .venv/bin/python -m benchmarks.suite_time --out docs/data/suite_time.json [--rounds 2]
     .venv/bin/python -m benchmarks.suite_time --report docs/data/suite_time.json    # the quoted line again
@@ -200,7 +200,7 @@ def minutes(seconds: float) -> str:
 
 
 def report(stored: dict) -> str:
-    """The line README.md and docs/testing.md quote."""
+    """The line README.md and docs/dev/testing.md quote."""
     rounds = [r for r in stored["rounds"] if r["exit_code"] == 0]
     if not rounds:
         return "no passing round stored"

@@ -3,7 +3,7 @@ preflight, the summary and the cost model ask about a strategy. None of them nam
 
 An entry names its parts by import path ("module:attribute") so that reading the list imports neither torch nor
 Ray; each part lives in the strategy's folder, raydist/strategies/<folder>/. Adding a strategy: its folder, one
-`StrategySpec` below and one jobs/<name>.py (docs/layout.md lists exactly what a new strategy touches).
+`StrategySpec` below and one jobs/<name>.py (docs/dev/layout.md lists exactly what a new strategy touches).
 """
 
 from __future__ import annotations

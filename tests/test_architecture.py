@@ -1,4 +1,4 @@
-"""The code's shape, as docs/layout.md describes it: a strategy lives in its folder and the registry, imports run
+"""The code's shape, as docs/dev/layout.md describes it: a strategy lives in its folder and the registry, imports run
 one way, no module reaches into another's private names, no function grows past what one screen shows."""
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def home(module: str) -> tuple[int, str]:
         for unit in layer:
             if (module == unit or module.startswith(unit + ".")) and (best is None or len(unit) > len(best[1])):
                 best = (rank, unit)
-    assert best, f"{module} is in no layer of LAYERS: add it there (and to docs/layout.md)"
+    assert best, f"{module} is in no layer of LAYERS: add it there (and to docs/dev/layout.md)"
     return best
 
 

@@ -51,14 +51,14 @@ def test_the_suite_time_readme_and_testing_md_quote_is_the_stored_run():
     if not stored_path.exists():
         pytest.skip("no suite time stored yet: python -m benchmarks.suite_time --out docs/data/suite_time.json")
     line = load_benchmark("suite_time").report(json.loads(stored_path.read_text()))
-    for doc in (REPO / "README.md", REPO / "docs" / "testing.md"):
+    for doc in (REPO / "README.md", REPO / "docs" / "dev" / "testing.md"):
         assert line in doc.read_text(), f"{doc.name} is stale: paste `python -m benchmarks.suite_time --report`"
 
 
 def test_the_shared_head_lines_are_the_stored_rounds():
     stored = json.loads((DATA / "shared_head.json").read_text())
-    assert load_benchmark("shared_head").report(stored) in _doc("testing.md"), (
-        "docs/testing.md's shared-head lines are stale: paste `python -m benchmarks.shared_head --report`"
+    assert load_benchmark("shared_head").report(stored) in _doc("dev/testing.md"), (
+        "docs/dev/testing.md's shared-head lines are stale: paste `python -m benchmarks.shared_head --report`"
     )
     assert len(stored["rounds"]) >= 3 and stored["machine"]["cpus"] and stored["commit"]
 
@@ -142,8 +142,8 @@ def test_the_parameter_server_chaos_tables_are_the_stored_runs():
         ("startup_before_after", "driver_context_without_torch.json", "benchmarks.md"),
         ("startup_before_after", "worker_setup_without_ray.json", "benchmarks.md"),
         ("startup_before_after", "dynamo_preload.json", "benchmarks.md"),
-        ("bytecode", "bytecode.json", "testing.md"),
-        ("setup_time", "setup_time.json", "testing.md"),
+        ("bytecode", "bytecode.json", "dev/testing.md"),
+        ("setup_time", "setup_time.json", "dev/testing.md"),
     ],
 )
 def test_a_benchmarks_stored_report_is_what_the_doc_quotes(bench, data, doc):

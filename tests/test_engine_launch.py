@@ -5,7 +5,7 @@ survives a killed rank, and refuses the strategies it cannot run.
 The killed rank and the stop signal run on the job's embedded Ray instance, where the ranks start before Ray does;
 the tests marked `shared_ray` join the shared Ray head (tests/support/sharedray.py) as a job joins a cluster, where the
 head's warm interpreter forks the ranks, as a SLURM node's does: an embedded instance of its own costs a short job
-much CPU on the 2-core suite (benchmarks/shared_head.py, docs/testing.md)."""
+much CPU on the 2-core suite (benchmarks/shared_head.py, docs/dev/testing.md)."""
 
 from __future__ import annotations
 

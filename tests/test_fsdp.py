@@ -3,7 +3,7 @@ stopped run resumes exactly from its sharded checkpoint, and the checkpoint resu
 
 Five runs on the shared Ray head (tests/support/sharedray.py; each job joins it with run.address instead of starting Ray), one
 after another: the straight digits run, the synthetic one, the stopped one and its two resumes. Not side by side: on
-2 cores three FSDP jobs at once took more CPU and more wall time than one after another (docs/testing.md).
+2 cores three FSDP jobs at once took more CPU and more wall time than one after another (docs/dev/testing.md).
 """
 
 from __future__ import annotations

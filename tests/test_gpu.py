@@ -1,6 +1,6 @@
 """The GPU paths: NCCL, bf16 autocast, CUDA tensors in checkpoints and collectives. Skipped where torch sees no
 GPU (CI, the 2-core machines); run on a machine with one: `.venv/bin/python -m pytest tests/test_gpu.py`
-(docs/testing.md). A user's own model (examples/tinygpt) on every strategy with one GPU worker, a resume at the exact
+(docs/dev/testing.md). A user's own model (examples/tinygpt) on every strategy with one GPU worker, a resume at the exact
 step, a user's NCCL script under `raydist launch`, and the refusal of more GPU workers than the machine has."""
 
 from __future__ import annotations

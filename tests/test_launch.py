@@ -8,7 +8,7 @@ The same on emulated SLURM hosts: tests/test_slurm_launch.py.
 torchrun's checksum, SIGTERM and the launcher environment run on the embedded instance, where the first start's ranks
 begin before Ray does; the tests marked `shared_ray` join the shared Ray head (tests/support/sharedray.py) as `raydist
 launch` joins a cluster, its warm interpreter forking the ranks as a SLURM node's does: an embedded instance of its
-own costs a short run much CPU on the 2-core suite (benchmarks/shared_head.py, docs/testing.md)."""
+own costs a short run much CPU on the 2-core suite (benchmarks/shared_head.py, docs/dev/testing.md)."""
 
 from __future__ import annotations
 

@@ -36,6 +36,6 @@ def test_this_session_runs_no_long_scenario_unless_its_marker_expression_names_t
 
 def test_testing_md_quotes_the_stored_long_run():
     line = load_benchmark("long_tests").report_line(json.loads(STORED.read_text()))
-    assert line in (REPO / "docs" / "testing.md").read_text(), (
-        "docs/testing.md is stale: paste `python -m benchmarks.long_tests --report docs/data/long_tests.json`"
+    assert line in (REPO / "docs" / "dev" / "testing.md").read_text(), (
+        "docs/dev/testing.md is stale: paste `python -m benchmarks.long_tests --report docs/data/long_tests.json`"
     )

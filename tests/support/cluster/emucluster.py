@@ -507,7 +507,7 @@ MessageTimeout=10
     def shape(self, rate_mbit: float | None, hosts: list[str] | None = None) -> None:
         """Limit each host's link to `rate_mbit` in both directions (None: unlimited again), like a switch port of
         that speed: a token bucket (tc tbf) on the host's interface (what it sends) and on the bridge's end of its
-        veth (what it receives). Latency is not added: this kernel has no sch_netem (docs/testing.md)."""
+        veth (what it receives). Latency is not added: this kernel has no sch_netem (docs/dev/testing.md)."""
         if not self.init_pids:
             self.init_pids = json.loads(self.state_file.read_text())["init_pids"]
         br = str(self.init_pids["bridge"])
