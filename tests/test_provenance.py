@@ -1,0 +1,80 @@
+"""Every stored result a page quotes says where it came from, as its benchmark wrote it (benchmarks/stored.py
+`stamp`): the clean commit it ran on, the date and the machine. A result measured on a tree with changes outside the
+docs carries "-dirty" and is refused, as is a stamp without a machine or a date, or a commit that is not a whole
+hash (one written in by hand).
+
+LEGACY is the backlog of quoted files from before this rule: each is to be re-run by its benchmark or dropped from
+the pages; the list may only shrink."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.support.jobutil import REPO
+
+DATA = REPO / "docs" / "data"
+COMMIT = re.compile(
+    r"[0-9a-f]{40}(-copy)?"
+)  # -copy: a tree copied to a lent GPU machine, its commit given by the caller
+LEGACY = {
+    "checkpoint_chaos.json": "measured on a dirty tree",
+    "desync_cost.json": "measured on a dirty tree",
+    "desync_cost_large.json": "measured on a dirty tree",
+    "gpu_strategies.json": "its commit corrected by hand; needs a lent GPU to re-run",
+    "launch_first_step.json": "no stamp",
+    "metrics_cost.json": "measured on a dirty tree",
+    "more_hosts.json": "no stamp",
+    "shaped_runs.json": "no stamp; most of its points name no commit",
+    "suite_cpu.json": "measured on a dirty tree",
+    "suite_cpu_3fe8a46.json": "measured on a dirty tree",
+    "suite_time_05fe222.json": "measured on a dirty tree",
+    "sync_vs_torchrun.json": "measured on a dirty tree",
+    "three_workers.json": "no stamp",
+}
+
+
+def quoted() -> list[str]:
+    """The docs/data files README.md or a page under docs/ names."""
+    text = "\n".join(p.read_text() for p in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))])
+    return sorted(p.name for p in DATA.glob("*.json") if p.name in text)
+
+
+def problems(stored: dict) -> list[str]:
+    """What is wrong with a stored result's stamp, and with any commit its rounds or points name."""
+    found = []
+    if not COMMIT.fullmatch(str(stored.get("commit", ""))):
+        found.append(f"commit {stored.get('commit')!r} is not a clean commit the benchmark stamped")
+    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", str(stored.get("date", ""))):
+        found.append("no date")
+    if not (isinstance(stored.get("machine"), dict) and stored["machine"].get("cpus")):
+        found.append("no machine")
+    if any(isinstance(v, str) and "by hand" in v for v in stored.values()):
+        found.append("its stamp was corrected by hand")
+    for key in ("rounds", "points"):
+        parts = stored.get(key)
+        for part in parts if isinstance(parts, list) else []:
+            if isinstance(part, dict) and "commit" in part and not COMMIT.fullmatch(str(part["commit"])):
+                found.append(f"a part of {key} names commit {part['commit']!r}")
+    return found
+
+
+@pytest.mark.parametrize("name", [n for n in quoted() if n not in LEGACY])
+def test_a_quoted_result_names_the_clean_commit_it_ran_on_its_date_and_machine(name):
+    assert problems(json.loads((DATA / name).read_text())) == [], name
+
+
+@pytest.mark.parametrize("name", sorted(LEGACY))
+def test_the_backlog_of_unstamped_results_only_shrinks(name):
+    """A file re-run with a clean stamp, or no longer quoted, leaves the list."""
+    assert name in quoted(), f"{name} is quoted nowhere now: drop it from LEGACY (and the file, if nothing uses it)"
+    assert problems(json.loads((DATA / name).read_text())), f"{name} now has a clean stamp: drop it from LEGACY"
+
+
+def test_the_stamp_check_refuses_a_dirty_or_hand_written_commit():
+    clean = {"commit": "a" * 40, "date": "2026-11-28", "machine": {"cpus": 2}}
+    assert problems(clean) == []
+    assert problems({**clean, "commit": "a" * 40 + "-dirty"}) and problems({**clean, "commit": "d7d92e4"})
+    assert problems({**clean, "rounds": [{"commit": "b" * 40 + "-dirty"}]}) and problems({**clean, "date": None})
