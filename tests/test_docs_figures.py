@@ -124,6 +124,7 @@ def test_the_parameter_server_chaos_tables_are_the_stored_runs():
     "bench, data, doc",
     [
         ("strategies_compare", "strategies_compare.json", "strategies.md"),
+        ("strategies_tuned", "strategies_tuned.json", "strategies.md"),
         ("fsdp_memory", "fsdp_memory.json", "strategies.md"),
         ("gloo_bytes", "gloo_bytes.json", "strategies.md"),
         ("gloo_bytes", "gloo_bytes.json", "costmodel.md"),
