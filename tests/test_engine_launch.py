@@ -151,6 +151,7 @@ def test_strategies_that_need_ray_train_or_actors_are_refused(job):
     assert f"scaling.engine=launch runs sync, local_sgd, fsdp; {job} needs Ray Train" in line, line
 
 
+@pytest.mark.long  # its short version: your own model and data train and resume on the launch engine (sync)
 @pytest.mark.shared_ray
 def test_local_sgd_and_fsdp_run_on_the_launch_engine(tmp_path):
     for job in ("local_sgd", "fsdp"):

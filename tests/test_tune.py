@@ -182,12 +182,13 @@ def _request_stop(head) -> None:
 
 @pytest.mark.long
 def test_a_sweep_stopped_by_the_clusters_request_shows_its_trials_in_top_and_resumes_only_the_unfinished(tmp_path):
-    """On a Ray head: `raydist top` shows each trial's run while it trains; the cluster's stop request (SLURM's
-    warning sets it) lands while the second trial trains; the sweep ends stopped. The same command on a new head
+    """On a Ray head: `raydist top` and the dashboard's Train page show each trial's run while it trains; the
+    cluster's stop request (SLURM's warning sets it) lands while the second trial trains; the sweep ends stopped. The same command on a new head
     (the requeued allocation's) keeps the first trial and resumes the second at its checkpoint.
     test_slurm_resilience runs the same in batch mode on SLURM."""
     import time
 
+    from raydist.cluster.dashboard_client import get_json
     from raydist.observability import top
     from tests.support.cluster.resilience import trained_past
     from tests.support.rayhead import ray_head
@@ -197,9 +198,11 @@ def test_a_sweep_stopped_by_the_clusters_request_shows_its_trials_in_top_and_res
               "tune.num_samples=1", "tune.max_concurrent=1", "tune.scheduler=fifo", "train.epochs=3",
               "scaling.num_workers=1", "checkpoint.every_steps=10", "straggler.worker=0", "straggler.slowdown=4"):  # fmt: skip
         args += ["--set", o]
-    trials, seen = tmp_path / "sw" / "trials", set()
+    trials, seen, listed = tmp_path / "sw" / "trials", set(), set()
     with ray_head(num_cpus=2, env={"RAY_metrics_report_interval_ms": "1000"}) as head:
-        source = top.Source("test head", dashboard_url=head.dashboard_url, token=Path(head.token_path).read_text())
+        source = top.Source(
+            "test head", dashboard_url=head.dashboard_url, token=Path(head.token_path).read_text().strip()
+        )
         proc = subprocess.Popen(args, cwd=REPO, env={**head.node_env(), "RAY_ADDRESS": head.gcs_address},
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
         deadline = time.monotonic() + 400
@@ -211,6 +214,8 @@ def test_a_sweep_stopped_by_the_clusters_request_shows_its_trials_in_top_and_res
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-4000:]
             try:
                 seen |= {r["run"] for r in top.snapshot(source)["runs"]}
+                runs = get_json(f"{head.dashboard_url}/api/train/v2/runs/v1", source.token)["train_runs"]
+                listed |= {r["name"] for r in runs}
             except Exception:  # noqa: BLE001 — a look that failed (the head busy) is retried
                 pass
             time.sleep(0.5)
@@ -218,7 +223,8 @@ def test_a_sweep_stopped_by_the_clusters_request_shows_its_trials_in_top_and_res
         _request_stop(head)
         out = proc.communicate(timeout=300)[0]
     assert proc.returncode == 0, out[-4000:]
-    assert first.name in seen, seen  # top showed the first trial's run, by its trial id
+    # `raydist top` and the dashboard's Train page showed the first trial's run, by its trial id
+    assert first.name in seen and first.name in listed, (seen, listed)
     stopped = json.loads((tmp_path / "sw" / "summary.json").read_text())
     assert (stopped["status"], stopped["unfinished"], stopped["errored"]) == ("stopped", 1, 0), stopped
     assert "1 trial(s) unfinished; the same command resumes the sweep" in out and "Traceback" not in out, out[-4000:]
@@ -256,3 +262,53 @@ def test_raydist_tune_sweeps_your_own_model_and_data_by_its_own_loss(tmp_path):
     best = next(ln for ln in done.stdout.splitlines() if ln.startswith("BEST"))
     assert best.startswith("BEST {'optim.lr': 0.1} ") and best.endswith(" 2 0"), best
     assert float(best.split()[3]) < 1.0, best  # the variance of y is 14.25: the best trial learned the map
+
+
+def _job_pid(trial_yaml: Path) -> int | None:
+    """The pid of the trial's job (`python -m raydist.job <strategy> --config <trial>.yaml`), a descendant of this
+    test's sweep."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"raydist.job" in argv and str(trial_yaml).encode() in argv:
+            return int(cmdline.parent.name)
+    return None
+
+
+@pytest.mark.long
+def test_a_trial_whose_job_dies_runs_once_more_and_resumes_while_the_other_trials_are_untouched(tmp_path):
+    """What a lost node does to the trials on it: the first trial's job is SIGKILLed mid-run. Tune runs that trial
+    once more, its job resumes from its own checkpoint, and the sweep completes with no error; the second trial runs
+    once."""
+    import os
+    import signal
+    import time
+
+    from tests.support.cluster.resilience import trained_past
+
+    args = [sys.executable, str(REPO / "jobs" / "tune.py")]
+    for o in (f"run.storage_path={tmp_path}", "run.name=sw", "tune.space.optim.lr=grid([0.02, 0.01])",
+              "tune.num_samples=1", "tune.max_concurrent=1", "tune.scheduler=fifo", "train.epochs=3",
+              "scaling.num_workers=1", "checkpoint.every_steps=10", "straggler.worker=0", "straggler.slowdown=4"):  # fmt: skip
+        args += ["--set", o]
+    proc = subprocess.Popen(
+        args, cwd=REPO, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    trials, deadline = tmp_path / "sw" / "trials", time.monotonic() + 300
+    while not (trials.is_dir() and any(trained_past(d, 12) for d in trials.iterdir() if d.is_dir())):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-4000:]
+        time.sleep(0.2)
+    (first,) = [d for d in trials.iterdir() if d.is_dir()]
+    pid = _job_pid(trials / f"{first.name}.yaml")
+    assert pid, "the trial's job is not running"
+    os.kill(pid, signal.SIGKILL)
+    out = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 0, out[-4000:]
+    result = json.loads((tmp_path / "sw" / "summary.json").read_text())
+    assert (result["status"], result["trials"], result["errored"], result["unfinished"]) == ("completed", 2, 0, 0)
+    again = json.loads((first / "summary.json").read_text())
+    assert again["status"] == "completed" and again["resumed_from_step"] >= 10, again
+    (second,) = [d for d in trials.iterdir() if d.is_dir() and d != first]
+    assert json.loads((second / "summary.json").read_text())["resumed_from_step"] is None

@@ -121,6 +121,7 @@ def test_a_failing_forked_rank_prints_the_traceback_python_prints(agent, server)
     assert lines[2:] == cold.stderr.splitlines(), lines
 
 
+@pytest.mark.long  # its short version: test_launch's Lightning Fabric, cold, finds its launcher the same way
 def test_lightning_fabric_forked_warm_finds_its_launcher_and_trains(agent, server, tmp_path):
     """A framework that detects its launcher from the environment (Lightning Fabric), in two forked ranks with the
     variables raydist launch gives: it sees the ranks' environment, not the warm interpreter's."""

@@ -44,11 +44,11 @@ def test_compare_trains_your_model_side_by_side(tmp_path):
 
 
 @pytest.mark.slow
-# Local SGD's and FSDP's in the suite (FSDP wraps your model's layers; local SGD's digits resume is a long
-# scenario); sync's and the async PS's are long scenarios (benchmarks/long_tests.py), their resumes on digits in
-# the suite (test_sync_job, test_async_ps)
+# Local SGD's in the suite (its digits resume is a long scenario); sync's, the async PS's and FSDP's are long
+# scenarios (benchmarks/long_tests.py), their resumes on digits in the suite (test_sync_job, test_async_ps,
+# test_fsdp)
 @pytest.mark.parametrize(
-    "strategy", [*(pytest.param(s, marks=pytest.mark.long) for s in ("sync", "async")), "local_sgd", "fsdp"]
+    "strategy", [*(pytest.param(s, marks=pytest.mark.long) for s in ("sync", "async", "fsdp")), "local_sgd"]
 )
 @pytest.mark.shared_ray
 def test_your_model_resumes_at_the_exact_step(tmp_path, strategy):
