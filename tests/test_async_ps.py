@@ -35,10 +35,15 @@ def test_one_worker_with_n_fetch_1_sees_no_staleness_and_sharding_changes_nothin
     assert torch.equal(load_params(one["checkpoint"]), load_params(three["checkpoint"]))
 
 
-def test_staleness_grows_with_workers_and_with_n_fetch(run_async):
+def test_staleness_grows_with_n_fetch(run_async):
     # One worker fetching every 4th step pushes gradients 0, 1, 2, 3 versions old, again and again.
     fetch4 = run_async("fetch4", "scaling.num_workers=1", "train.max_steps=40", "async_ps.n_fetch=4")
     assert fetch4["staleness_mean"] == 1.5 and fetch4["staleness_max"] == 3
+
+
+@pytest.mark.long
+def test_staleness_grows_with_workers(run_async):
+    """Long; in the suite, three workers' pushes are often 2 versions behind in the bound test's drop case."""
     # Three workers: while one computes, the other two push.
     workers3 = run_async("workers3", "scaling.num_workers=3", "train.max_steps=30")
     assert workers3["steps"] == 90 and workers3["staleness_mean"] > 0.5 and workers3["staleness_max"] >= 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -60,23 +61,20 @@ def test_submission_with_the_token_trains_on_the_cluster(head, tmp_path):
     assert (tmp_path / "submitted" / "metrics.jsonl").exists()
 
 
-def test_submission_without_the_token_is_refused(head):
-    proc = _submit(head, head.client_env(with_token=False), timeout=60)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0 and "submitted successfully" not in out
-    # Ray's client words an HTTP 401 from the head exactly so (ray/_private/authentication/http_token_authentication.py)
-    assert "AuthenticationError: Authentication required: Unauthorized: Missing authentication token" in out, out[
-        -2000:
-    ]
-
-
-def test_submission_with_a_wrong_token_is_refused(head, tmp_path):
+def test_submission_without_the_token_or_with_a_wrong_one_is_refused(head, tmp_path):
     wrong = tmp_path / "token"
     wrong.write_text("0" * 32)
-    proc = _submit(head, {**head.client_env(), "RAY_AUTH_TOKEN_PATH": str(wrong)}, timeout=60)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0 and "submitted successfully" not in out
-    assert "AuthenticationError: Authentication failed: " in out, out[-2000:]  # Ray's words for an HTTP 403
+    envs = (head.client_env(with_token=False), {**head.client_env(), "RAY_AUTH_TOKEN_PATH": str(wrong)})
+    with ThreadPoolExecutor(2) as pool:  # two `ray job submit` start-ups at once: most of each is importing ray
+        missing, bad = pool.map(lambda env: _submit(head, env, timeout=60), envs)
+    for proc in (missing, bad):
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0 and "submitted successfully" not in out, out[-2000:]
+    # Ray's client words an HTTP 401 and 403 from the head exactly so
+    # (ray/_private/authentication/http_token_authentication.py)
+    out = missing.stdout + missing.stderr
+    assert "AuthenticationError: Authentication required: Unauthorized: Missing authentication token" in out, out
+    assert "AuthenticationError: Authentication failed: " in bad.stdout + bad.stderr, bad.stderr[-2000:]
 
 
 def test_dashboard_api_needs_the_token(head):

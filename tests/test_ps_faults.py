@@ -45,7 +45,10 @@ def test_killed_server_and_worker_are_replaced_and_the_run_spends_its_whole_budg
     assert result["test_accuracy"] >= UNDISTURBED_ACCURACY - 0.01, (result, UNDISTURBED_ACCURACY)
 
 
+@pytest.mark.long
 def test_a_kill_beyond_max_failures_fails_the_run_with_one_line_naming_the_actor(tmp_path):
+    """Long; in the suite, test_ps_policy words the line and decides against the restart, and the kills above are
+    seen and acted on by the same driver."""
     job = chaos.Job(tmp_path, "fragile", [*chaos.CONFIG, "scaling.max_failures=0"])
     try:
         job.wait_until("a checkpoint", lambda: job.newest_checkpoint() > 0)

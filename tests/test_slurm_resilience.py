@@ -127,7 +127,11 @@ def test_a_batch_sweep_warned_at_the_time_limit_requeues_and_resumes_only_its_un
     assert len(resumed) == 1 and 0 < resumed[0]["resumed_from_step"] < resumed[0]["total_steps"], runs
 
 
+@pytest.mark.long
 def test_a_failing_batch_job_stops_requeueing_at_the_cap_with_one_line(slurm_cluster):
+    """A command that exits 3, with requeue.on_failure: requeued once, then it fails with one line naming the cap.
+    Long (two bring-ups and SLURM's requeue); in the suite, test_slurm_units decides the cap and the refused
+    requeue below calls `scontrol requeue` through the same path."""
     slurm_cluster.wait_idle(60)
     cfg = rayup.write_config(slurm_cluster, "cap", requeue={"max_requeues": 1, "on_failure": True}, **rayup.NO_TORCH)
     job = rayup.submit(slurm_cluster, cfg, nodes=1, command=("python", "-c", "import sys; sys.exit(3)"))
@@ -302,14 +306,18 @@ def test_heal_replaces_a_killed_training_process_on_one_node_while_the_others_tr
         time.sleep(0.1)
     found = {h: _training_worker_pids(slurm_cluster, h, job.job_id) for h in ("node02", "node01", "master-node")}
     host, victims = next((h, pids) for h, pids in found.items() if pids)
-    slurm_cluster.run(host, ["kill", "-9", victims[0]])
+    killed_at = max(read_steps(str(runs / "healed" / "metrics.jsonl")), default=None)
+    slurm_cluster.run(host, ["kill", "-9", victims[0]], check=True)
     out = proc.communicate(timeout=400)[0]
     assert proc.returncode == 0, out[-5000:]
     result = rayup.job_json(out)
     assert result["status"] == "completed" and result["steps"] == result["total_steps"], (result, out[-5000:])
     # At least the one heal: on a loaded machine a live replica whose heartbeats lag past heal.heartbeat_timeout_s
     # is left out of a step and heals from its peer too, which is recovery working, not a restart.
-    assert result["restarts"] == 0 and result["heals"] >= 1 and result["joined_from_peer"] >= 1, (result, out[-5000:])
+    said = [ln for ln in out.splitlines() if "[raydist]" in ln or "rror" in ln]
+    why = {k: result.get(k) for k in ("restarts", "heals", "joined_from_peer", "steps", "wall_s")}
+    why |= {"found": found, "killed": (host, victims[0], killed_at), "said": said[-30:]}
+    assert result["restarts"] == 0 and result["heals"] >= 1 and result["joined_from_peer"] >= 1, why
     assert "[raydist] heal: healed at step" in out and "Traceback" not in out, out[-5000:]
 
 

@@ -102,6 +102,7 @@ def test_a_trial_the_clusters_stop_request_ended_is_unfinished_not_errored_and_t
 
 
 @pytest.mark.slow
+@pytest.mark.shared_ray  # as on a cluster: compare, its sweep and the trials' jobs join a running Ray
 def test_compare_with_tune_sweeps_the_strategy_then_runs_it_at_its_best_settings(tmp_path):
     """The short version of the next and of the fair comparison (benchmarks/strategies_compare.py --tune): compare's
     sweep is the tune job, whose trial's job joins the sweep's Ray and reports its evaluations to Tune; its best

@@ -124,7 +124,7 @@ def test_the_example_script_runs_unmodified_under_raydist_launch(tmp_path):
             "-m",
             "tinygpt.train",
             "--steps",
-            "60",
+            "24",
         ],
         cwd=EXAMPLES,
         env=clean_env(),
