@@ -1,7 +1,7 @@
 """Where `jobs/sync.py`'s seconds before the first step go, an earlier commit against this tree, interleaved rounds.
 
     .venv/bin/python -m benchmarks.startup_before_after --before 538bd5a --rounds 5 --out docs/data/startup_before_after.json
-    .venv/bin/python -m benchmarks.startup_before_after --report docs/data/startup_before_after.json  # benchmarks.md
+    .venv/bin/python -m benchmarks.startup_before_after --report docs/data/startup_before_after.json  # the docs' table
 
 Exports the `--before` commit into a temporary directory (`git archive`) and runs the same command from each tree
 on the embedded Ray instance, alternating which goes first; PYTHONPATH names the tree, so the driver and every Ray

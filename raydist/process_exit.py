@@ -1,12 +1,12 @@
 """Ending a job's process without tearing down the interpreter.
 
 After a job's last line, Python's own exit frees every module it imported, one object at a time: with torch, Ray and
-Ray Train loaded that took about a second of CPU at the end of every job on the test machines (a second of the
-whole command, docs/benchmarks.md). Besides freeing memory, which the operating system does at once, that teardown
-flushes files left open; a job's driver leaves none (its summary, metrics and rank logs are closed or line-buffered
-before this). `exit_now` does what Python's exit does that matters before it: it waits for the threads that are not
-daemons, runs the exit hooks (Ray's, the warm interpreter's, logging's) and flushes stdout and stderr, and then
-ends the process.
+Ray Train loaded that took about a second of CPU at the end of every job on the test machines (a second of the whole
+command, docs/dev/startup-changes.md). Besides freeing memory, which the operating system does at once, that
+teardown flushes files left open; a job's driver leaves none (its summary, metrics and rank logs are closed or
+line-buffered before this). `exit_now` does what Python's exit does that matters before it: it waits for the threads
+that are not daemons, runs the exit hooks (Ray's, the warm interpreter's, logging's) and flushes stdout and stderr,
+and then ends the process.
 """
 
 from __future__ import annotations

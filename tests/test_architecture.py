@@ -270,7 +270,7 @@ def test_no_function_takes_seven_positional_parameters():
 
 
 def test_ray_trains_controller_needs_no_torch_for_raydists_backend_config():
-    # The controller unpickles the config; importing torch there was most of its set-up (docs/benchmarks.md).
+    # The controller unpickles the config; importing torch there was most of its set-up (docs/dev/startup-changes.md).
     import subprocess
     import sys
 

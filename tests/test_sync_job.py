@@ -129,7 +129,8 @@ def test_stopped_run_resumes_at_the_next_step_with_identical_losses(tmp_path):
 @pytest.mark.long
 def test_the_driver_starts_the_autoscaling_coordinator_that_ray_train_waits_for():
     # raydist.engines.raytrain.start_autoscaling_coordinator goes through Ray's own get-or-create and says nothing when it
-    # cannot: a Ray release that renames it would lose the speed-up silently (docs/benchmarks.md). This fails instead.
+    # cannot: a Ray release that renames it would lose the speed-up silently (docs/dev/startup-changes.md). This fails
+    # instead.
     code = (
         "import ray; ray.init(num_cpus=1, include_dashboard=False, logging_level='ERROR');"
         "from raydist.engines.raytrain import start_autoscaling_coordinator; start_autoscaling_coordinator();"

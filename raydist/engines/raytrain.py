@@ -148,8 +148,8 @@ def in_place(torch_config) -> bool:
 def start_autoscaling_coordinator() -> None:
     """Start Ray's autoscaling coordinator now, through Ray's own get-or-create (a detached named actor), so that it
     starts beside the controller instead of after it. Ray Train 2.60's controller asks it for resources at start and
-    waits up to 5 s for the answer, on the path to the first step: a fresh process importing Ray Data. Started here,
-    it is up by then (docs/benchmarks.md has the before and after); on a slow start (the GPU machine's first run)
+    waits up to 5 s for the answer, on the path to the first step: a fresh process importing Ray Data. Started here, it
+    is up by then (docs/dev/startup-changes.md has the before and after); on a slow start (the GPU machine's first run)
     the 5 s ran out and Ray printed a traceback. A Ray without this function starts it the old way."""
     try:
         from raydist.private_api import get_or_create_autoscaling_coordinator

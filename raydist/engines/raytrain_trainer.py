@@ -11,7 +11,7 @@ Ray Train 2.60 starts, for every `fit()`, beside its controller:
 - a `DatasetManager` (through `DatasetsCallback`), which serves Ray Data shards; a raydist run passes no Ray Data
   set (each worker reads its own shard, `raydist.torchkit.sharding`), so it is only started when one is passed.
 
-Measured side by side (docs/benchmarks.md, "Two helpers fewer"): dropping both cut the machine's CPU time for a
+Measured side by side (docs/dev/startup-changes.md, "Two helpers fewer"): dropping both cut the machine's CPU time for a
 one-epoch `jobs/sync.py` by an eighth; its first step moved within the noise. The hook is Ray's `_create_default_callbacks` (raydist.private_api), the
 one place the list is made: if a later Ray renames it, nothing breaks, the helpers are started again, and
 tests/test_architecture.py fails so that the hook is moved.
