@@ -28,9 +28,6 @@ LEGACY = {
     "metrics_cost.json": "measured on a dirty tree",
     "more_hosts.json": "no stamp",
     "shaped_runs.json": "no stamp; most of its points name no commit",
-    "suite_cpu.json": "measured on a dirty tree",
-    "suite_cpu_3fe8a46.json": "measured on a dirty tree",
-    "suite_time_05fe222.json": "measured on a dirty tree",
     "sync_vs_torchrun.json": "measured on a dirty tree",
     "three_workers.json": "no stamp",
 }
