@@ -857,3 +857,29 @@ def test_ray_start_runs_once_more_only_after_rays_raylet_registration_timeout():
     assert not start_again(1, timed_out, attempt=0, requested=True)  # the job is ending: no new start
     assert not start_again(1, "ValueError: port 6379 already in use", attempt=0, requested=False)
     assert not start_again(0, timed_out, attempt=0, requested=False)
+
+
+# ---- the warning on an interactive cluster: naming the submitted runs ----------------------------------------------
+
+
+def test_a_job_api_that_fails_once_is_asked_again_and_one_that_never_answers_is_named(monkeypatch):
+    from raydist.slurm import interrupt
+
+    class Job:
+        submission_id, entrypoint, type, status = "raysubmit_1", "python jobs/async.py", "SUBMISSION", "RUNNING"
+
+    answers = [ConnectionError("dashboard busy"), [Job()]]
+
+    def listing(conn):
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(interrupt, "running_submissions", listing)
+    jobs, error = interrupt._listed(None, until=time.monotonic() + 5, pause_s=0.01)
+    assert [j.submission_id for j in jobs] == ["raysubmit_1"] and error is None
+
+    monkeypatch.setattr(interrupt, "running_submissions", lambda conn: (_ for _ in ()).throw(TimeoutError("no answer")))
+    jobs, error = interrupt._listed(None, until=time.monotonic() + 0.05, pause_s=0.01)
+    assert jobs == [] and error == "TimeoutError: no answer"

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from raydist.cluster.connection import Connection
 
 RUNNING = ("PENDING", "RUNNING")
+LIST_WITHIN_S = 20.0  # how long the job API may take to answer before the runs go unnamed
 
 
 def ray_env(conn: Connection) -> dict[str, str]:
@@ -32,16 +33,25 @@ def _jobs_client(conn: Connection):
 
 
 def running_submissions(conn: Connection) -> list:
-    """Jobs submitted with `ray job submit` that have not ended."""
-    try:
-        jobs = _jobs_client(conn).list_jobs()
-    except Exception:  # no dashboard (yet, or any more): nothing to name
-        return []
+    """Jobs submitted with `ray job submit` that have not ended; raises what the dashboard's job API raised."""
     return [
         j
-        for j in jobs
+        for j in _jobs_client(conn).list_jobs()
         if str(getattr(j, "type", "")).endswith("SUBMISSION") and str(j.status).split(".")[-1] in RUNNING
     ]
+
+
+def _listed(conn: Connection, until: float, pause_s: float = 1.0) -> tuple[list, str | None]:
+    """The running submissions, asked again until `until` (monotonic) while the dashboard does not answer: a
+    loaded head, or one that just lost a node, can fail a request now and answer the next. (jobs, the last error)"""
+    while True:
+        try:
+            return running_submissions(conn), None
+        except Exception as e:  # noqa: BLE001 - any failure of the job API is the same to the user: not listed
+            error = f"{type(e).__name__}: {e}".splitlines()[0][:200]
+        if time.monotonic() + pause_s >= until:
+            return [], error
+        time.sleep(pause_s)
 
 
 def resume_command(entrypoint: str) -> str:
@@ -72,13 +82,18 @@ def stop_cluster_runs(
             f"{reason}: asked every training run to checkpoint and stop; drained "
             f"{', '.join(addr for addr, ok in drained if ok) or 'no node (head only)'}"
         )
-        submissions = running_submissions(conn)
+        submissions, error = _listed(conn, until=started + min(wait_s, LIST_WITHIN_S))
+        if error:
+            log(
+                f"could not list the submitted jobs ({error}): each one asked to stop resumes with the command "
+                "that submitted it"
+            )
         for job in submissions:
             log(f"interrupted {job.submission_id}; resume with: {resume_command(job.entrypoint)}")
         ids = {j.submission_id for j in submissions}
         while time.monotonic() - started < wait_s:
-            left = [j for j in running_submissions(conn) if j.submission_id in ids]
-            if not left and not still_running():
+            left, _ = _listed(conn, until=0)  # one try: a failed listing counts as none left
+            if not [j for j in left if j.submission_id in ids] and not still_running():
                 break
             time.sleep(0.5)
         return time.monotonic() - started
