@@ -60,7 +60,10 @@ def finished(proc: subprocess.Popen) -> dict:
     return harness.finished(proc.returncode, out + err)
 
 
+@pytest.mark.long
 def test_a_users_script_gives_torchruns_result_under_raydist_launch(work):
+    """Long; in the suite, test_launch's script reading RANK trains to torchrun's checksum, and this script against
+    srun on three emulated hosts is test_slurm_cluster's."""
     expected = under_torchrun("ddp_slurm", work)
     got = finished(under_launch("ddp_slurm", work / "launch-ddp_slurm"))
     assert harness.same(got, expected), (got, expected)

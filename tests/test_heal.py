@@ -105,9 +105,12 @@ def test_without_torchft_heal_falls_back_to_sync(monkeypatch):
     assert "pip install 'raydist[heal]'" in checks.why_not_heal(load_config(None, [], [], job="heal"))
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.shared_ray
 def test_a_single_worker_heal_job_trains_as_sync_after_one_line(tmp_path):
+    """Long; in the suite, the same choice and its line (test_where_heal_cannot_run_the_job_runs_as_sync_...), and
+    sync's runs."""
     proc = subprocess.run(
         [
             sys.executable,
