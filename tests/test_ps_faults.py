@@ -2,13 +2,12 @@
 
 The jobs run as subprocesses on the shared Ray head (tests/support/sharedray.py), one at a time; the kills go to the
 processes Ray titled `ray::ParameterShard` / `ray::DownpourWorker` among the head's descendants. benchmarks/ps_chaos.py
-runs the long version, three kills of each, beside an undisturbed run, each on an embedded instance of its own: the
-accuracy these tests hold the killed run to is the one it stored.
+runs the long version, three kills of each, beside an undisturbed run, each on an embedded instance of its own, and
+holds the killed run to the undisturbed run's accuracy.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from pathlib import Path
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from raydist.observability.metrics import read_steps
-from tests.support.jobutil import REPO, SHARED_RAY, load_benchmark
+from tests.support.jobutil import SHARED_RAY, load_benchmark
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
 
@@ -24,9 +23,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
 chaos = load_benchmark("ps_chaos")
 
 
-# The undisturbed run's accuracy as benchmarks/ps_chaos.py stored it (the benchmark runs one beside its chaos run:
-# undisturbed runs of this config agree within 0.002); the kills may cost no more than 0.01 of it.
-UNDISTURBED_ACCURACY = json.loads((REPO / "docs/data/ps_chaos.json").read_text())["undisturbed"]["test_accuracy"]
+# What the killed run must still learn: a bar, not a baseline read from a stored run. The side-by-side comparison
+# with an undisturbed run of the same config (the kills may cost no more than 0.01 of its accuracy) is
+# benchmarks/ps_chaos.py's, which runs both at the same commit.
+LEARNS = 0.93
 
 
 def test_killed_server_and_worker_are_replaced_and_the_run_spends_its_whole_budget(tmp_path):
@@ -42,7 +42,7 @@ def test_killed_server_and_worker_are_replaced_and_the_run_spends_its_whole_budg
     assert result["steps"] == result["total_steps"] == sum(result["steps_per_worker"])  # the whole budget, once
     # Every step has its record; a recomputed step's record replaced the one written before the kill.
     assert sorted(read_steps(result["metrics_file"])) == list(range(1, result["total_steps"] + 1))
-    assert result["test_accuracy"] >= UNDISTURBED_ACCURACY - 0.01, (result, UNDISTURBED_ACCURACY)
+    assert result["test_accuracy"] >= LEARNS, result
 
 
 @pytest.mark.long
