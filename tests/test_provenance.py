@@ -20,15 +20,10 @@ COMMIT = re.compile(
     r"[0-9a-f]{40}(-copy)?"
 )  # -copy: a tree copied to a lent GPU machine, its commit given by the caller
 LEGACY = {
-    "checkpoint_chaos.json": "measured on a dirty tree",
-    "desync_cost.json": "measured on a dirty tree",
-    "desync_cost_large.json": "measured on a dirty tree",
     "gpu_strategies.json": "its commit corrected by hand; needs a lent GPU to re-run",
     "launch_first_step.json": "no stamp",
-    "metrics_cost.json": "measured on a dirty tree",
     "more_hosts.json": "no stamp",
     "shaped_runs.json": "no stamp; most of its points name no commit",
-    "sync_vs_torchrun.json": "measured on a dirty tree",
     "three_workers.json": "no stamp",
 }
 
