@@ -68,13 +68,13 @@ def run_job(job: str, cfg: Config, started: float | None = None) -> Any:
             file=sys.stderr,
             flush=True,
         )
+    prepare_ray_environment()  # before anything imports Ray, which reads some of it then
     check_before_ray(job, cfg)
     summary = finished.completed_summary(job, cfg)
     if summary is not None:
         print(finished.notice(summary), file=sys.stderr, flush=True)
     else:
         finished.forget(cfg)  # until this session's summary is written, the record may not vouch for it
-        prepare_ray_environment()
         session = Session(job=job, started=time.perf_counter() if started is None else started)
         spec = registry.get(job)
         try:

@@ -118,3 +118,42 @@ def test_the_python_api_under_ray_job_submit_trains_your_package_on_the_cluster(
     done = [ln for ln in proc.stdout.splitlines() if ln.startswith("completed: 16 steps on ")]
     assert done and " on local," not in done[0], out[-4000:]
     assert (tmp_path / "local_sgd-tinygpt" / "summary.json").is_file()
+
+
+HEAD_ERROR = "[2026-11-29 00:20:14,310 E 7514 7514] (gcs_server) gcs_server.cc:1361: a test's line in the head's log"
+
+DRIVER = r"""
+import sys, time
+from pathlib import Path
+from raydist.driver.session import prepare_ray_environment
+prepare_ray_environment()
+import ray
+ray.init(address=sys.argv[1], log_to_driver=True)  # as raydist's driver joins a cluster (raydist.driver.session)
+with open(next(Path(sys.argv[2]).glob("session_latest/logs/gcs_server*.err")), "a") as log:
+    log.write(sys.argv[3] + "\n")
+@ray.remote
+def task():
+    print("a line from the job's task", file=sys.stderr)
+ray.get(task.remote())
+time.sleep(3)  # Ray's log monitor reads the files every few hundred ms and sends what it read to the driver
+"""
+
+
+def test_a_driver_shows_its_jobs_lines_but_not_the_heads_gcs_errors(head):
+    """The head's GCS errors (seen: a metrics agent it could not reach on a loaded machine) are the cluster's: they
+    stay in its gcs_server.err, and a refusal's one line stays one line. The job's own lines still come through."""
+    from tests.support.jobutil import clean_env
+
+    env = {**clean_env(), **head.job_env()}
+    proc = subprocess.run(
+        [str(VENV_BIN / "python"), "-c", DRIVER, head.gcs_address, head.temp_dir, HEAD_ERROR],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "a line from the job's task" in out, out[-3000:]
+    assert "a test's line in the head's log" not in out, out[-3000:]

@@ -46,6 +46,14 @@ def prepare_ray_environment() -> None:
     # How often each process's metrics reach its node's agent (10 s by default): raydist's metrics (ray_metrics.py)
     # are meant to be watched live. Read by the Ray processes this driver starts (the embedded instance).
     os.environ.setdefault("RAY_metrics_report_interval_ms", "2000")
+    # The driver echoes what Ray's processes write to their logs; the head's GCS errors (a metrics agent it could
+    # not reach while the machine was loaded) would land among the job's lines, after a refusal's one line. They are
+    # the cluster's, not the job's: they stay in the head's gcs_server.err. Read when this process imports Ray.
+    os.environ.setdefault("RAY_DEDUP_LOGS_SKIP_REGEX", HEAD_LOG_LINE)
+
+
+HEAD_LOG_LINE = r"^\[[^]]*\] \(gcs_server\) "
+"""A line of the head's gcs_server.err as Ray's log monitor sends it to a driver ("[time E pid tid] (gcs_server) ...")."""
 
 
 def starts_embedded(cfg: Config) -> bool:
