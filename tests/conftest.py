@@ -85,6 +85,18 @@ def _stored_seconds() -> dict[str, float]:
 
 
 @pytest.fixture(autouse=True)
+def _own_environment():
+    """Each test starts from the session's environment: raydist.fit, raydist.tune and run_job called in the test's
+    process set Ray's settings there (raydist.driver.session.prepare_ray_environment), as they do in a user's, and a
+    warm interpreter a later test starts would see a rank's request differ from it (seen: test_warm_start's ranks
+    started cold after test_tune's refused sweep)."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True)
 def _shared_ray(request):
     if request.node.get_closest_marker("shared_ray") is None or os.environ.get("RAYDIST_TESTS_EMBEDDED") == "1":
         yield

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from tests.support.comparerun import STRATEGIES
+from tests.support.comparerun import EPOCHS, STRATEGIES
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,11 @@ def test_compare_writes_results_table_and_a_png_of_the_stated_size(compared):
         s = entry["summary"]
         assert s["strategy"] == strategy and s["workers"] == 2
         assert len(s["bytes_per_worker"]) == len(s["wait_s_per_worker"]) == 2
-        assert len(entry["curves"]["eval"]) >= 10 and entry["curves"]["train_loss"]
+        evals = len(entry["curves"]["eval"])
+        # Sync and local SGD evaluate at every epoch's end; the async PS's driver at its next poll after one, so on a
+        # loaded machine several epochs can pass between two (a suite run saw 7 evaluations in 15 epochs).
+        assert (evals == EPOCHS) if strategy != "async" else (3 <= evals <= EPOCHS + 1), (strategy, evals)
+        assert entry["curves"]["train_loss"]
     # Local SGD averages every 8 steps: far fewer bytes than sync's all-reduce every step.
     per_worker = {k: v["summary"]["bytes_per_worker"][0] for k, v in data["strategies"].items()}
     assert per_worker["local_sgd"] < per_worker["sync"] / 4
