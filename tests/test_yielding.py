@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from raydist.driver.yielding import LOWEST, lower_beside_training, yields
+from raydist.driver.yielding import LOWEST, idle_runtime_env, lower_beside_training, yields
 
 
 @pytest.mark.parametrize(
@@ -72,3 +72,13 @@ def test_yielding_descendants_are_lowered_once_to_idle_priority_the_gcs_only_nic
         for p in (stand_in, gcs, kept):
             p.kill()
             p.wait()
+
+
+def test_a_stand_ins_interpreter_runs_at_idle_priority_from_its_start():
+    """raydist launch's stand-in actors start while the ranks train: Ray execs their runtime_env's `py_executable` as
+    a shell command (ray/_private/runtime_env/context.py), and the interpreter it starts is idle before it imports
+    anything."""
+    command = idle_runtime_env()["py_executable"]
+    probe = "import os; print(os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0), flush=True)"
+    out = subprocess.run(["bash", "-c", f"exec {command} -c '{probe}'"], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [str(os.SCHED_IDLE), str(LOWEST)], out

@@ -92,6 +92,21 @@ def lower_beside_training(root: int, done: set[int]) -> int:
     return lowered
 
 
+def idle_runtime_env() -> dict[str, str]:
+    """A runtime_env whose Ray worker runs at idle priority from its start: its interpreter under `chrt --idle` and
+    `nice` (Ray execs `py_executable` as a shell command), so that the second of CPU it spends importing Ray comes from
+    what the ranks leave, which a scan can only give it once it has its title. For actors that never start a training
+    process (a child inherits its parent's priority). Empty where chrt or nice is missing."""
+    import shlex
+    import shutil
+    import sys
+
+    chrt, nice = shutil.which("chrt"), shutil.which("nice")
+    if not chrt or not nice:
+        return {}
+    return {"py_executable": shlex.join([chrt, "--idle", "0", nice, "-n", str(LOWEST), sys.executable])}
+
+
 def start(root: int | None = None) -> None:
     """Lower the yielding processes of the embedded instance this process started, now and as they appear, in a
     daemon thread (it ends with the process)."""

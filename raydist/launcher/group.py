@@ -177,8 +177,13 @@ class Group:
         if not self.stand_ins:
             import ray
 
-            actor = ray.remote(num_cpus=0)(StandIn)
-            self.stand_ins = [actor.options(**self.view.options("rank", r.rank)).remote() for r in self.ranks]
+            from raydist.driver.yielding import idle_runtime_env
+
+            # Idle from its start: the stand-ins start while the ranks train (each a Ray worker importing Ray).
+            actor, idle = ray.remote(num_cpus=0)(StandIn), idle_runtime_env()
+            self.stand_ins = [
+                actor.options(**self.view.options("rank", r.rank), runtime_env=idle).remote() for r in self.ranks
+            ]
         return self.stand_ins
 
     def place(self) -> None:

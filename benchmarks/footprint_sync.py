@@ -1,0 +1,209 @@
+"""What running jobs/sync.py under raydist costs its training loop: both engines against the same loop under torchrun,
+with the CPU everything beside the ranks takes meanwhile.
+
+    .venv/bin/python -m benchmarks.footprint_sync --rounds 3 --out docs/data/footprint_sync.json            # >= 50 ms
+    .venv/bin/python -m benchmarks.footprint_sync --rounds 3 --tiny --out docs/data/footprint_sync_tiny.json # make run
+    .venv/bin/python -m benchmarks.footprint_sync --report docs/data/footprint_sync.json
+
+Three sides, the order rotating each round: `jobs/sync.py` on Ray Train (`make run`'s engine, its embedded Ray
+instance), the same job with `scaling.engine=launch`, and the same loop (raydist.train.Trainer with SyncDDP) under
+`torchrun --standalone` (benchmarks/torchrun_sync.py). By default a step of about 50-60 ms on 2 cores (a 3M-parameter
+MLP on 256 synthetic features, two epochs); with --tiny, `make run`'s own digits job. The loop is read from the run's
+metrics.jsonl, which rank 0 writes at every step on all three: its window runs from the first step's record to the
+last's, and over it this samples every process's CPU time (/proc) and the machine's busy time, as
+benchmarks/footprint.py does for a script of the user's. Reported per engine, over torchrun within a round: the
+loop's steps/s (its second half apart), the median step's speed, the whole command's wall time, and the CPU seconds
+beside the ranks by process. Run nothing else meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.footprint import cpu_by_pid
+from benchmarks.stored import parser, spread, stamp
+from benchmarks.suite_time import busy_cpu_s
+
+REPO = Path(__file__).resolve().parents[1]
+STEP_50MS = ["data.name=synthetic", "model.name=mlp", "model.params=3000000", "data.synthetic_features=256"]
+SIDES = ("ray_train", "launch", "torchrun")
+RANKS = {
+    "ray_train": ("ray::RayTrainWorker",),
+    "launch": ("raydist.engines.process_worker",),
+    "torchrun": ("torchrun_sync.py",),
+}
+"""How each side's training processes are named in the CPU sample (benchmarks.footprint.name_of)."""
+
+
+def commands(side: str, i: int, overrides: list[str], storage: str) -> list[str]:
+    sets = ["scaling.num_workers=2", f"run.storage_path={storage}", f"run.name={side}{i}", *overrides]
+    args = [a for s in sets for a in ("--set", s)]
+    py = sys.executable
+    if side == "torchrun":
+        return [
+            py,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            "benchmarks/torchrun_sync.py",
+            *args,
+        ]
+    engine = ["--set", "scaling.engine=launch"] if side == "launch" else []
+    return [py, "jobs/sync.py", *args, *engine]
+
+
+class Steps:
+    """rank 0's step records in a run's metrics.jsonl, read as they are written."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset, self.records, self.total = path, 0, [], None
+
+    def read(self) -> None:
+        if not self.path.exists():
+            return
+        with open(self.path) as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind("\n") + 1]
+        self.offset += len(complete.encode())
+        for line in complete.splitlines():
+            r = json.loads(line)
+            if "session_at_step" in r:
+                self.total = r["total_steps"]
+            elif "step_time_s" in r:
+                self.records.append(r)
+
+    def done(self) -> bool:
+        return self.total is not None and bool(self.records) and self.records[-1]["step"] >= self.total
+
+
+def wait_until(cond, proc: subprocess.Popen, what: str, timeout: float = 900) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"footprint_sync: error: {proc.args[1]} ended (exit {proc.returncode}) before {what}")
+        time.sleep(0.05)
+
+
+def one(argv: list[str], run_dir: Path, ranks: tuple[str, ...]) -> dict:
+    """One command: its wall time, the loop's figures from metrics.jsonl, the CPU beside the ranks over the loop."""
+    steps = Steps(run_dir / "metrics.jsonl")
+    t0 = time.monotonic()
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
+        wait_until(lambda: steps.read() or steps.records, proc, "its first step")
+        before, busy0, began = cpu_by_pid(), busy_cpu_s(), time.monotonic() - t0
+        wait_until(lambda: steps.read() or steps.done(), proc, "its last step")
+        after, busy1, ended = cpu_by_pid(), busy_cpu_s(), time.monotonic() - t0
+        code = proc.wait(timeout=600)
+        wall = time.monotonic() - t0
+        if code != 0:
+            log.seek(0)
+            raise SystemExit(f"footprint_sync: error: {' '.join(argv[:3])} exited {code}:\n{log.read()[-3000:]}")
+    return {
+        "command_s": round(wall, 2),
+        "before_loop_s": round(began, 2),
+        "after_loop_s": round(wall - ended, 2),
+        **loop_figures(steps.records),
+        **cpu_beside(before, after, busy1 - busy0, ranks),
+    }
+
+
+def loop_figures(records: list[dict]) -> dict:
+    """The loop's steps/s between the first and the last step record, over its second half, and its median step."""
+    times = [r["time_s"] for r in records]
+    half = len(times) // 2
+    return {
+        "steps": len(records),
+        "steps_per_s": round((len(times) - 1) / (times[-1] - times[0]), 3),
+        "late_steps_per_s": round((len(times) - 1 - half) / (times[-1] - times[half]), 3),
+        "median_step_s": round(statistics.median(r["step_time_s"] for r in records), 4),
+    }
+
+
+def cpu_beside(before: dict, after: dict, busy: float, ranks: tuple[str, ...]) -> dict:
+    by_name: dict[str, float] = {}
+    for pid, (name, cpu) in after.items():
+        used = cpu - before.get(pid, (name, 0.0))[1]
+        if used > 0:
+            by_name[name] = round(by_name.get(name, 0.0) + used, 2)
+    ranks_cpu = sum(v for k, v in by_name.items() if k.startswith(ranks))
+    return {
+        "machine_busy_s": round(busy, 2),
+        "ranks_cpu_s": round(ranks_cpu, 2),
+        "beside_ranks_cpu_s": round(busy - ranks_cpu, 2),
+        "by_process": dict(sorted(by_name.items(), key=lambda kv: -kv[1])[:15]),
+    }
+
+
+def ratios(rounds: list[dict], side: str) -> dict[str, list[float]]:
+    def over(key: str, invert: bool = False) -> list[float]:
+        return [(r["torchrun"][key] / r[side][key]) if invert else (r[side][key] / r["torchrun"][key]) for r in rounds]
+
+    return {
+        "loop": over("steps_per_s"),
+        "late_loop": over("late_steps_per_s"),
+        "median_step": over("median_step_s", invert=True),
+        "command": over("command_s"),
+    }
+
+
+def report(data: dict) -> str:
+    rounds = data["rounds"]
+    ray, launch = ratios(rounds, "ray_train"), ratios(rounds, "launch")
+    beside = {side: [x[side]["beside_ranks_cpu_s"] for x in rounds] for side in SIDES}
+    step = spread([x["torchrun"]["median_step_s"] * 1000 for x in rounds], 0)
+    rows = [
+        ("the loop's steps/s", "loop"),
+        ("the loop's second half, steps/s", "late_loop"),
+        ("the median step's speed", "median_step"),
+        ("the whole command's wall time", "command"),
+    ]
+    return "\n".join(
+        [
+            f"`jobs/sync.py` on each engine against the same loop under `torchrun --standalone`, {len(rounds)} rounds "
+            f"rotating the order on {data['machine']['cpus']} CPUs (median (min-max); {data['commit'][:7]}, "
+            f"{data['date']}; {rounds[0]['torchrun']['steps']} steps of {step} ms under torchrun; "
+            f"`{' '.join(data['overrides']) or 'make run'}`):",
+            "",
+            "| | Ray Train engine / torchrun | launch engine / torchrun |",
+            "|---|---|---|",
+            *(f"| {label} | {spread(ray[key], 2)}x | {spread(launch[key], 2)}x |" for label, key in rows),
+            f"| CPU seconds beside the ranks over the loop | {spread(beside['ray_train'])} s | "
+            f"{spread(beside['launch'])} s (torchrun: {spread(beside['torchrun'])} s) |",
+        ]
+    )
+
+
+def main() -> int:
+    ap = parser(__doc__, rounds=3)
+    ap.add_argument("--tiny", action="store_true", help="make run's digits job instead of a >= 50 ms step")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--report", type=Path, help="print the stored file's table and exit")
+    args = ap.parse_args()
+    if args.report:
+        print(report(json.loads(args.report.read_text())))
+        return 0
+    overrides = [] if args.tiny else [*STEP_50MS, "train.epochs=2"]
+    data = {**stamp(), "overrides": overrides, "rounds": []}
+    with tempfile.TemporaryDirectory(prefix="rd-footprint-sync-") as tmp:
+        for i in range(args.rounds):
+            order = SIDES[i % 3 :] + SIDES[: i % 3]
+            got = {s: one(commands(s, i, overrides, tmp), Path(tmp) / f"{s}{i}", RANKS[s]) for s in order}
+            data["rounds"].append(got)
+            print(json.dumps(got), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(data, indent=1) + "\n")
+    print(report(data))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
