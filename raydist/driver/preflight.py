@@ -281,7 +281,7 @@ def check_loop(cfg: Config, data=None) -> int:
     """Every strategy's check unless it has its own: the data and model fit in memory, and every worker's shard
     fills at least one step. Returns the model's parameter count. `data`: the splits, where the caller has loaded
     them. A built-in data set and model are sized without torch (raydist.torchkit.model_size), which a Ray Train driver
-    then never imports (docs/running.md, "The driver without torch")."""
+    then never imports (docs/dev/decisions/driver-without-torch.md)."""
     from raydist.torchkit.model_size import builtin_params
     from raydist.torchkit.sharding import check_fits
 
