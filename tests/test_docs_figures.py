@@ -143,6 +143,8 @@ def test_the_parameter_server_chaos_tables_are_the_stored_runs():
         ("startup_before_after", "driver_context_without_torch.json", "dev/startup-changes.md"),
         ("startup_before_after", "worker_setup_without_ray.json", "dev/startup-changes.md"),
         ("startup_before_after", "dynamo_preload.json", "dev/startup-changes.md"),
+        ("footprint_sync", "footprint_sync.json", "benchmarks.md"),
+        ("footprint_sync", "footprint_sync_tiny.json", "benchmarks.md"),
         ("bytecode", "bytecode.json", "dev/testing.md"),
         ("setup_time", "setup_time.json", "dev/testing.md"),
     ],
