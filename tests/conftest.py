@@ -88,8 +88,8 @@ def _stored_seconds() -> dict[str, float]:
 def _own_environment():
     """Each test starts from the session's environment: raydist.fit, raydist.tune and run_job called in the test's
     process set Ray's settings there (raydist.driver.session.prepare_ray_environment), as they do in a user's, and a
-    warm interpreter a later test starts would see a rank's request differ from it (seen: test_warm_start's ranks
-    started cold after test_tune's refused sweep)."""
+    warm interpreter a later test starts would see a rank's request differ from it (seen in a suite run:
+    test_warm_start's ranks started cold after an in-process run_job earlier in the same xdist worker)."""
     saved = dict(os.environ)
     yield
     os.environ.clear()
