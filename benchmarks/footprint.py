@@ -78,6 +78,16 @@ def cpu_by_pid() -> dict[str, tuple[str, float]]:
     return found
 
 
+def used_by_name(before: dict, after: dict) -> dict[str, float]:
+    """The CPU seconds each kind of process (name_of) used between two samples of cpu_by_pid; this one left out."""
+    by_name: dict[str, float] = {}
+    for pid, (name, cpu) in after.items():
+        used = cpu - before.get(pid, (name, 0.0))[1]
+        if used > 0 and pid != str(os.getpid()):
+            by_name[name] = round(by_name.get(name, 0.0) + used, 2)
+    return by_name
+
+
 def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
@@ -103,11 +113,7 @@ def one(argv: list[str], out: Path) -> dict:
             log.seek(0)
             raise SystemExit(f"footprint: error: {' '.join(argv[:4])} exited {code}:\n{log.read()[-3000:]}")
     result = json.loads(out.read_text())
-    by_name: dict[str, float] = {}
-    for pid, (name, cpu) in after.items():
-        used = cpu - before.get(pid, (name, 0.0))[1]
-        if used > 0 and pid != str(os.getpid()):
-            by_name[name] = round(by_name.get(name, 0.0) + used, 2)
+    by_name = used_by_name(before, after)
     ranks = sum(result["ranks_cpu_s"])
     steps = result["step_s"]
     return {

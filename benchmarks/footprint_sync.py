@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.footprint import cpu_by_pid
+from benchmarks.footprint import cpu_by_pid, used_by_name
 from benchmarks.stored import parser, spread, stamp
 from benchmarks.suite_time import busy_cpu_s
 
@@ -129,11 +129,7 @@ def loop_figures(records: list[dict]) -> dict:
 
 
 def cpu_beside(before: dict, after: dict, busy: float, ranks: tuple[str, ...]) -> dict:
-    by_name: dict[str, float] = {}
-    for pid, (name, cpu) in after.items():
-        used = cpu - before.get(pid, (name, 0.0))[1]
-        if used > 0:
-            by_name[name] = round(by_name.get(name, 0.0) + used, 2)
+    by_name = used_by_name(before, after)
     ranks_cpu = sum(v for k, v in by_name.items() if k.startswith(ranks))
     return {
         "machine_busy_s": round(busy, 2),

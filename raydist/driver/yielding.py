@@ -13,6 +13,9 @@ know yet is left as it is. The ranks' own priority is never touched.
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
+import sys
 import threading
 import time
 
@@ -97,10 +100,6 @@ def idle_runtime_env() -> dict[str, str]:
     `nice` (Ray execs `py_executable` as a shell command), so that the second of CPU it spends importing Ray comes from
     what the ranks leave, which a scan can only give it once it has its title. For actors that never start a training
     process (a child inherits its parent's priority). Empty where chrt or nice is missing."""
-    import shlex
-    import shutil
-    import sys
-
     chrt, nice = shutil.which("chrt"), shutil.which("nice")
     if not chrt or not nice:
         return {}
