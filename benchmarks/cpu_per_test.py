@@ -6,7 +6,8 @@ interpreter's forks), so the cgroup's CPU counter read before and after a test i
 test leaves running is counted to the next test of the same worker. Needs root and a cgroup hierarchy with CPU
 accounting (v1 `cpuacct` or v2); without one the plugin records nothing and says so once.
 
-One JSON line per test goes to $RAYDIST_CPU_PER_TEST (nodeid, worker, CPU and wall seconds).
+One JSON line per test goes to $CPU_PER_TEST_OUT (nodeid, worker, CPU and wall seconds). Not a RAYDIST_ name:
+the variable reaches every process of the suite, and test_launch asserts that no RAYDIST_ variable reaches a rank.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-OUT_ENV = "RAYDIST_CPU_PER_TEST"
+OUT_ENV = "CPU_PER_TEST_OUT"
 _counter: Path | None = None
 
 

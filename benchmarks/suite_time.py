@@ -53,7 +53,7 @@ def one_round(workdir: Path, accounting: bool = False, commit: str = "") -> dict
         shutil.copy(REPO / "benchmarks" / "cpu_per_test.py", workdir / "plugin")
         env.update(
             PYTHONPATH=os.pathsep.join(filter(None, [str(workdir / "plugin"), env.get("PYTHONPATH")])),
-            RAYDIST_CPU_PER_TEST=str(per_test),
+            CPU_PER_TEST_OUT=str(per_test),
         )
         pytest_args += " -p cpu_per_test"
     t, busy = time.monotonic(), busy_cpu_s()
