@@ -21,7 +21,6 @@ COMMIT = re.compile(
 )  # -copy: a tree copied to a lent GPU machine, its commit given by the caller
 LEGACY = {
     "gpu_strategies.json": "its commit corrected by hand; needs a lent GPU to re-run",
-    "launch_first_step.json": "no stamp",
     "more_hosts.json": "no stamp",
     "shaped_runs.json": "no stamp; most of its points name no commit",
     "three_workers.json": "no stamp",
@@ -35,7 +34,12 @@ def quoted() -> list[str]:
 
 
 def problems(stored: dict) -> list[str]:
-    """What is wrong with a stored result's stamp, and with any commit its rounds or points name."""
+    """What is wrong with a stored result's stamp, and with any commit its rounds or points name. A file of halves
+    that its benchmark runs apart (launch_first_step.json: `local` and `cluster`) has no stamp of its own: each
+    half carries the one it was written with, and each is checked."""
+    halves = {k: v for k, v in stored.items() if isinstance(v, dict) and "commit" in v}
+    if "commit" not in stored and halves and len(halves) == len(stored):
+        return [f"{k}: {problem}" for k, half in halves.items() for problem in problems(half)]
     found = []
     if not COMMIT.fullmatch(str(stored.get("commit", ""))):
         found.append(f"commit {stored.get('commit')!r} is not a clean commit the benchmark stamped")
@@ -70,3 +74,8 @@ def test_the_stamp_check_refuses_a_dirty_or_hand_written_commit():
     assert problems(clean) == []
     assert problems({**clean, "commit": "a" * 40 + "-dirty"}) and problems({**clean, "commit": "d7d92e4"})
     assert problems({**clean, "rounds": [{"commit": "b" * 40 + "-dirty"}]}) and problems({**clean, "date": None})
+    assert problems({"local": clean, "cluster": clean}) == []
+    assert problems({"local": clean, "cluster": {**clean, "commit": "c" * 40 + "-dirty"}}) == [
+        f"cluster: commit {'c' * 40 + '-dirty'!r} is not a clean commit the benchmark stamped"
+    ]
+    assert problems({"local": clean, "note": "a half without a stamp"})
