@@ -194,6 +194,50 @@ def test_every_node_joins_on_its_own_interface(slurm_cluster, ray_up):
         assert env["RAY_AUTH_MODE"] == "token"
 
 
+PRIORITIES = """import glob, sys
+for f in glob.glob('/proc/[0-9]*/environ'):
+    pid = f.split('/')[2]
+    try:
+        env = open(f, 'rb').read().split(b'\\0')
+        tag = next((e for e in env if e.startswith(b'RAYDIST_RAY_TAG=' + sys.argv[1].encode() + b'@')), None)
+        if tag is None: continue
+        stat = open(f'/proc/{pid}/stat').read()
+        fields = stat[stat.rindex(')') + 2:].split()
+        argv = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')
+    except OSError: continue
+    print(tag.decode().split('@')[1], fields[16], fields[38], b' '.join(argv[:3]).decode(errors='replace'))
+"""
+
+
+def _priorities(cluster, job_id: int) -> dict[tuple[str, str], set[tuple[int, int]]]:
+    """(host, Ray process kind) -> the {(nice, scheduling policy)} of that job's processes of the kind."""
+    found: dict[tuple[str, str], set[tuple[int, int]]] = {}
+    for line in cluster.run("master-node", ["python3", "-c", PRIORITIES, str(job_id)], check=True).stdout.splitlines():
+        host, nice, policy, command = line.split(" ", 3)
+        first = command.split(" ")[0]
+        kind = {"raylet": "raylet", "gcs_server": "gcs"}.get(os.path.basename(first))
+        if first.startswith("ray::DashboardAgent"):
+            kind = "agent"
+        elif "/dashboard/dashboard.py" in command:
+            kind = "dashboard"
+        if kind:
+            found.setdefault((host, kind), set()).add((int(nice), int(policy)))
+    return found
+
+
+def test_rays_daemons_that_serve_only_the_dashboard_yield_the_cpu_on_every_node(slurm_cluster, ray_up):
+    """cluster: yield_daemons (the default): on each node the dashboard's agent runs at idle priority (SCHED_IDLE,
+    policy 5, nice 19), and on the head the dashboard too and the GCS at nice 19; each raylet, which starts the
+    training's workers, as it started."""
+    idle, niced, untouched = {(19, 5)}, {(19, 0)}, {(0, 0)}
+    want = {(h, "raylet"): untouched for h in EXPECTED_IFACES} | {(h, "agent"): idle for h in EXPECTED_IFACES}
+    want |= {("master-node", "gcs"): niced, ("master-node", "dashboard"): idle}
+    deadline = time.monotonic() + 60  # the node's scans run 0-25 s after its start, then every 30 s
+    while (got := _priorities(slurm_cluster, ray_up.job_id)) != want:
+        assert time.monotonic() < deadline, (got, want)
+        time.sleep(2)
+
+
 def test_token_and_dashboard_are_locked_down(slurm_cluster, ray_up):
     env = ray_up.env()
     token = env["RAY_AUTH_TOKEN_PATH"]

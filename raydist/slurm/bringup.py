@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from raydist.cluster.dashboard_client import HOST_LABEL, IFACE_LABEL
+from raydist.driver import yielding
 from raydist.errors import RaydistError
 from raydist.slurm import netif, ports, sweep, teardown
 from raydist.slurm.jobdir import JobDir, Plan
@@ -184,6 +185,8 @@ def run_node(cfg: ClusterConfig, alloc: Allocation, log=print) -> int:
     stop = _StopRequest()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, stop.on_signal)
+    if cfg.yield_daemons:  # Ray's daemons are this process's descendants, under `ray start --block`
+        yielding.start()
     env = ray_environment(plan, node, choice.iface)
     if cfg.warm_python:
         env = {**NO_PRESTART, **env}  # a user's own setting wins

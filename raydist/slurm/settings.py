@@ -199,6 +199,12 @@ class ClusterConfig:
         "and scaling.engine=launch: they skip torch's import (the warm interpreter holds torch's memory on each "
         "node while idle)",
     )
+    yield_daemons: bool = opt(
+        True,
+        "Ray's processes that serve only the dashboard, logs and metrics run at idle priority on each node (the GCS "
+        "at nice 19; the raylet and the workers untouched), so that they take only the CPU the training leaves; "
+        "false leaves them at the priority they start with",
+    )
     ports: Ports = dataclasses.field(default_factory=Ports)
     timeouts: Timeouts = dataclasses.field(default_factory=Timeouts)
     requeue: Requeue = dataclasses.field(default_factory=Requeue)
