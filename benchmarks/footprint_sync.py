@@ -92,12 +92,12 @@ def wait_until(cond, proc: subprocess.Popen, what: str, timeout: float = 900) ->
         time.sleep(0.05)
 
 
-def one(argv: list[str], run_dir: Path, ranks: tuple[str, ...]) -> dict:
+def one(argv: list[str], run_dir: Path, ranks: tuple[str, ...], env: dict[str, str] | None = None) -> dict:
     """One command: its wall time, the loop's figures from metrics.jsonl, the CPU beside the ranks over the loop."""
     steps = Steps(run_dir / "metrics.jsonl")
     t0 = time.monotonic()
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
         wait_until(lambda: steps.read() or steps.records, proc, "its first step")
         before, busy0, began = cpu_by_pid(), busy_cpu_s(), time.monotonic() - t0
         wait_until(lambda: steps.read() or steps.done(), proc, "its last step")

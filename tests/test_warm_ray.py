@@ -65,6 +65,7 @@ DRIVER = textwrap.dedent("""
             return {"pid": os.getpid(), "parent": parent, "torch": torch is not None,
                     "ray_train": "ray.train" in sys.modules,
                     "threads": torch.get_num_threads() if torch else None,
+                    "nice": os.getpriority(os.PRIO_PROCESS, 0),
                     "job": ray.get_runtime_context().get_job_id(), "dedup": os.environ.get("RAY_DEDUP_LOGS"),
                     "random_id": ray.ObjectRef.from_random().hex()}
 
@@ -75,6 +76,7 @@ DRIVER = textwrap.dedent("""
     # job's first worker on the node, hence after the others): this one starts the cold way.
     other = Probe.options(runtime_env={"env_vars": {"RAY_DEDUP_LOGS": "0"}}).remote()
     out = {"first": wheres[0], "probes": wheres, "other": ray.get(other.where.remote()), "driver": os.getpid(),
+           "driver_nice": os.getpriority(os.PRIO_PROCESS, 0),
            "ray_set_up": len(ray_set_up), "prestarted": ahead}
     os.kill(out["first"]["pid"], signal.SIGKILL)
     try:
@@ -113,6 +115,10 @@ def test_the_embedded_instance_forks_its_ray_workers_with_torch_imported():
     # With the one thread Ray gives a worker that holds one CPU or none, as torch imported after Ray set
     # OMP_NUM_THREADS would have: not one per CPU of the warm interpreter's (two workers would fight over them).
     assert first["threads"] == 1, first
+    # At the driver's priority, as torchrun's and srun's ranks run at their caller's, forked or started cold: not at
+    # the niceness 15 Ray gives its workers by default (RAY_worker_niceness), where any process at the caller's
+    # priority beside them preempted the training (raydist.driver.session.prepare_ray_environment).
+    assert {w["nice"] for w in [*out["probes"], other]} == {out["driver_nice"]}, out
     # Ray's IDs are random per process, forked or not: two workers that drew the same would send tasks under the
     # same IDs, and Ray Train's synchronization actor crashes on that (raydist.warm.rayjob.RAY_JOB_PRELOAD).
     assert len({w["random_id"] for w in out["probes"]}) == 3, out["probes"]

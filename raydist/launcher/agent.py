@@ -36,8 +36,9 @@ STACK_DUMP_TIMEOUT_S = 20
 
 def _script_niceness() -> int:
     """The niceness the node's Ray runs at (its raylet's), which srun would have given the script. Ray starts its
-    workers, and so the agents, at niceness 15 (RAY_worker_niceness) so that busy tasks leave the raylet room; a
-    script inheriting that ran its start-up 1.5x slower than under srun, beside raydist's own processes."""
+    workers, and so the agents, at niceness 15 by default (RAY_worker_niceness; raydist's own instances set 0) so
+    that busy tasks leave the raylet room; a script inheriting that ran its start-up 1.5x slower than under srun,
+    beside raydist's own processes."""
     try:
         return os.getpriority(os.PRIO_PROCESS, int(os.environ.get("RAY_RAYLET_PID", "0")))
     except (OSError, ValueError):

@@ -161,6 +161,9 @@ def ray_environment(plan: Plan, node: str, iface: str, base: dict[str, str] | No
     # raydist's training metrics (raydist/observability/ray_metrics.py) are watched live (`raydist top`, Prometheus): every 2 s
     # to the node's agent instead of Ray's 10 s; a user's own setting wins.
     env.setdefault("RAY_metrics_report_interval_ms", "2000")
+    # Ray's workers, and so the training's, at the job's own priority as under srun, not at Ray's niceness 15
+    # (raydist.driver.session.prepare_ray_environment says why); a user's own setting wins.
+    env.setdefault("RAY_worker_niceness", "0")
     # Ray's own actors (Ray Train's state actor, its placement-group cleaner) look the state API up here; without
     # it they look for "the" Ray instance on their node and find two when two jobs share a node.
     block = ports.PortBlock(plan.block_start, plan.block_size)

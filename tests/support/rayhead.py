@@ -170,6 +170,7 @@ def ray_head(
         RAY_AUTH_TOKEN_PATH=token_path,
         RAY_API_SERVER_ADDRESS=f"http://127.0.0.1:{dash}",
         RAY_USAGE_STATS_ENABLED="0",
+        RAY_worker_niceness="0",  # as the SLURM bring-up starts Ray: the training's workers at the caller's priority
         **extra_env,
     )
     args = [
