@@ -50,11 +50,10 @@ def prepare_ray_environment() -> None:
     # not reach while the machine was loaded) would land among the job's lines, after a refusal's one line. They are
     # the cluster's, not the job's: they stay in the head's gcs_server.err. Read when this process imports Ray.
     os.environ.setdefault("RAY_DEDUP_LOGS_SKIP_REGEX", HEAD_LOG_LINE)
-    # Ray starts its workers at niceness 15, and so the training workers: any process at normal priority beside them
-    # (this driver, the raylet) then preempted them, where torchrun's and srun's ranks run at their caller's priority
-    # (jobs/sync.py's loop ran at 0.88x torchrun's steps/s, 0.98x with this; docs/data/footprint_sync.json). Read by
-    # the raylet this process starts (the embedded instance); Ray's daemons that can wait yield instead
-    # (raydist.driver.yielding).
+    # Ray starts its workers at niceness 15, and so the training workers: a script saw another priority than under
+    # torchrun or srun, and any process at normal priority beside it preempted it
+    # (docs/dev/decisions/workers-at-the-callers-priority.md). Read by the raylet this process starts (the embedded
+    # instance); Ray's daemons that can wait yield instead (raydist.driver.yielding).
     os.environ.setdefault("RAY_worker_niceness", "0")
 
 
