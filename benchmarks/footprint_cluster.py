@@ -1,5 +1,5 @@
 """Ray's daemons on a SLURM cluster's nodes at idle priority or as Ray starts them: jobs/sync.py's loop on the
-emulated cluster with cluster.yaml's `yield_daemons: true` (the default) against `false`.
+emulated cluster with cluster.yaml's `yield_daemons: true` (opt-in) against `false` (the default).
 
     flock /tmp/raydist-emu.lock .venv/bin/python -m benchmarks.footprint_cluster --rounds 3 --out docs/data/footprint_cluster.json
     .venv/bin/python -m benchmarks.footprint_cluster --report docs/data/footprint_cluster.json

@@ -145,6 +145,7 @@ def test_the_parameter_server_chaos_tables_are_the_stored_runs():
         ("startup_before_after", "dynamo_preload.json", "dev/startup-changes.md"),
         ("footprint_sync", "footprint_sync.json", "benchmarks.md"),
         ("footprint_sync", "footprint_sync_tiny.json", "benchmarks.md"),
+        ("footprint_cluster", "footprint_cluster.json", "benchmarks.md"),
         ("bytecode", "bytecode.json", "dev/testing.md"),
         ("setup_time", "setup_time.json", "dev/testing.md"),
     ],

@@ -188,7 +188,7 @@ def run_node(cfg: ClusterConfig, alloc: Allocation, log=print) -> int:
     stop = _StopRequest()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, stop.on_signal)
-    if cfg.yield_daemons:  # Ray's daemons are this process's descendants, under `ray start --block`
+    if cfg.yield_daemons:  # opt-in; Ray's daemons are this process's descendants, under `ray start --block`
         yielding.start()
     env = ray_environment(plan, node, choice.iface)
     if cfg.warm_python:
