@@ -82,3 +82,28 @@ def test_a_stand_ins_interpreter_runs_at_idle_priority_from_its_start():
     probe = "import os; print(os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0), flush=True)"
     out = subprocess.run(["bash", "-c", f"exec {command} -c '{probe}'"], capture_output=True, text=True, check=True)
     assert out.stdout.split() == [str(os.SCHED_IDLE), str(LOWEST)], out
+
+
+def test_a_ray_worker_started_below_its_raylets_priority_takes_the_raylets():
+    """Ray's niceness 15 on a cluster started without RAY_worker_niceness=0: a training worker takes its raylet's
+    priority back where it may (root here), as srun would have started it."""
+    script = (
+        "import os\nos.setpriority(os.PRIO_PROCESS, 0, 15)\n"
+        "from raydist.driver import yielding\nyielding.match_raylet_priority()\n"
+        "print(os.getpriority(os.PRIO_PROCESS, 0))\n"
+    )
+    if os.geteuid() != 0:
+        pytest.skip("raising a priority needs root (or RLIMIT_NICE)")
+    raylet = subprocess.Popen(
+        [sys.executable, "-c", "import os, time; os.nice(3); print('up', flush=True); time.sleep(30)"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert raylet.stdout.readline() == "up\n"
+        env = {**os.environ, "RAY_RAYLET_PID": str(raylet.pid)}
+        r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    finally:
+        raylet.kill()
+        raylet.wait()
+    assert r.stdout.strip() == "3", r.stdout + r.stderr

@@ -19,8 +19,6 @@ import sys
 import threading
 import time
 
-import psutil
-
 LOWEST = 19
 
 # By the first word of the process's command line (Ray sets the titles of its workers and dashboard modules).
@@ -71,6 +69,8 @@ def keeps_the_node_alive(argv: list[str]) -> bool:
 
 def lower_beside_training(root: int, done: set[int]) -> int:
     """Lower every yielding descendant of `root` not in `done` (then added to it); how many were lowered."""
+    import psutil  # here: the ranks import this module for their priority, and need none of psutil
+
     try:
         children = psutil.Process(root).children(recursive=True)
     except psutil.Error:
@@ -93,6 +93,27 @@ def lower_beside_training(root: int, done: set[int]) -> int:
         except (psutil.Error, OSError):
             continue
     return lowered
+
+
+def raylet_niceness() -> int:
+    """The niceness of this node's raylet (RAY_RAYLET_PID, which Ray sets in its workers): the priority srun would
+    have given a rank there. 0 where it cannot be read."""
+    try:
+        return os.getpriority(os.PRIO_PROCESS, int(os.environ.get("RAY_RAYLET_PID", "0")))
+    except (OSError, ValueError):
+        return 0
+
+
+def match_raylet_priority() -> None:
+    """Give this Ray worker its raylet's priority where Ray started it lower: Ray's niceness 15 on a cluster started
+    without RAY_worker_niceness=0 (docs/dev/decisions/workers-at-the-callers-priority.md). Raising a priority needs
+    root or RLIMIT_NICE; without them the worker keeps Ray's."""
+    target = raylet_niceness()
+    if os.getpriority(os.PRIO_PROCESS, 0) > target:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, target)
+        except OSError:
+            pass
 
 
 def idle_runtime_env() -> dict[str, str]:

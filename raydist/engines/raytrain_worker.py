@@ -9,6 +9,7 @@ from typing import Any
 from raydist import registry
 from raydist.atomic import write_json_atomic
 from raydist.config import Config
+from raydist.driver import yielding
 
 
 def train_worker(config: dict[str, Any]) -> None:
@@ -18,6 +19,7 @@ def train_worker(config: dict[str, Any]) -> None:
     from raydist.train.loop import Trainer
 
     entered = time.time()
+    yielding.match_raylet_priority()  # the training at srun's priority, also on a cluster raydist did not start
     _threads_from_ray()
     cfg = Config.from_dict(config["config"])
     if not cfg.run.verbose:  # Ray Train's "Reporting training result ..." (its log level does not reach that one)

@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Any
 
+from raydist.driver import yielding
 from raydist.hook import STATUS_ENV, read
 from raydist.launcher.errorfile import ERROR_FILE_ENV, read_error_file
 from raydist.observability.ray_metrics import export_relayed
@@ -32,17 +33,6 @@ PID_ENV = "RAYDIST_RANK_PID"
 PYTHONPATH_ENV = "RAYDIST_PYTHONPATH"
 MAX_BUFFERED_LINES = 20000  # between two polls (0.2 s); past it the oldest are lost to the console and the log
 STACK_DUMP_TIMEOUT_S = 20
-
-
-def _script_niceness() -> int:
-    """The niceness the node's Ray runs at (its raylet's), which srun would have given the script. Ray starts its
-    workers, and so the agents, at niceness 15 by default (RAY_worker_niceness; raydist's own instances set 0) so
-    that busy tasks leave the raylet room; a script inheriting that ran its start-up 1.5x slower than under srun,
-    beside raydist's own processes."""
-    try:
-        return os.getpriority(os.PRIO_PROCESS, int(os.environ.get("RAY_RAYLET_PID", "0")))
-    except (OSError, ValueError):
-        return 0
 
 
 OWN_PROCESS_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
@@ -201,7 +191,9 @@ class RankAgent:
         }
         if not os.path.isdir(cwd):
             cwd = os.getcwd()  # the driver's directory is not on this node: Ray's copy of the working dir is
-        niceness = _script_niceness()
+        # The raylet's, which srun would have given the script: Ray starts its workers, and so the agents, at
+        # niceness 15 by default, and a script inheriting that ran its start-up 1.5x slower than under srun.
+        niceness = yielding.raylet_niceness()
         warm, self.cold_why = (
             spawn(argv, {**env, RETURNED_ENV: self.returned_file}, cwd, niceness) if warm else (None, COLD_BY_CHOICE)
         )
