@@ -1,13 +1,14 @@
-"""What runs beside the training on the embedded Ray instance yields the CPU to it: Ray's daemons and the actors
-that only serve the dashboard run at idle priority (SCHED_IDLE, nice 19; the GCS only niced), so that on a machine
+"""What runs beside the training on the embedded Ray instance (and on a SLURM node with the cluster's opt-in
+yield_daemons) yields the CPU to it: Ray's daemons and the actors that only serve the dashboard run at idle priority (SCHED_IDLE, nice 19; the GCS only niced), so that on a machine
 whose cores the ranks fill they take what the ranks leave instead of a share of it, and give a core up at once when
 a rank wakes (docs/running.md#what-runs-beside-the-training).
 
 Only processes that never start a training process are lowered: a child inherits its parent's priority, and an
 unprivileged process cannot raise it back. So not the raylet, which starts Ray's workers, nor an idle Ray worker
 (`ray::IDLE`), which may become a rank's agent or a training worker, nor the warm interpreter, which forks them.
-The processes are this driver's descendants, found by the titles Ray gives them (Ray 2.58-2.60); one Ray does not
-know yet is left as it is. The ranks' own priority is never touched.
+The processes are this driver's (or the node's bring-up's) descendants, found by the titles Ray gives them (Ray
+2.58-2.60); one Ray does not know yet is left as it is. The ranks' own priority is never lowered; a Ray worker Ray
+started below its raylet's takes the raylet's where it may (`match_raylet_priority`).
 """
 
 from __future__ import annotations
