@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.stored import parser, spread, stamp
+from benchmarks.stored import add_options, parser, print_report, save, spread, stamp
 from benchmarks.suite_time import busy_cpu_s
 
 REPO = Path(__file__).resolve().parents[1]
@@ -168,32 +168,35 @@ def report(data: dict) -> str:
         {side: [x[side].get(key, float("nan")) for x in rounds] for side in ("torchrun", "launch")}
         for key in ("before_loop_s", "after_loop_s")
     )
-    return "\n".join(
-        [
-            f"`raydist launch --workers 2` against `torchrun --standalone`, the same script, {len(rounds)} rounds "
-            f"in alternating order on {data['machine']['cpus']} CPUs (median (min-max); {data['commit'][:7]}, "
-            f"{data['date']}; a loop of {data['steps']} steps, {spread(loops)} s under torchrun):",
-            "",
-            "| | raydist launch / torchrun |",
-            "|---|---|",
-            f"| the loop's steps/s | {spread(r['loop'], 2)}x |",
-            *([f"| the loop's second half, steps/s | {spread(r['late_loop'], 2)}x |"] if r["late_loop"] else []),
-            f"| the median step's speed | {spread(r['median_step'], 2)}x |",
-            f"| the whole command's wall time | {spread(r['command'], 2)}x |",
-            *(
-                [
-                    f"| a short run's whole command ({data['short_steps']} steps; "
-                    f"{spread([x['torchrun']['short_command_s'] for x in rounds])} s under torchrun) | "
-                    f"{spread(r['short_command'], 2)}x |"
-                ]
-                if r["short_command"]
-                else []
-            ),
-            f"| before the loop, after it (s) | {spread(before['launch'])} and {spread(after['launch'])} against "
-            f"{spread(before['torchrun'])} and {spread(after['torchrun'])} |",
-            f"| CPU seconds beside the ranks over the loop | {spread(beside['launch'])} s against "
-            f"{spread(beside['torchrun'])} s |",
-        ]
+    return (
+        "\n".join(
+            [
+                f"`raydist launch --workers 2` against `torchrun --standalone`, the same script, {len(rounds)} rounds "
+                f"in alternating order on {data['machine']['cpus']} CPUs (median (min-max); {data['commit'][:7]}, "
+                f"{data['date']}; a loop of {data['steps']} steps, {spread(loops)} s under torchrun):",
+                "",
+                "| | raydist launch / torchrun |",
+                "|---|---|",
+                f"| the loop's steps/s | {spread(r['loop'], 2)}x |",
+                *([f"| the loop's second half, steps/s | {spread(r['late_loop'], 2)}x |"] if r["late_loop"] else []),
+                f"| the median step's speed | {spread(r['median_step'], 2)}x |",
+                f"| the whole command's wall time | {spread(r['command'], 2)}x |",
+                *(
+                    [
+                        f"| a short run's whole command ({data['short_steps']} steps; "
+                        f"{spread([x['torchrun']['short_command_s'] for x in rounds])} s under torchrun) | "
+                        f"{spread(r['short_command'], 2)}x |"
+                    ]
+                    if r["short_command"]
+                    else []
+                ),
+                f"| before the loop, after it (s) | {spread(before['launch'])} and {spread(after['launch'])} against "
+                f"{spread(before['torchrun'])} and {spread(after['torchrun'])} |",
+                f"| CPU seconds beside the ranks over the loop | {spread(beside['launch'])} s against "
+                f"{spread(beside['torchrun'])} s |",
+            ]
+        )
+        + "\n"
     )
 
 
@@ -201,13 +204,11 @@ def main() -> int:
     ap = parser(__doc__, rounds=3)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--short-steps", type=int, default=15, help="the short run's steps (0: none)")
-    ap.add_argument("--out", type=Path)
-    ap.add_argument("--report", type=Path, help="print the stored file's table and exit")
+    add_options(ap, "docs/data/footprint.json")
     args = ap.parse_args()
-    if args.report:
-        print(report(json.loads(args.report.read_text())))
+    if print_report(args.report, report):
         return 0
-    data = {**stamp(), "steps": args.steps, "short_steps": args.short_steps, "rounds": []}
+    stamped, data = stamp(), {"steps": args.steps, "short_steps": args.short_steps, "rounds": []}
     with tempfile.TemporaryDirectory(prefix="rd-footprint-") as tmp:
         cmds = commands(Path(tmp) / "fp.json", args.steps)
         shorts = commands(Path(tmp) / "short.json", args.short_steps)
@@ -217,9 +218,8 @@ def main() -> int:
             for side in order if args.short_steps else ():
                 data["rounds"][-1][side]["short_command_s"] = short(shorts[side])
             print(json.dumps(data["rounds"][-1]), flush=True)
-    if args.out:
-        args.out.write_text(json.dumps(data, indent=1) + "\n")
-    print(report(data))
+    save(args.out, data, stamped)
+    print(report(data), end="")
     return 0
 
 

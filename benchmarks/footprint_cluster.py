@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from benchmarks.footprint_sync import STEP_50MS, one, ratios
-from benchmarks.stored import parser, spread, stamp
+from benchmarks.stored import add_options, parser, print_report, save, spread, stamp
 from tests.support.cluster import rayup
 from tests.support.cluster.emucluster import EmulatedCluster
 
@@ -56,42 +56,42 @@ def report(data: dict) -> str:
     got = ratios([{"torchrun": r["as_started"], "yielding": r["yielding"]} for r in rounds], "yielding")
     beside = {side: [r[side]["beside_ranks_cpu_s"] for r in rounds] for side in SIDES}
     step = spread([r["as_started"]["median_step_s"] * 1000 for r in rounds], 0)
-    return "\n".join(
-        [
-            f"`jobs/sync.py` by `ray job submit` on the emulated 3-host cluster, 3 workers, with `yield_daemons: true` "
-            f"against `false`, {len(rounds)} rounds alternating the order on {data['machine']['cpus']} CPUs shared by "
-            f"the 3 hosts (median (min-max); {data['commit'][:7]}, {data['date']}; {rounds[0]['as_started']['steps']} "
-            f"steps of {step} ms with the daemons as Ray starts them):",
-            "",
-            "| | yielding / as started |",
-            "|---|---|",
-            f"| the loop's steps/s | {spread(got['loop'], 2)}x |",
-            f"| the loop's second half, steps/s | {spread(got['late_loop'], 2)}x |",
-            f"| the median step's speed | {spread(got['median_step'], 2)}x |",
-            f"| CPU seconds beside the ranks over the loop | {spread(beside['yielding'])} s against "
-            f"{spread(beside['as_started'])} s |",
-        ]
+    return (
+        "\n".join(
+            [
+                f"`jobs/sync.py` by `ray job submit` on the emulated 3-host cluster, 3 workers, with `yield_daemons: true` "
+                f"against `false`, {len(rounds)} rounds alternating the order on {data['machine']['cpus']} CPUs shared by "
+                f"the 3 hosts (median (min-max); {data['commit'][:7]}, {data['date']}; {rounds[0]['as_started']['steps']} "
+                f"steps of {step} ms with the daemons as Ray starts them):",
+                "",
+                "| | yielding / as started |",
+                "|---|---|",
+                f"| the loop's steps/s | {spread(got['loop'], 2)}x |",
+                f"| the loop's second half, steps/s | {spread(got['late_loop'], 2)}x |",
+                f"| the median step's speed | {spread(got['median_step'], 2)}x |",
+                f"| CPU seconds beside the ranks over the loop | {spread(beside['yielding'])} s against "
+                f"{spread(beside['as_started'])} s |",
+            ]
+        )
+        + "\n"
     )
 
 
 def main() -> int:
     ap = parser(__doc__, rounds=3)
-    ap.add_argument("--out", type=Path)
-    ap.add_argument("--report", type=Path, help="print the stored file's table and exit")
+    add_options(ap, "docs/data/footprint_cluster.json")
     args = ap.parse_args()
-    if args.report:
-        print(report(json.loads(args.report.read_text())))
+    if print_report(args.report, report):
         return 0
     overrides = [*STEP_50MS, "train.epochs=2"]
-    data = {**stamp(), "overrides": overrides, "rounds": []}
+    stamped, data = stamp(), {"overrides": overrides, "rounds": []}
     with EmulatedCluster() as cluster:
         for i in range(args.rounds):
             order = SIDES if i % 2 == 0 else SIDES[::-1]
             data["rounds"].append({side: measure_one(cluster, side, i, overrides) for side in order})
             print(json.dumps(data["rounds"][-1]), flush=True)
-    if args.out:
-        args.out.write_text(json.dumps(data, indent=1) + "\n")
-    print(report(data))
+    save(args.out, data, stamped)
+    print(report(data), end="")
     return 0
 
 

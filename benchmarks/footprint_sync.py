@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from benchmarks.footprint import cpu_by_pid, used_by_name
-from benchmarks.stored import parser, spread, stamp
+from benchmarks.stored import add_options, parser, print_report, save, spread, stamp
 from benchmarks.suite_time import busy_cpu_s
 
 REPO = Path(__file__).resolve().parents[1]
@@ -162,42 +162,42 @@ def report(data: dict) -> str:
         ("the median step's speed", "median_step"),
         ("the whole command's wall time", "command"),
     ]
-    return "\n".join(
-        [
-            f"`jobs/sync.py` on each engine against the same loop under `torchrun --standalone`, {len(rounds)} rounds "
-            f"rotating the order on {data['machine']['cpus']} CPUs (median (min-max); {data['commit'][:7]}, "
-            f"{data['date']}; {rounds[0]['torchrun']['steps']} steps of {step} ms under torchrun; "
-            f"`{' '.join(data['overrides']) or 'make run'}`):",
-            "",
-            "| | Ray Train engine / torchrun | launch engine / torchrun |",
-            "|---|---|---|",
-            *(f"| {label} | {spread(ray[key], 2)}x | {spread(launch[key], 2)}x |" for label, key in rows),
-            f"| CPU seconds beside the ranks over the loop | {spread(beside['ray_train'])} s | "
-            f"{spread(beside['launch'])} s (torchrun: {spread(beside['torchrun'])} s) |",
-        ]
+    return (
+        "\n".join(
+            [
+                f"`jobs/sync.py` on each engine against the same loop under `torchrun --standalone`, {len(rounds)} rounds "
+                f"rotating the order on {data['machine']['cpus']} CPUs (median (min-max); {data['commit'][:7]}, "
+                f"{data['date']}; {rounds[0]['torchrun']['steps']} steps of {step} ms under torchrun; "
+                f"`{' '.join(data['overrides']) or 'make run'}`):",
+                "",
+                "| | Ray Train engine / torchrun | launch engine / torchrun |",
+                "|---|---|---|",
+                *(f"| {label} | {spread(ray[key], 2)}x | {spread(launch[key], 2)}x |" for label, key in rows),
+                f"| CPU seconds beside the ranks over the loop | {spread(beside['ray_train'])} s | "
+                f"{spread(beside['launch'])} s (torchrun: {spread(beside['torchrun'])} s) |",
+            ]
+        )
+        + "\n"
     )
 
 
 def main() -> int:
     ap = parser(__doc__, rounds=3)
     ap.add_argument("--tiny", action="store_true", help="make run's digits job instead of a >= 50 ms step")
-    ap.add_argument("--out", type=Path)
-    ap.add_argument("--report", type=Path, help="print the stored file's table and exit")
+    add_options(ap, "docs/data/footprint_sync.json")
     args = ap.parse_args()
-    if args.report:
-        print(report(json.loads(args.report.read_text())))
+    if print_report(args.report, report):
         return 0
     overrides = [] if args.tiny else [*STEP_50MS, "train.epochs=2"]
-    data = {**stamp(), "overrides": overrides, "rounds": []}
+    stamped, data = stamp(), {"overrides": overrides, "rounds": []}
     with tempfile.TemporaryDirectory(prefix="rd-footprint-sync-") as tmp:
         for i in range(args.rounds):
             order = SIDES[i % 3 :] + SIDES[: i % 3]
             got = {s: one(commands(s, i, overrides, tmp), Path(tmp) / f"{s}{i}", RANKS[s]) for s in order}
             data["rounds"].append(got)
             print(json.dumps(got), flush=True)
-    if args.out:
-        args.out.write_text(json.dumps(data, indent=1) + "\n")
-    print(report(data))
+    save(args.out, data, stamped)
+    print(report(data), end="")
     return 0
 
 
