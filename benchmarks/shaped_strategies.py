@@ -665,7 +665,7 @@ def main() -> int:
         earlier = json.loads(a.out.read_text())
         points, header = earlier["points"], {"setting": earlier["setting"], "appended": earlier.get("appended", [])}
         header["appended"].append(this)
-    started = time.monotonic()
+    ran_before, started = len(points), time.monotonic()
     with EmulatedCluster(hosts=hosts(a.hosts)) as cluster:
         job = rayup.submit(cluster, rayup.write_config(cluster, "shaped-bench"), nodes=len(cluster.hosts))
         job.wait_for("Ray cluster ready", timeout=240)
@@ -689,6 +689,8 @@ def main() -> int:
                 points += real_model(cluster, job, a, link, storage)
             if "workers" in parts:
                 points += other_workers(cluster, job, a, link, storage)
+            for point in points[ran_before:]:  # which run of the file measured it (its setting or an append)
+                point["commit"] = this["commit"]
             a.out.parent.mkdir(parents=True, exist_ok=True)
             a.out.write_text(
                 json.dumps({**header, "hosts": len(cluster.hosts), "points": points}, indent=1, default=str)

@@ -40,6 +40,8 @@ def problems(stored: dict) -> list[str]:
     halves = {k: v for k, v in stored.items() if isinstance(v, dict) and "commit" in v}
     if "commit" not in stored and halves and len(halves) == len(stored):
         return [f"{k}: {problem}" for k, half in halves.items() for problem in problems(half)]
+    if "commit" not in stored and "appended" in stored:  # a file its benchmark appends to (shaped_strategies)
+        return appended_problems(stored)
     found = []
     if not COMMIT.fullmatch(str(stored.get("commit", ""))):
         found.append(f"commit {stored.get('commit')!r} is not a clean commit the benchmark stamped")
@@ -54,6 +56,18 @@ def problems(stored: dict) -> list[str]:
         for part in parts if isinstance(parts, list) else []:
             if isinstance(part, dict) and "commit" in part and not COMMIT.fullmatch(str(part["commit"])):
                 found.append(f"a part of {key} names commit {part['commit']!r}")
+    return found
+
+
+def appended_problems(stored: dict) -> list[str]:
+    """A file of runs appended to one another (`setting`, then each of `appended`): every run carries its stamp,
+    and every point names the commit of the run that measured it."""
+    runs = [stored["setting"], *stored.get("appended", [])]
+    found = [f"run {i}: {problem}" for i, run in enumerate(runs) for problem in problems(run)]
+    commits = {run.get("commit") for run in runs}
+    unnamed = [i for i, p in enumerate(stored.get("points", [])) if p.get("commit") not in commits]
+    if unnamed:
+        found.append(f"{len(unnamed)} points name no commit of the runs that wrote the file")
     return found
 
 
@@ -74,6 +88,9 @@ def test_the_stamp_check_refuses_a_dirty_or_hand_written_commit():
     assert problems(clean) == []
     assert problems({**clean, "commit": "a" * 40 + "-dirty"}) and problems({**clean, "commit": "d7d92e4"})
     assert problems({**clean, "rounds": [{"commit": "b" * 40 + "-dirty"}]}) and problems({**clean, "date": None})
+    appended = {"setting": clean, "appended": [{**clean, "commit": "b" * 40}], "points": [{"commit": "b" * 40}]}
+    assert problems(appended) == []
+    assert problems({**appended, "points": [{"commit": None}]}) and problems({**appended, "appended": [{}]})
     assert problems({"local": clean, "cluster": clean}) == []
     assert problems({"local": clean, "cluster": {**clean, "commit": "c" * 40 + "-dirty"}}) == [
         f"cluster: commit {'c' * 40 + '-dirty'!r} is not a clean commit the benchmark stamped"
