@@ -615,3 +615,45 @@ def test_the_docs_exit_fault_table_is_the_stored_result():
         f"{report(stored)}\n<!-- END exit faults -->"
     )
     assert block in text, "docs/benchmarks.md is stale: paste `python -m benchmarks.exit_faults --table`"
+
+
+def _supervised(monkeypatch, events: list) -> tuple[P.Decision, list[bool]]:
+    """LaunchRun._supervise over a group whose ranks say `events` in turn (None: nothing yet), every poll stepping;
+    returns its decision and the registrations the dashboard's run list was asked for."""
+    from raydist.launcher import driver as D
+
+    class Ranks:
+        def __init__(self, *_):
+            self.events = iter(events)
+
+        def event(self):
+            return next(self.events)
+
+    class Quiet:
+        def __init__(self, *_):
+            pass
+
+        def event(self, *_):
+            return None
+
+    registered: list[bool] = []
+    monkeypatch.setattr(D, "RankEvents", Ranks)
+    monkeypatch.setattr(D, "ClusterStops", Quiet)
+    monkeypatch.setattr(D, "GrowChecks", Quiet)
+    monkeypatch.setattr(D, "POLL_S", 0.0)
+    run = D.LaunchRun(LaunchConfig(), ["python", "train.py"], ".", 0.0, lambda cfg: "local")
+    monkeypatch.setattr(run, "_relay", lambda group: True)
+    monkeypatch.setattr(run.runs, "maybe_register", lambda group, stepped: registered.append(stepped))
+    return run._supervise(None), registered
+
+
+def test_a_start_whose_ranks_ended_before_its_first_poll_is_never_registered_with_the_dashboard(monkeypatch):
+    """A short script can end before the embedded instance is up: registering it then (Ray Train's import, its state
+    actor) would only delay the command's exit, and its dashboard ends with the command."""
+    done, registered = _supervised(monkeypatch, [P.Event(P.Kind.COMPLETED)])
+    assert done.action == P.Action.DONE and registered == []
+
+
+def test_a_start_still_running_is_registered_while_it_runs(monkeypatch):
+    done, registered = _supervised(monkeypatch, [None, None, P.Event(P.Kind.COMPLETED)])
+    assert done.action == P.Action.DONE and registered == [True, True]

@@ -164,12 +164,14 @@ class LaunchRun:
         ranks, stops, grows = RankEvents(self.cfg, group, self.restarts + 1), ClusterStops(), GrowChecks(self.cfg)
         while True:
             stepped = self._relay(group)
-            self.runs.maybe_register(group, stepped)
             # An interrupt first, then what the ranks say; the cluster's stop request and room to grow are slower
             # reads (GCS), made only when nothing else happened.
             event = self.interrupts.event() or ranks.event() or stops.event(group) or grows.event(group)
             if event is not None:
                 return policy.decide(event, len(self.failures), self.cfg)
+            # Only a start still running is registered: a short script's ranks may end before the embedded instance
+            # is up, and the registration (Ray Train's import, its state actor) would then only delay the exit.
+            self.runs.maybe_register(group, stepped)
             time.sleep(POLL_S)
 
     def _relay(self, group: Group) -> bool:
