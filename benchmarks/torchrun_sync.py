@@ -1,10 +1,14 @@
 """The same sync DDP loop as jobs/sync.py, under plain torchrun with gloo: the baseline for Ray's overhead.
 
 torchrun --standalone --nproc-per-node 2 benchmarks/torchrun_sync.py --set run.storage_path=/tmp/bench
+
+--in-thread runs the loop in a second thread of the process, as Ray Train runs `train_loop_per_worker`
+(benchmarks/footprint_ab.py).
 """
 
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -41,5 +45,16 @@ def main() -> int:
     return 0
 
 
+def in_thread() -> int:
+    codes = []
+    thread = threading.Thread(target=lambda: codes.append(main()), name="train")
+    thread.start()
+    thread.join()
+    return codes[0] if codes else 1
+
+
 if __name__ == "__main__":
+    if "--in-thread" in sys.argv:
+        sys.argv.remove("--in-thread")
+        sys.exit(in_thread())
     sys.exit(main())

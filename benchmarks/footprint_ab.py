@@ -1,0 +1,115 @@
+"""Where the training loop's gap to torchrun comes from: one suspect at a time, the same loop with and without it.
+
+    .venv/bin/python -m benchmarks.footprint_ab --case thread --rounds 4 --out docs/data/footprint_ab_thread.json
+    .venv/bin/python -m benchmarks.footprint_ab --case warm --rounds 4 --out docs/data/footprint_ab_warm.json
+    .venv/bin/python -m benchmarks.footprint_ab --report docs/data/footprint_ab_thread.json
+
+benchmarks/footprint_sync.py measures `jobs/sync.py` on each engine against torchrun (a step of about 50 ms on 2
+cores). Each case here runs one of its sides twice, as it is (A) and with one thing changed (B), in alternating
+order, and reports B over A within a round: the loop's steps/s (from rank 0's metrics.jsonl, as there), the median
+step's speed, and the CPU the ranks' own processes spent per step.
+
+- thread: the torchrun side with its loop in the main thread (A) and in a second thread of the same process (B),
+  as Ray Train runs `train_loop_per_worker`.
+- warm: the Ray Train side with its workers forked from the warm interpreter (A, the default) and started as fresh
+  Pythons by Ray (B, `scaling.warm_python=false`).
+- prestart: the launch engine as it is (A) and with the embedded raylet told to start no idle Ray workers ahead of
+  need (B, `RAY_prestart_worker_first_driver=0`, `RAY_enable_worker_prestart=0`).
+
+Run nothing else meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks.footprint_sync import RANKS, STEP_50MS, commands, one
+from benchmarks.stored import add_options, parser, print_report, save, spread, stamp
+
+
+@dataclass(frozen=True)
+class Case:
+    side: str
+    """footprint_sync's side that both variants run."""
+    change: str
+    """What B changes, as the report says it."""
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+CASES = {
+    "thread": Case("torchrun", "the loop in a second thread", args=["--in-thread"]),
+    "warm": Case("ray_train", "workers started fresh by Ray", args=["--set", "scaling.warm_python=false"]),
+    "prestart": Case(
+        "launch",
+        "no idle Ray workers started ahead of need",
+        env={"RAY_prestart_worker_first_driver": "0", "RAY_enable_worker_prestart": "0"},
+    ),
+}
+
+
+def variant(case: Case, b: bool, i: int, storage: str) -> dict:
+    name = f"{'b' if b else 'a'}{i}"
+    argv = commands(case.side, i, [*STEP_50MS, "train.epochs=2"], storage)
+    argv = [a.replace(f"run.name={case.side}{i}", f"run.name={name}") for a in argv]
+    if b:
+        argv += case.args
+    env = {**os.environ, **(case.env if b else {})}
+    got = one(argv, Path(storage) / name, RANKS[case.side], env)
+    got["ranks_cpu_ms_per_step"] = round(1000 * got["ranks_cpu_s"] / max(got["steps"] - 1, 1), 1)
+    return got
+
+
+def report(data: dict) -> str:
+    rounds = data["rounds"]
+
+    def over(key: str, invert: bool = False) -> list[float]:
+        return [(r["a"][key] / r["b"][key]) if invert else (r["b"][key] / r["a"][key]) for r in rounds]
+
+    case = CASES[data["case"]]
+    return (
+        "\n".join(
+            [
+                f"`{data['case']}`: footprint_sync's {case.side} side as it is (A) and with {case.change} (B), "
+                f"{len(rounds)} rounds alternating on {data['machine']['cpus']} CPUs (median (min-max); "
+                f"{data['commit'][:7]}, {data['date']}):",
+                "",
+                "| | B / A |",
+                "|---|---|",
+                f"| the loop's steps/s | {spread(over('steps_per_s'), 2)}x |",
+                f"| the median step's speed | {spread(over('median_step_s', invert=True), 2)}x |",
+                f"| the ranks' CPU per step | {spread(over('ranks_cpu_ms_per_step'), 2)}x |",
+                f"| CPU seconds beside the ranks over the loop, A and B | "
+                f"{spread([r['a']['beside_ranks_cpu_s'] for r in rounds])} s and "
+                f"{spread([r['b']['beside_ranks_cpu_s'] for r in rounds])} s |",
+            ]
+        )
+        + "\n"
+    )
+
+
+def main() -> int:
+    ap = parser(__doc__, rounds=4)
+    ap.add_argument("--case", choices=sorted(CASES), default="thread")
+    add_options(ap, "docs/data/footprint_ab_<case>.json")
+    args = ap.parse_args()
+    if print_report(args.report, report):
+        return 0
+    case, stamped, data = CASES[args.case], stamp(), {"case": args.case, "rounds": []}
+    with tempfile.TemporaryDirectory(prefix="rd-footprint-ab-") as tmp:
+        for i in range(args.rounds):
+            order = (False, True) if i % 2 == 0 else (True, False)
+            got = {("b" if b else "a"): variant(case, b, i, tmp) for b in order}
+            data["rounds"].append(got)
+            print(json.dumps(got), flush=True)
+    save(args.out, data, stamped)
+    print(report({**data, **stamped}), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
