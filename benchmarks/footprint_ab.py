@@ -15,6 +15,8 @@ step's speed, and the CPU the ranks' own processes spent per step.
   Pythons by Ray (B, `scaling.warm_python=false`).
 - prestart: the launch engine as it is (A) and with the embedded raylet told to start no idle Ray workers ahead of
   need (B, `RAY_prestart_worker_first_driver=0`, `RAY_enable_worker_prestart=0`).
+- arena: the torchrun side with its loop in a second thread (A, as `thread`'s B) and the same with glibc's malloc
+  keeping one arena for every thread (B, `MALLOC_ARENA_MAX=1`), as the main thread has.
 - helpers: the Ray Train side as it is (A) and with Ray Train's controller and helper actors (the synchronization
   actor, the autoscaling coordinator) at niceness 19 (B), set by this benchmark as they appear (root).
 
@@ -43,12 +45,21 @@ class Case:
     """What B changes, as the report says it."""
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    a_args: list[str] = field(default_factory=list)
+    """What A adds to the side's command (B adds `args` instead)."""
     renice: tuple[str, ...] = ()
     """Process titles this benchmark sets to niceness 19 while B runs."""
 
 
 CASES = {
     "thread": Case("torchrun", "the loop in a second thread", args=["--in-thread"]),
+    "arena": Case(
+        "torchrun",
+        "one malloc arena for every thread",
+        args=["--in-thread"],
+        env={"MALLOC_ARENA_MAX": "1"},
+        a_args=["--in-thread"],
+    ),
     "warm": Case("ray_train", "workers started fresh by Ray", args=["--set", "scaling.warm_python=false"]),
     "prestart": Case(
         "launch",
@@ -96,8 +107,7 @@ def variant(case: Case, b: bool, i: int, storage: str) -> dict:
     name = f"{'b' if b else 'a'}{i}"
     argv = commands(case.side, i, [*STEP_50MS, "train.epochs=2"], storage)
     argv = [a.replace(f"run.name={case.side}{i}", f"run.name={name}") for a in argv]
-    if b:
-        argv += case.args
+    argv += case.args if b else case.a_args
     env = {**os.environ, **(case.env if b else {})}
     with renicing(case.renice if b else ()) as reniced:
         got = one(argv, Path(storage) / name, RANKS[case.side], env)
