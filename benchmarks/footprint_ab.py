@@ -47,6 +47,8 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)
     a_args: list[str] = field(default_factory=list)
     """What A adds to the side's command (B adds `args` instead)."""
+    a: str = "as it is"
+    """A, as the report says it."""
     renice: tuple[str, ...] = ()
     """Process titles this benchmark sets to niceness 19 while B runs."""
 
@@ -59,6 +61,7 @@ CASES = {
         args=["--in-thread"],
         env={"MALLOC_ARENA_MAX": "1"},
         a_args=["--in-thread"],
+        a="with its loop in a second thread",
     ),
     "warm": Case("ray_train", "workers started fresh by Ray", args=["--set", "scaling.warm_python=false"]),
     "prestart": Case(
@@ -127,7 +130,7 @@ def report(data: dict) -> str:
     return (
         "\n".join(
             [
-                f"`{data['case']}`: footprint_sync's {case.side} side as it is (A) and with {case.change} (B), "
+                f"`{data['case']}`: footprint_sync's {case.side} side {case.a} (A) and with {case.change} (B), "
                 f"{len(rounds)} rounds alternating on {data['machine']['cpus']} CPUs (median (min-max); "
                 f"{data['commit'][:7]}, {data['date']}):",
                 "",
