@@ -24,6 +24,9 @@ from raydist.driver.yielding import LOWEST, idle_runtime_env, lower_beside_train
         ["/venv/bin/python", "-u", "/venv/lib/python3.11/site-packages/ray/dashboard/dashboard.py", "--host=127.0.0.1"],
         ["/venv/bin/python", "-u", "/venv/lib/python3.11/site-packages/ray/_private/log_monitor.py", "--x"],
         ["/venv/bin/python", "-u", "/venv/lib/python3.11/site-packages/ray/autoscaler/_private/monitor.py"],
+        ["ray::TrainController.run"],  # niced only: it drains the workers' reports every 0.1 s
+        ["ray::SynchronizationActor"],
+        ["ray::_AutoscalingCoordinatorActor"],
     ],
 )
 def test_rays_daemons_and_the_dashboards_actors_yield(argv):
@@ -40,7 +43,6 @@ def test_rays_daemons_and_the_dashboards_actors_yield(argv):
         ["ray::IDLE"],  # may become a rank's agent or a training worker
         ["ray::RankAgent"],
         ["ray::RayTrainWorker"],
-        ["ray::TrainController"],  # polls the workers' reports every 0.1 s: its delay would stall them
         ["/venv/bin/python", "train.py", "--epochs", "3"],  # a user's rank
         ["/venv/bin/python", "monitor.py"],  # a user's own script of that name
         [],
@@ -55,21 +57,22 @@ def _titled(title: str) -> subprocess.Popen:
     return subprocess.Popen(["bash", "-c", f"exec -a {title} {sys.executable} -c 'import time; time.sleep(30)'"])
 
 
-def test_yielding_descendants_are_lowered_once_to_idle_priority_the_gcs_only_niced_and_the_rest_left_alone():
-    stand_in, gcs = _titled("ray::StandIn"), _titled("gcs_server")
+def test_yielding_descendants_are_lowered_once_to_idle_priority_the_gcs_and_controller_only_niced_the_rest_left_alone():
+    stand_in, gcs, controller = _titled("ray::StandIn"), _titled("gcs_server"), _titled("ray::TrainController")
     kept = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         time.sleep(0.5)  # each exec'd
         done: set[int] = set()
-        assert lower_beside_training(os.getpid(), done) == 2 and done == {stand_in.pid, gcs.pid}
-        assert os.getpriority(os.PRIO_PROCESS, stand_in.pid) == os.getpriority(os.PRIO_PROCESS, gcs.pid) == LOWEST
+        assert lower_beside_training(os.getpid(), done) == 3 and done == {stand_in.pid, gcs.pid, controller.pid}
+        assert {os.getpriority(os.PRIO_PROCESS, p.pid) for p in (stand_in, gcs, controller)} == {LOWEST}
         assert os.sched_getscheduler(stand_in.pid) == os.SCHED_IDLE
-        assert os.sched_getscheduler(gcs.pid) == os.sched_getscheduler(0)  # it answers the raylets' health checks
+        # the GCS answers the raylets' health checks, the controller its workers' reports: niced, not idle
+        assert os.sched_getscheduler(gcs.pid) == os.sched_getscheduler(controller.pid) == os.sched_getscheduler(0)
         assert os.getpriority(os.PRIO_PROCESS, kept.pid) == os.getpriority(os.PRIO_PROCESS, 0)
         assert os.sched_getscheduler(kept.pid) == os.sched_getscheduler(0)
         assert lower_beside_training(os.getpid(), done) == 0  # not again
     finally:
-        for p in (stand_in, gcs, kept):
+        for p in (stand_in, gcs, controller, kept):
             p.kill()
             p.wait()
 

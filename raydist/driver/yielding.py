@@ -1,5 +1,5 @@
 """What runs beside the training on the embedded Ray instance (and on a SLURM node with the cluster's opt-in
-yield_daemons) yields the CPU to it: Ray's daemons and the actors that only serve the dashboard run at idle priority (SCHED_IDLE, nice 19; the GCS only niced), so that on a machine
+yield_daemons) yields the CPU to it: Ray's daemons and the actors that only serve the dashboard run at idle priority (SCHED_IDLE, nice 19; the GCS and Ray Train's controller and helper actors only niced), so that on a machine
 whose cores the ranks fill they take what the ranks leave instead of a share of it, and give a core up at once when
 a rank wakes (docs/running.md#what-runs-beside-the-training).
 
@@ -39,6 +39,11 @@ YIELDING_SCRIPTS = (
     "/_private/monitor.py",
 )
 YIELDING_EXECUTABLES = ("gcs_server",)
+# Niced only, not idle: each answers the training within a poll or a step (Ray Train's controller drains its
+# workers' reports every 0.1 s, its synchronization actor holds their barriers, the coordinator its resource asks),
+# so starved at idle priority it would hold the ranks up. None of them starts a process. At nice 19 they still run
+# in the ranks' gaps: jobs/sync.py's loop at 1.04 (0.99-1.13)x (docs/data/footprint_ab_helpers.json).
+NICED_TITLES = ("ray::TrainController", "ray::SynchronizationActor", "ray::_AutoscalingCoordinatorActor")
 
 # Scans at these seconds after the start, then every EVERY_S: Ray starts its daemons with the instance, the
 # dashboard's actors once the run registers, and a restart's stand-ins later.
@@ -55,17 +60,18 @@ def yields(argv: list[str]) -> bool:
     if not argv:
         return False
     first = argv[0]
-    if first.startswith(YIELDING_TITLES):
+    if first.startswith(YIELDING_TITLES + NICED_TITLES):
         return True
     if os.path.basename(first.split()[0]) in YIELDING_EXECUTABLES:
         return True
     return "python" in os.path.basename(first) and any(a.endswith(YIELDING_SCRIPTS) for a in argv[1:3])
 
 
-def keeps_the_node_alive(argv: list[str]) -> bool:
-    """The GCS answers the raylets' health checks: starved by busy ranks, it would have Ray declare the node dead. It
-    runs at the lowest niceness, not at idle priority."""
-    return bool(argv) and os.path.basename(argv[0].split()[0]) == "gcs_server"
+def niced_only(argv: list[str]) -> bool:
+    """The GCS answers the raylets' health checks: starved by busy ranks, it would have Ray declare the node dead; Ray
+    Train's controller and helpers answer the workers (NICED_TITLES). They run at the lowest niceness, not at idle
+    priority."""
+    return bool(argv) and (os.path.basename(argv[0].split()[0]) == "gcs_server" or argv[0].startswith(NICED_TITLES))
 
 
 def lower_beside_training(root: int, done: set[int]) -> int:
@@ -85,7 +91,7 @@ def lower_beside_training(root: int, done: set[int]) -> int:
             argv = child.cmdline()
             if yields(argv):
                 os.setpriority(os.PRIO_PROCESS, child.pid, LOWEST)
-                if not keeps_the_node_alive(argv):
+                if not niced_only(argv):
                     # A SCHED_IDLE task gives the core up at once when a rank wakes, where a niced one may first
                     # finish its time slice (milliseconds, at every collective).
                     os.sched_setscheduler(child.pid, os.SCHED_IDLE, os.sched_param(0))
