@@ -21,9 +21,6 @@ COMMIT = re.compile(
 )  # -copy: a tree copied to a lent GPU machine, its commit given by the caller
 LEGACY = {
     "gpu_strategies.json": "its commit corrected by hand; needs a lent GPU to re-run",
-    "more_hosts.json": "no stamp",
-    "shaped_runs.json": "no stamp; most of its points name no commit",
-    "three_workers.json": "no stamp",
 }
 
 
