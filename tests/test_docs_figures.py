@@ -12,6 +12,10 @@ from tests.support.jobutil import REPO, load_benchmark
 DATA = REPO / "docs" / "data"
 
 
+FOOTPRINT_CASES = ("thread", "arena", "helpers", "warm", "prestart")
+"""benchmarks/footprint_ab.py's cases that docs/benchmarks.md quotes."""
+
+
 def _doc(name: str) -> str:
     return (REPO / "docs" / name).read_text()
 
@@ -146,6 +150,7 @@ def test_the_parameter_server_chaos_tables_are_the_stored_runs():
         ("footprint_sync", "footprint_sync.json", "benchmarks.md"),
         ("footprint_sync", "footprint_sync_tiny.json", "benchmarks.md"),
         ("footprint_cluster", "footprint_cluster.json", "benchmarks.md"),
+        *(("footprint_ab", f"footprint_ab_{case}.json", "benchmarks.md") for case in FOOTPRINT_CASES),
         ("bytecode", "bytecode.json", "dev/testing.md"),
         ("setup_time", "setup_time.json", "dev/testing.md"),
     ],
