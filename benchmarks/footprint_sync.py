@@ -197,7 +197,7 @@ def main() -> int:
             data["rounds"].append(got)
             print(json.dumps(got), flush=True)
     save(args.out, data, stamped)
-    print(report(data), end="")
+    print(report({**data, **stamped}), end="")
     return 0
 
 
