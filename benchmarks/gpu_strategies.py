@@ -2,7 +2,7 @@
 ranks on one GPU: the GPU paths measured where a GPU was lent (docs/gpu.md quotes it).
 
     .venv/bin/python -m benchmarks.gpu_strategies --rounds 2 --out docs/data/gpu_strategies.json
-    .venv/bin/python -m benchmarks.gpu_strategies --report docs/data/gpu_strategies.json   # docs/gpu.md's table
+    .venv/bin/python -m benchmarks.gpu_strategies --report docs/data/gpu_strategies.json   # the table for docs/gpu.md
 
 One worker per case (one GPU), 200 steps of tinygpt, rounds interleaved (each round runs every case once). Every
 figure comes from the job's own summary.json: steps/s of the training loop, the start-up split (`startup_s`), the

@@ -1,10 +1,8 @@
 """Every stored result a page quotes says where it came from, as its benchmark wrote it (benchmarks/stored.py
 `stamp`): the clean commit it ran on, the date and the machine. A result measured on a tree with changes outside the
 docs carries "-dirty" and is refused, as is a stamp without a machine or a date, or a commit that is not a whole
-hash (one written in by hand).
-
-LEGACY is the backlog of quoted files from before this rule: each is to be re-run by its benchmark or dropped from
-the pages; the list may only shrink."""
+hash (one written in by hand). A result from before this rule was re-run by its benchmark or dropped from the
+pages."""
 
 from __future__ import annotations
 
@@ -19,9 +17,6 @@ DATA = REPO / "docs" / "data"
 COMMIT = re.compile(
     r"[0-9a-f]{40}(-copy)?"
 )  # -copy: a tree copied to a lent GPU machine, its commit given by the caller
-LEGACY = {
-    "gpu_strategies.json": "its commit corrected by hand; needs a lent GPU to re-run",
-}
 
 
 def quoted() -> list[str]:
@@ -68,16 +63,9 @@ def appended_problems(stored: dict) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("name", [n for n in quoted() if n not in LEGACY])
+@pytest.mark.parametrize("name", quoted())
 def test_a_quoted_result_names_the_clean_commit_it_ran_on_its_date_and_machine(name):
     assert problems(json.loads((DATA / name).read_text())) == [], name
-
-
-@pytest.mark.parametrize("name", sorted(LEGACY))
-def test_the_backlog_of_unstamped_results_only_shrinks(name):
-    """A file re-run with a clean stamp, or no longer quoted, leaves the list."""
-    assert name in quoted(), f"{name} is quoted nowhere now: drop it from LEGACY (and the file, if nothing uses it)"
-    assert problems(json.loads((DATA / name).read_text())), f"{name} now has a clean stamp: drop it from LEGACY"
 
 
 def test_the_stamp_check_refuses_a_dirty_or_hand_written_commit():
