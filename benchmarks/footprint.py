@@ -219,7 +219,7 @@ def main() -> int:
                 data["rounds"][-1][side]["short_command_s"] = short(shorts[side])
             print(json.dumps(data["rounds"][-1]), flush=True)
     save(args.out, data, stamped)
-    print(report(data), end="")
+    print(report({**data, **stamped}), end="")
     return 0
 
 

@@ -91,7 +91,7 @@ def main() -> int:
             data["rounds"].append({side: measure_one(cluster, side, i, overrides) for side in order})
             print(json.dumps(data["rounds"][-1]), flush=True)
     save(args.out, data, stamped)
-    print(report(data), end="")
+    print(report({**data, **stamped}), end="")
     return 0
 
 

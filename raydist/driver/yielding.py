@@ -1,7 +1,8 @@
 """What runs beside the training on the embedded Ray instance (and on a SLURM node with the cluster's opt-in
-yield_daemons) yields the CPU to it: Ray's daemons and the actors that only serve the dashboard run at idle priority (SCHED_IDLE, nice 19; the GCS and Ray Train's controller and helper actors only niced), so that on a machine
-whose cores the ranks fill they take what the ranks leave instead of a share of it, and give a core up at once when
-a rank wakes (docs/running.md#what-runs-beside-the-training).
+yield_daemons) yields the CPU to it: Ray's daemons and the actors that only serve the dashboard run at idle priority
+(SCHED_IDLE, nice 19; the GCS and Ray Train's controller and helper actors only niced), so that on a machine whose
+cores the ranks fill they take what the ranks leave instead of a share of it, and give a core up at once when a rank
+wakes (docs/running.md#what-runs-beside-the-training).
 
 Only processes that never start a training process are lowered: a child inherits its parent's priority, and an
 unprivileged process cannot raise it back. So not the raylet, which starts Ray's workers, nor an idle Ray worker

@@ -202,8 +202,9 @@ class ClusterConfig:
     yield_daemons: bool = opt(
         False,
         "Ray's processes that serve only the dashboard, logs and metrics run at idle priority on each node (the GCS "
-        "and Ray Train's controller and helper actors at nice 19; the raylet and the workers untouched), so that they take only the CPU the training leaves: for "
-        "nodes whose cores the ranks fill (on the emulated cluster it did not move the loop, "
+        "and Ray Train's controller and helper actors at nice 19; the raylet and the workers untouched), so that "
+        "they take only the CPU the training leaves: for nodes whose cores the ranks fill (on the emulated cluster "
+        "it did not move the loop, "
         "docs/data/footprint_cluster.json); the dashboard, which `ray job submit` and `raydist top` talk to, then "
         "answers only when a core is free",
     )
