@@ -26,15 +26,13 @@ Run nothing else meanwhile.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.footprint_sync import RANKS, STEP_50MS, commands, one
-from benchmarks.stored import add_options, parser, print_report, save, spread, stamp
+from benchmarks.stored import cli, parser, rounds, spread
 
 
 @dataclass(frozen=True)
@@ -148,22 +146,20 @@ def report(data: dict) -> str:
     )
 
 
+def measure(args) -> dict:
+    case = CASES[args.case]
+
+    def one_round(storage: str, i: int) -> dict:
+        order = (False, True) if i % 2 == 0 else (True, False)
+        return {("b" if b else "a"): variant(case, b, i, storage) for b in order}
+
+    return {"case": args.case, "rounds": rounds(args.rounds, "rd-footprint-ab-", one_round)}
+
+
 def main() -> int:
     ap = parser(__doc__, rounds=4)
     ap.add_argument("--case", choices=sorted(CASES), default="thread")
-    add_options(ap, "docs/data/footprint_ab_<case>.json")
-    args = ap.parse_args()
-    if print_report(args.report, report):
-        return 0
-    case, stamped, data = CASES[args.case], stamp(), {"case": args.case, "rounds": []}
-    with tempfile.TemporaryDirectory(prefix="rd-footprint-ab-") as tmp:
-        for i in range(args.rounds):
-            order = (False, True) if i % 2 == 0 else (True, False)
-            got = {("b" if b else "a"): variant(case, b, i, tmp) for b in order}
-            data["rounds"].append(got)
-            print(json.dumps(got), flush=True)
-    save(args.out, data, stamped)
-    print(report({**data, **stamped}), end="")
+    cli(ap, "docs/data/footprint_ab_<case>.json", report, measure)
     return 0
 
 

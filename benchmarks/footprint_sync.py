@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from benchmarks.footprint import cpu_by_pid, used_by_name
-from benchmarks.stored import add_options, parser, print_report, save, spread, stamp
+from benchmarks.stored import cli, parser, rounds, spread
 from benchmarks.suite_time import busy_cpu_s
 
 REPO = Path(__file__).resolve().parents[1]
@@ -181,23 +181,20 @@ def report(data: dict) -> str:
     )
 
 
+def measure(args) -> dict:
+    overrides = [] if args.tiny else [*STEP_50MS, "train.epochs=2"]
+
+    def one_round(storage: str, i: int) -> dict:
+        order = SIDES[i % 3 :] + SIDES[: i % 3]
+        return {s: one(commands(s, i, overrides, storage), Path(storage) / f"{s}{i}", RANKS[s]) for s in order}
+
+    return {"overrides": overrides, "rounds": rounds(args.rounds, "rd-footprint-sync-", one_round)}
+
+
 def main() -> int:
     ap = parser(__doc__, rounds=3)
     ap.add_argument("--tiny", action="store_true", help="make run's digits job instead of a >= 50 ms step")
-    add_options(ap, "docs/data/footprint_sync.json")
-    args = ap.parse_args()
-    if print_report(args.report, report):
-        return 0
-    overrides = [] if args.tiny else [*STEP_50MS, "train.epochs=2"]
-    stamped, data = stamp(), {"overrides": overrides, "rounds": []}
-    with tempfile.TemporaryDirectory(prefix="rd-footprint-sync-") as tmp:
-        for i in range(args.rounds):
-            order = SIDES[i % 3 :] + SIDES[: i % 3]
-            got = {s: one(commands(s, i, overrides, tmp), Path(tmp) / f"{s}{i}", RANKS[s]) for s in order}
-            data["rounds"].append(got)
-            print(json.dumps(got), flush=True)
-    save(args.out, data, stamped)
-    print(report({**data, **stamped}), end="")
+    cli(ap, "docs/data/footprint_sync.json", report, measure)
     return 0
 
 
