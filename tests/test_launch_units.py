@@ -657,3 +657,44 @@ def test_a_start_whose_ranks_ended_before_its_first_poll_is_never_registered_wit
 def test_a_start_still_running_is_registered_while_it_runs(monkeypatch):
     done, registered = _supervised(monkeypatch, [None, None, P.Event(P.Kind.COMPLETED)])
     assert done.action == P.Action.DONE and registered == [True, True]
+
+
+def _run_list(monkeypatch, clock: list[float]):
+    """A RunList on a fake clock whose registrations are recorded instead of started."""
+    from raydist.launcher import dashboard as Dash
+
+    monkeypatch.setattr(Dash.time, "monotonic", lambda: clock[0])
+    runs, registered = Dash.RunList("job", ["python", "train.py"]), []
+    monkeypatch.setattr(
+        runs, "register", lambda group: (registered.append(clock[0]), setattr(runs, "_register_at", None))
+    )
+    return runs, registered
+
+
+def test_a_start_is_registered_with_the_dashboard_at_its_first_step(monkeypatch):
+    clock = [100.0]
+    runs, registered = _run_list(monkeypatch, clock)
+    runs.due()
+    runs.maybe_register(None, stepped=False)
+    clock[0] = 101.0
+    runs.maybe_register(None, stepped=True)
+    assert registered == [101.0]
+
+
+def test_a_start_begun_before_ray_is_registered_only_after_running_seconds_on_ray_though_it_has_stepped(monkeypatch):
+    """A short script that ends just after the embedded instance came up would otherwise wait, at its end, for Ray
+    Train's import and state actor: a registration nobody sees."""
+    from raydist.launcher.dashboard import REGISTER_AFTER_S
+
+    clock = [100.0]
+    runs, registered = _run_list(monkeypatch, clock)
+    runs.due()
+    clock[0] = 104.0  # Ray is up
+    runs.due_on_ray()
+    runs.maybe_register(None, stepped=True)
+    clock[0] = 104.0 + REGISTER_AFTER_S - 0.1
+    runs.maybe_register(None, stepped=True)
+    assert registered == []
+    clock[0] = 104.0 + REGISTER_AFTER_S
+    runs.maybe_register(None, stepped=True)
+    assert registered == [104.0 + REGISTER_AFTER_S]

@@ -39,13 +39,24 @@ class RunList:
         self.local = False  # the embedded instance
         self._registering: threading.Thread | None = None
         self._register_at: float | None = None
+        self._at_step = True
 
-    def due(self) -> None:
-        """A start began: its registration is due after REGISTER_AFTER_S, or at its first step."""
-        self._register_at = time.monotonic() + REGISTER_AFTER_S
+    def due(self, at_step: bool = True) -> None:
+        """A start began: its registration is due after REGISTER_AFTER_S, or at its first step (`at_step`)."""
+        self._register_at, self._at_step = time.monotonic() + REGISTER_AFTER_S, at_step
+
+    def due_on_ray(self) -> None:
+        """Ray came up under a start that began before it: the start is registered once it has run REGISTER_AFTER_S
+        on Ray, not at once although it has stepped. A script that ends in those seconds is never registered, and
+        its command does not wait for Ray Train's import and state actor (nobody would see it: its dashboard ends
+        with the command)."""
+        if self._register_at is not None:
+            self.due(at_step=False)
 
     def maybe_register(self, group, stepped: bool) -> None:
-        if self._register_at is not None and (stepped or time.monotonic() >= self._register_at):
+        if self._register_at is None:
+            return
+        if (stepped and self._at_step) or time.monotonic() >= self._register_at:
             self.register(group)
 
     def register(self, group) -> None:

@@ -117,6 +117,7 @@ class LaunchRun:
             raise
         if group is not None:
             group.view = self.view  # started before Ray: its view now
+            self.runs.due_on_ray()
         self.machine.to(RunState.STARTING if group is None else RunState.RUNNING)
         return group
 
