@@ -7,7 +7,8 @@
 benchmarks/footprint_sync.py measures `jobs/sync.py` on each engine against torchrun (a step of about 50 ms on 2
 cores). Each case here runs one of its sides twice, as it is (A) and with one thing changed (B), in alternating
 order, and reports B over A within a round: the loop's steps/s (from rank 0's metrics.jsonl, as there), the median
-step's speed, and the CPU the ranks' own processes spent per step.
+step's speed, and the CPU the ranks' own processes spent per step, with its system part and their minor page faults
+per step (what the kernel does for them: gloo's sockets, memory returned and taken back).
 
 - thread: the torchrun side with its loop in the main thread (A) and in a second thread of the same process (B),
   as Ray Train runs `train_loop_per_worker`.
@@ -114,7 +115,10 @@ def variant(case: Case, b: bool, i: int, storage: str) -> dict:
         got = one(argv, Path(storage) / name, RANKS[case.side], env)
     if case.renice and b:
         got["reniced"] = sorted(reniced)
-    got["ranks_cpu_ms_per_step"] = round(1000 * got["ranks_cpu_s"] / max(got["steps"] - 1, 1), 1)
+    per_step = 1 / max(got["steps"] - 1, 1)
+    got["ranks_cpu_ms_per_step"] = round(1000 * got["ranks_cpu_s"] * per_step, 1)
+    got["ranks_sys_ms_per_step"] = round(1000 * got["ranks_sys_s"] * per_step, 1)
+    got["ranks_faults_per_step"] = round(got["ranks_minor_faults"] * per_step)
     return got
 
 
@@ -137,6 +141,7 @@ def report(data: dict) -> str:
                 f"| the loop's steps/s | {spread(over('steps_per_s'), 2)}x |",
                 f"| the median step's speed | {spread(over('median_step_s', invert=True), 2)}x |",
                 f"| the ranks' CPU per step | {spread(over('ranks_cpu_ms_per_step'), 2)}x |",
+                *kernel_rows(rounds),
                 f"| CPU seconds beside the ranks over the loop, A and B | "
                 f"{spread([r['a']['beside_ranks_cpu_s'] for r in rounds])} s and "
                 f"{spread([r['b']['beside_ranks_cpu_s'] for r in rounds])} s |",
@@ -144,6 +149,20 @@ def report(data: dict) -> str:
         )
         + "\n"
     )
+
+
+def kernel_rows(rounds: list[dict]) -> list[str]:
+    """The ranks' system CPU and minor page faults per step, A and B (files stored before they were counted: none)."""
+    if "ranks_sys_ms_per_step" not in rounds[0]["a"]:
+        return []
+
+    def both(key: str, digits: int) -> str:
+        return " and ".join(f"{spread([r[v][key] for r in rounds], digits)}" for v in ("a", "b"))
+
+    return [
+        f"| the ranks' system CPU per step, A and B | {both('ranks_sys_ms_per_step', 1)} ms |",
+        f"| the ranks' minor page faults per step, A and B | {both('ranks_faults_per_step', 0)} |",
+    ]
 
 
 def measure(args) -> dict:

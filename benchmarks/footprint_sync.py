@@ -19,6 +19,7 @@ beside the ranks by process. Run nothing else meanwhile.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -26,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.footprint import cpu_by_pid, used_by_name
+from benchmarks.footprint import TICK, cpu_by_pid, name_of, used_by_name
 from benchmarks.stored import cli, parser, rounds, spread
 from benchmarks.suite_time import busy_cpu_s
 
@@ -99,9 +100,9 @@ def one(argv: list[str], run_dir: Path, ranks: tuple[str, ...], env: dict[str, s
     with tempfile.TemporaryFile("w+") as log:
         proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
         wait_until(lambda: steps.read() or steps.records, proc, "its first step")
-        before, busy0, began = cpu_by_pid(), busy_cpu_s(), time.monotonic() - t0
+        before, busy0, began, kernel0 = cpu_by_pid(), busy_cpu_s(), time.monotonic() - t0, kernel_side(ranks)
         wait_until(lambda: steps.read() or steps.done(), proc, "its last step")
-        after, busy1, ended = cpu_by_pid(), busy_cpu_s(), time.monotonic() - t0
+        after, busy1, ended, kernel1 = cpu_by_pid(), busy_cpu_s(), time.monotonic() - t0, kernel_side(ranks)
         code = proc.wait(timeout=600)
         wall = time.monotonic() - t0
         if code != 0:
@@ -113,7 +114,29 @@ def one(argv: list[str], run_dir: Path, ranks: tuple[str, ...], env: dict[str, s
         "after_loop_s": round(wall - ended, 2),
         **loop_figures(steps.records),
         **cpu_beside(before, after, busy1 - busy0, ranks),
+        **kernel_used(kernel0, kernel1),
     }
+
+
+def kernel_side(ranks: tuple[str, ...]) -> dict[str, tuple[float, int]]:
+    """Each rank process's system CPU seconds and minor page faults so far (/proc/<pid>/stat), by pid."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            if name_of(pid).startswith(ranks):
+                found[pid] = (int(fields[12]) / TICK, int(fields[7]))
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+def kernel_used(before: dict, after: dict) -> dict:
+    """The ranks' system CPU and minor page faults between two samples of kernel_side: a loop that returns memory to
+    the kernel and takes it back each step shows here, not in the ranks' Python."""
+    sys_s = sum(v[0] - before.get(pid, (0.0, 0))[0] for pid, v in after.items())
+    faults = sum(v[1] - before.get(pid, (0.0, 0))[1] for pid, v in after.items())
+    return {"ranks_sys_s": round(sys_s, 2), "ranks_minor_faults": faults}
 
 
 def loop_figures(records: list[dict]) -> dict:
