@@ -178,6 +178,8 @@ def report(data: dict) -> str:
     rounds = data["rounds"]
     ray, launch = ratios(rounds, "ray_train"), ratios(rounds, "launch")
     beside = {side: [x[side]["beside_ranks_cpu_s"] for x in rounds] for side in SIDES}
+    # Both ranks' CPU over the loop per step: how much one command's own processes vary from run to run.
+    per_step = {side: [1000 * x[side]["ranks_cpu_s"] / x[side]["steps"] for x in rounds] for side in SIDES}
     step = spread([x["torchrun"]["median_step_s"] * 1000 for x in rounds], 0)
     rows = [
         ("the loop's steps/s", "loop"),
@@ -196,6 +198,8 @@ def report(data: dict) -> str:
                 "| | Ray Train engine / torchrun | launch engine / torchrun |",
                 "|---|---|---|",
                 *(f"| {label} | {spread(ray[key], 2)}x | {spread(launch[key], 2)}x |" for label, key in rows),
+                f"| the ranks' own CPU per step (ms) | {spread(per_step['ray_train'], 0)} | "
+                f"{spread(per_step['launch'], 0)} (torchrun: {spread(per_step['torchrun'], 0)}) |",
                 f"| CPU seconds beside the ranks over the loop | {spread(beside['ray_train'])} s | "
                 f"{spread(beside['launch'])} s (torchrun: {spread(beside['torchrun'])} s) |",
             ]
