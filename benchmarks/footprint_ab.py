@@ -18,6 +18,9 @@ per step (what the kernel does for them: gloo's sockets, memory returned and tak
   need (B, `RAY_prestart_worker_first_driver=0`, `RAY_enable_worker_prestart=0`).
 - arena: the torchrun side with its loop in a second thread (A, as `thread`'s B) and the same with glibc's malloc
   keeping one arena for every thread (B, `MALLOC_ARENA_MAX=1`), as the main thread has.
+- runlist: the launch engine as it is (A) and with the dashboard's run list turned off (B,
+  `RAY_TRAIN_ENABLE_STATE_TRACKING=0`): no stand-in actor per rank, no Ray Train state actor, none of Ray Train's
+  modules imported by the driver to register the run.
 - helpers: the Ray Train side as it is (A) and with Ray Train's controller and helper actors (the synchronization
   actor, the autoscaling coordinator) at niceness 19 (B), set by this benchmark as they appear (root).
 
@@ -67,6 +70,11 @@ CASES = {
         "launch",
         "no idle Ray workers started ahead of need",
         env={"RAY_prestart_worker_first_driver": "0", "RAY_enable_worker_prestart": "0"},
+    ),
+    "runlist": Case(
+        "launch",
+        "the dashboard's run list turned off",
+        env={"RAY_TRAIN_ENABLE_STATE_TRACKING": "0"},
     ),
     "helpers": Case(
         "ray_train",

@@ -698,3 +698,20 @@ def test_a_start_begun_before_ray_is_registered_only_after_running_seconds_on_ra
     clock[0] = 104.0 + REGISTER_AFTER_S
     runs.maybe_register(None, stepped=True)
     assert registered == [104.0 + REGISTER_AFTER_S]
+
+
+def test_a_run_list_turned_off_starts_no_stand_ins_or_state_actor(monkeypatch):
+    """RAY_TRAIN_ENABLE_STATE_TRACKING=0 turns the dashboard's run list off: nothing is registered, so no stand-in
+    actor per rank is started for it, at the first step, at the due time or when the start ends."""
+    from raydist.launcher import dashboard as Dash
+
+    class Group:
+        def actors(self):
+            raise AssertionError("stand-ins started for a run list that is off")
+
+    runs = Dash.RunList("job", ["python", "train.py"])
+    runs.view = type("View", (), {"enabled": False})()
+    runs.due()
+    runs.maybe_register(Group(), stepped=True)
+    runs.settled(Group())
+    assert runs._registering is None
