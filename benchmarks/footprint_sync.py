@@ -3,12 +3,14 @@ with the CPU everything beside the ranks takes meanwhile.
 
     .venv/bin/python -m benchmarks.footprint_sync --rounds 3 --out docs/data/footprint_sync.json            # >= 50 ms
     .venv/bin/python -m benchmarks.footprint_sync --rounds 3 --tiny --out docs/data/footprint_sync_tiny.json # make run
+    .venv/bin/python -m benchmarks.footprint_sync --rounds 3 --epochs 8 --out docs/data/footprint_sync_long.json
     .venv/bin/python -m benchmarks.footprint_sync --report docs/data/footprint_sync.json
 
 Three sides, the order rotating each round: `jobs/sync.py` on Ray Train (`make run`'s engine, its embedded Ray
 instance), the same job with `scaling.engine=launch`, and the same loop (raydist.train.Trainer with SyncDDP) under
 `torchrun --standalone` (benchmarks/torchrun_sync.py). By default a step of about 50-60 ms on 2 cores (a 3M-parameter
-MLP on 256 synthetic features, two epochs); with --tiny, `make run`'s own digits job. The loop is read from the run's
+MLP on 256 synthetic features, two epochs of 250 steps; --epochs for a longer loop, in which the one-time starts
+beside it weigh less); with --tiny, `make run`'s own digits job. The loop is read from the run's
 metrics.jsonl, which rank 0 writes at every step on all three: its window runs from the first step's record to the
 last's, and over it this samples every process's CPU time (/proc) and the machine's busy time, as
 benchmarks/footprint.py does for a script of the user's. Reported per engine, over torchrun within a round: the
@@ -209,7 +211,7 @@ def report(data: dict) -> str:
 
 
 def measure(args) -> dict:
-    overrides = [] if args.tiny else [*STEP_50MS, "train.epochs=2"]
+    overrides = [] if args.tiny else [*STEP_50MS, f"train.epochs={args.epochs}"]
 
     def one_round(storage: str, i: int) -> dict:
         order = SIDES[i % 3 :] + SIDES[: i % 3]
@@ -221,6 +223,7 @@ def measure(args) -> dict:
 def main() -> int:
     ap = parser(__doc__, rounds=3)
     ap.add_argument("--tiny", action="store_true", help="make run's digits job instead of a >= 50 ms step")
+    ap.add_argument("--epochs", type=int, default=2, help="the >= 50 ms step's epochs of 250 steps (default 2)")
     cli(ap, "docs/data/footprint_sync.json", report, measure)
     return 0
 
