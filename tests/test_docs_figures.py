@@ -12,7 +12,7 @@ from tests.support.jobutil import REPO, load_benchmark
 DATA = REPO / "docs" / "data"
 
 
-FOOTPRINT_CASES = ("thread", "arena", "helpers", "warm", "prestart")
+FOOTPRINT_CASES = ("thread", "arena", "runlist", "helpers", "warm", "prestart")
 """benchmarks/footprint_ab.py's cases that docs/benchmarks.md quotes."""
 
 
@@ -149,6 +149,7 @@ def test_the_parameter_server_chaos_tables_are_the_stored_runs():
         ("startup_before_after", "dynamo_preload.json", "dev/startup-changes.md"),
         ("footprint_sync", "footprint_sync.json", "benchmarks.md"),
         ("footprint_sync", "footprint_sync_tiny.json", "benchmarks.md"),
+        ("footprint_sync", "footprint_sync_long.json", "benchmarks.md"),
         ("footprint_cluster", "footprint_cluster.json", "benchmarks.md"),
         *(("footprint_ab", f"footprint_ab_{case}.json", "benchmarks.md") for case in FOOTPRINT_CASES),
         ("bytecode", "bytecode.json", "dev/testing.md"),

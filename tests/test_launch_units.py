@@ -663,8 +663,7 @@ def _run_list(monkeypatch, clock: list[float]):
     """A RunList on a fake clock whose registrations are recorded instead of started."""
     from raydist.launcher import dashboard as Dash
 
-    monkeypatch.setattr(Dash.time, "monotonic", lambda: clock[0])
-    runs, registered = Dash.RunList("job", ["python", "train.py"]), []
+    runs, registered = Dash.RunList("job", ["python", "train.py"], clock=lambda: clock[0]), []
     monkeypatch.setattr(
         runs, "register", lambda group: (registered.append(clock[0]), setattr(runs, "_register_at", None))
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from raydist.launcher.output import say
 from raydist.launcher.settings import LaunchConfig, to_dict
@@ -33,8 +34,8 @@ def view_for(cfg: LaunchConfig, label: str, command: list[str]):
 class RunList:
     """One run's registrations; `view` and `local` are set once Ray is up (a start may be due before)."""
 
-    def __init__(self, name: str, command: list[str]):
-        self.name, self.command = name, command
+    def __init__(self, name: str, command: list[str], clock: Callable[[], float] = time.monotonic):
+        self.name, self.command, self._clock = name, command, clock
         self.view = None
         self.local = False  # the embedded instance
         self._registering: threading.Thread | None = None
@@ -43,7 +44,7 @@ class RunList:
 
     def due(self, at_step: bool = True) -> None:
         """A start began: its registration is due after REGISTER_AFTER_S, or at its first step (`at_step`)."""
-        self._register_at, self._at_step = time.monotonic() + REGISTER_AFTER_S, at_step
+        self._register_at, self._at_step = self._clock() + REGISTER_AFTER_S, at_step
 
     def due_on_ray(self) -> None:
         """Ray came up under a start that began before it: the start is registered once it has run REGISTER_AFTER_S
@@ -56,7 +57,7 @@ class RunList:
     def maybe_register(self, group, stepped: bool) -> None:
         if self._register_at is None or self._off():
             return
-        if (stepped and self._at_step) or time.monotonic() >= self._register_at:
+        if (stepped and self._at_step) or self._clock() >= self._register_at:
             self.register(group)
 
     def _off(self) -> bool:
