@@ -55,23 +55,17 @@ class RunList:
             self.due(at_step=False)
 
     def maybe_register(self, group, stepped: bool) -> None:
-        if self._register_at is None or self._off():
+        if self._register_at is None:
             return
         if (stepped and self._at_step) or self._clock() >= self._register_at:
             self.register(group)
 
-    def _off(self) -> bool:
-        """The run list is turned off (RAY_TRAIN_ENABLE_STATE_TRACKING=0): no stand-ins or state actor to start."""
-        if self.view is not None and not self.view.enabled:
-            self._register_at = None
-            return True
-        return False
-
     def register(self, group) -> None:
         """Write this start to the dashboard's run list, in a thread: it imports much of Ray Train and may start
-        its state actor, CPU the scripts need while they start (so: after the first step, or REGISTER_AFTER_S)."""
+        its state actor, CPU the scripts need while they start (so: after the first step, or REGISTER_AFTER_S).
+        Nothing when the run list is turned off (RAY_TRAIN_ENABLE_STATE_TRACKING=0): no stand-ins to start."""
         self._register_at = None
-        if self._off():
+        if self.view is not None and not self.view.enabled:
             return
         if self.local:  # its stand-ins and Ray Train's state actor start now: lowered as they start
             from raydist.driver import yielding
