@@ -65,17 +65,21 @@ def name_of(pid: str) -> str:
     return Path(script).name if script else Path(first).name
 
 
-def cpu_by_pid() -> dict[str, tuple[str, float]]:
+def stat_by_pid() -> dict[str, list[str]]:
+    """Every process's /proc/<pid>/stat fields after its command name (utime is [11], stime [12], minflt [7])."""
     found = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
-            fields = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()
+            found[entry.name] = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        found[entry.name] = (name_of(entry.name), (int(fields[11]) + int(fields[12])) / TICK)
     return found
+
+
+def cpu_by_pid() -> dict[str, tuple[str, float]]:
+    return {pid: (name_of(pid), (int(fields[11]) + int(fields[12])) / TICK) for pid, fields in stat_by_pid().items()}
 
 
 def used_by_name(before: dict, after: dict) -> dict[str, float]:

@@ -21,7 +21,6 @@ beside the ranks by process. Run nothing else meanwhile.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.footprint import TICK, cpu_by_pid, name_of, used_by_name
+from benchmarks.footprint import TICK, cpu_by_pid, name_of, stat_by_pid, used_by_name
 from benchmarks.stored import cli, parser, rounds, spread
 from benchmarks.suite_time import busy_cpu_s
 
@@ -122,15 +121,11 @@ def one(argv: list[str], run_dir: Path, ranks: tuple[str, ...], env: dict[str, s
 
 def kernel_side(ranks: tuple[str, ...]) -> dict[str, tuple[float, int]]:
     """Each rank process's system CPU seconds and minor page faults so far (/proc/<pid>/stat), by pid."""
-    found = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            if name_of(pid).startswith(ranks):
-                found[pid] = (int(fields[12]) / TICK, int(fields[7]))
-        except (OSError, IndexError):
-            continue
-    return found
+    return {
+        pid: (int(fields[12]) / TICK, int(fields[7]))
+        for pid, fields in stat_by_pid().items()
+        if name_of(pid).startswith(ranks)
+    }
 
 
 def kernel_used(before: dict, after: dict) -> dict:
